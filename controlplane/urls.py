@@ -1,0 +1,13 @@
+"""URL map: pages, admin, the versioned API and its docs."""
+
+from django.contrib import admin
+from django.urls import path
+from django.views.generic import RedirectView
+
+from controlplane.api import api
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", api.urls),
+    path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+]

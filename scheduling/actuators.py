@@ -1,0 +1,160 @@
+"""Actuators: how an applied plan's steps reach the real fleet.
+
+The control plane changes its own state (policy version, instance role and state) in every
+case. An actuator is told about each step as well, so that an operator's automation can act
+on the engines themselves (restart an engine as decode, move it behind another load balancer):
+
+* ``record`` (default): nothing beyond the control plane's own state.
+* ``webhook``: a JSON POST to the operator's automation URL, signed with HMAC-SHA256 over
+  ``"{timestamp}.{body}"`` in ``X-PrfaaS-Signature: sha256=<hex>`` (timestamp in
+  ``X-PrfaaS-Timestamp``, so a receiver can refuse replays), retried with exponential backoff
+  on connection errors, timeouts and 5xx answers. ``Idempotency-Key`` is the same on every
+  retry of a step, including a retry after a worker crash, so the receiver can act once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+SIGNATURE_HEADER = "X-PrfaaS-Signature"
+TIMESTAMP_HEADER = "X-PrfaaS-Timestamp"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+class ActuatorError(Exception):
+    """The actuator could not carry a step out (after its retries)."""
+
+
+@dataclass(frozen=True)
+class StepNotice:
+    """One step of a plan being applied or rolled back, as an actuator is told about it."""
+
+    plan_id: int
+    step: int
+    action: str  # drain, flip, activate, policy
+    cluster: str
+    instance: str = ""
+    from_role: str = ""
+    to_role: str = ""
+    threshold: float | None = None
+    policy_version: int | None = None
+    rollback: bool = False
+
+    @property
+    def idempotency_key(self) -> str:
+        kind = "rollback" if self.rollback else "apply"
+        return f"plan-{self.plan_id}-{kind}-step-{self.step}"
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "plan_id": self.plan_id,
+            "step": self.step,
+            "action": self.action,
+            "cluster": self.cluster,
+            "instance": self.instance or None,
+            "from_role": self.from_role or None,
+            "to_role": self.to_role or None,
+            "threshold": self.threshold,
+            "policy_version": self.policy_version,
+            "rollback": self.rollback,
+            "idempotency_key": self.idempotency_key,
+        }
+
+
+class Actuator(Protocol):
+    name: str
+
+    def notify(self, notice: StepNotice) -> None:
+        """Carry the step out on the fleet, or raise :class:`ActuatorError`."""
+        ...
+
+
+class RecordActuator:
+    """Only the control plane's own state changes; nothing leaves the process."""
+
+    name = "record"
+
+    def notify(self, notice: StepNotice) -> None:
+        return None
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """``sha256=<hex>`` of HMAC-SHA256(secret, ``timestamp + "." + body``)."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def signature_valid(secret: str, timestamp: str, body: bytes, header: str) -> bool:
+    """For receivers (and tests): constant-time check of a signature header."""
+    return hmac.compare_digest(signature(secret, timestamp, body), header)
+
+
+class WebhookActuator:
+    """Signed POST to the operator's automation, with retries and exponential backoff."""
+
+    name = "webhook"
+
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        *,
+        attempts: int = 4,
+        backoff_s: float = 0.5,
+        timeout_s: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ActuatorError(f"webhook URL must be http(s): {url!r}")
+        if not secret:
+            raise ActuatorError("webhook secret is empty")
+        self.url = url
+        self.secret = secret
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self._sleep = sleep
+
+    def notify(self, notice: StepNotice) -> None:
+        body = json.dumps(notice.payload(), sort_keys=True, separators=(",", ":")).encode()
+        last = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+            timestamp = str(int(time.time()))
+            headers = {
+                "Content-Type": "application/json",
+                TIMESTAMP_HEADER: timestamp,
+                SIGNATURE_HEADER: signature(self.secret, timestamp, body),
+                IDEMPOTENCY_HEADER: notice.idempotency_key,
+            }
+            try:
+                response = httpx.post(
+                    self.url, content=body, headers=headers, timeout=self.timeout_s
+                )
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code < 300:
+                return
+            last = f"HTTP {response.status_code}"
+            if response.status_code < 500 and response.status_code not in (408, 429):
+                break  # the receiver refused this step; retrying will not change its mind
+        raise ActuatorError(f"webhook {self.url} failed for {notice.idempotency_key}: {last}")
+
+
+def actuator_for(kind: str, *, url: str = "", secret: str = "", **options: Any) -> Actuator:
+    """The actuator named ``kind`` (``record`` or ``webhook``)."""
+    if kind == "record":
+        return RecordActuator()
+    if kind == "webhook":
+        return WebhookActuator(url, secret, **options)
+    raise ActuatorError(f"unknown actuator {kind!r} (record or webhook)")

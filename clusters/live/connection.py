@@ -1,0 +1,59 @@
+"""Redis clients for live state: one sync client per process, one async client per event loop.
+
+Timeouts are short on purpose: the request path must answer from its snapshot when Redis is
+slow or gone (``telemetry_stale``), never hang on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+# Seconds; the request path's whole Redis budget is a few of these at most.
+SOCKET_TIMEOUT_S = 0.25
+CONNECT_TIMEOUT_S = 0.25
+
+_sync_lock = threading.Lock()
+_sync_client: redis.Redis | None = None
+_sync_url: str | None = None
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def redis_sync() -> redis.Redis:
+    """The process's sync client for ``settings.REDIS_URL`` (rebuilt if the setting changes)."""
+    global _sync_client, _sync_url
+    url = settings.REDIS_URL
+    with _sync_lock:
+        if _sync_client is None or _sync_url != url:
+            _sync_client = redis.Redis.from_url(
+                url,
+                socket_timeout=SOCKET_TIMEOUT_S * 8,
+                socket_connect_timeout=CONNECT_TIMEOUT_S * 4,
+                health_check_interval=30,
+            )
+            _sync_url = url
+        return _sync_client
+
+
+def redis_async() -> aioredis.Redis:
+    """The async client of the running event loop (async clients cannot cross loops)."""
+    loop = asyncio.get_running_loop()
+    url = settings.REDIS_URL
+    entry = _async_clients.get(loop)
+    if entry is None or entry[0] != url:
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            max_connections=256,
+        )
+        _async_clients[loop] = (url, client)
+        return client
+    return entry[1]

@@ -1,0 +1,502 @@
+"""Telemetry store: the latest state of instances and links, link bandwidth, KV reservations.
+
+Key layout (all under ``live:``; ids are the inventory's instance and link ids as strings):
+
+``live:inst:{instance}``            HASH  q (queue depth), r (running), w (waiting),
+                                          kv (KV usage 0..1), qpt (queued prefill tokens),
+                                          ts (sample time, unix s). Expires after
+                                          ``STATE_TTL_S`` so dead instances drop out.
+``live:link:{link}``                HASH  gbps, bytes, interval_s, retx (retransmits), ts.
+                                          Expires after ``STATE_TTL_S``.
+``live:linkbw:{link}:{minute}``     HASH  second (unix s) -> bytes sent in that second.
+                                          One key per minute, expiring after
+                                          ``BANDWIDTH_RETENTION_S``: at most 60 fields a key and
+                                          retention/60 keys a link, so memory is bounded.
+``live:idem:{key}``                 STRING set NX with ``IDEMPOTENCY_TTL_S``: a telemetry
+                                          batch whose key is present was already stored.
+``live:resv:{link}``                ZSET  reservation id -> predicted transfer end (unix s).
+``live:resv:{link}:b``              HASH  reservation id -> bytes.
+``live:resv:{link}:sum``            STRING total bytes of live reservations.
+
+Reservations are the in-flight KV bytes on a link. ``link_reserve`` is one Lua script: it first
+drops reservations whose transfer has ended, then admits the new one only if the sum stays
+within the budget. Redis runs scripts one at a time, so concurrent routers (any number of
+workers) can never reserve more than the budget together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from clusters.live.connection import redis_async, redis_sync
+
+STATE_TTL_S = 3600
+BANDWIDTH_RETENTION_S = 3900
+IDEMPOTENCY_TTL_S = 24 * 3600
+RESERVATION_KEY_TTL_S = 3600
+# Expired reservations swept per call, so a script never runs long.
+RESERVATION_SWEEP_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class InstanceSample:
+    """One engine's load at a moment, as an agent or a scrape saw it."""
+
+    instance: str
+    ts: float
+    queue_depth: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    queued_prefill_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """Bytes a link carried over ``interval_s`` seconds ending at ``ts``."""
+
+    link: str
+    ts: float
+    bytes_sent: int
+    interval_s: float
+    retransmits: int = 0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_sent * 8 / 1e9 / self.interval_s if self.interval_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """The latest link sample plus the KV bytes reserved on it right now."""
+
+    link: str
+    ts: float
+    gbps: float
+    retransmits: int
+    reserved_bytes: int
+
+
+def _inst_key(instance: str) -> str:
+    return f"live:inst:{instance}"
+
+
+def _link_key(link: str) -> str:
+    return f"live:link:{link}"
+
+
+def _bw_key(link: str, minute: int) -> str:
+    return f"live:linkbw:{link}:{minute}"
+
+
+def _idem_key(key: str) -> str:
+    return f"live:idem:{key}"
+
+
+def reservation_keys(link: str) -> list[str]:
+    return [f"live:resv:{link}", f"live:resv:{link}:b", f"live:resv:{link}:sum"]
+
+
+# --- writes -------------------------------------------------------------------------------
+
+
+def _queue_instance_sample(pipe: Any, s: InstanceSample) -> None:
+    key = _inst_key(s.instance)
+    pipe.hset(
+        key,
+        mapping={
+            "q": s.queue_depth,
+            "r": s.running,
+            "w": s.waiting,
+            "kv": repr(float(s.kv_usage)),
+            "qpt": s.queued_prefill_tokens,
+            "ts": repr(float(s.ts)),
+        },
+    )
+    pipe.expire(key, STATE_TTL_S)
+
+
+def _queue_link_sample(pipe: Any, s: LinkSample) -> None:
+    key = _link_key(s.link)
+    pipe.hset(
+        key,
+        mapping={
+            "gbps": repr(s.gbps),
+            "bytes": s.bytes_sent,
+            "interval_s": repr(float(s.interval_s)),
+            "retx": s.retransmits,
+            "ts": repr(float(s.ts)),
+        },
+    )
+    pipe.expire(key, STATE_TTL_S)
+    # Spread the interval's bytes evenly over the 1 s buckets it covers.
+    seconds = max(1, round(s.interval_s))
+    per_second = s.bytes_sent / seconds
+    end = int(s.ts)
+    touched: set[int] = set()
+    for sec in range(end - seconds + 1, end + 1):
+        minute = sec // 60
+        pipe.hincrbyfloat(_bw_key(s.link, minute), str(sec), per_second)
+        touched.add(minute)
+    for minute in touched:
+        pipe.expire(_bw_key(s.link, minute), BANDWIDTH_RETENTION_S)
+
+
+def _queue_batch(
+    pipe: Any, instances: Iterable[InstanceSample], links: Iterable[LinkSample]
+) -> None:
+    for s in instances:
+        _queue_instance_sample(pipe, s)
+    for ls in links:
+        _queue_link_sample(pipe, ls)
+
+
+def telemetry_batch_store(
+    instances: Sequence[InstanceSample],
+    links: Sequence[LinkSample],
+    idempotency_key: str | None = None,
+    client: redis.Redis | None = None,
+) -> bool:
+    """Store a batch of samples; False (and nothing written) if its key was seen before."""
+    r = client or redis_sync()
+    if idempotency_key is not None and not r.set(
+        _idem_key(idempotency_key), "1", nx=True, ex=IDEMPOTENCY_TTL_S
+    ):
+        return False
+    pipe = r.pipeline(transaction=True)
+    _queue_batch(pipe, instances, links)
+    try:
+        pipe.execute()
+    except Exception:
+        if idempotency_key is not None:
+            r.delete(_idem_key(idempotency_key))
+        raise
+    return True
+
+
+async def telemetry_batch_store_async(
+    instances: Sequence[InstanceSample],
+    links: Sequence[LinkSample],
+    idempotency_key: str | None = None,
+    client: aioredis.Redis | None = None,
+) -> bool:
+    """Async twin of :func:`telemetry_batch_store`."""
+    r = client or redis_async()
+    if idempotency_key is not None and not await r.set(
+        _idem_key(idempotency_key), "1", nx=True, ex=IDEMPOTENCY_TTL_S
+    ):
+        return False
+    pipe = r.pipeline(transaction=True)
+    _queue_batch(pipe, instances, links)
+    try:
+        await pipe.execute()
+    except Exception:
+        if idempotency_key is not None:
+            await r.delete(_idem_key(idempotency_key))
+        raise
+    return True
+
+
+# --- reads (pipeline pieces for the request path) --------------------------------------------
+
+
+def instance_states_queue(pipe: Any, instances: Sequence[str]) -> None:
+    for inst in instances:
+        pipe.hgetall(_inst_key(inst))
+
+
+def _f(raw: dict[Any, Any], name: str, default: float = 0.0) -> float:
+    value = raw.get(name.encode()) if raw else None
+    return float(value) if value is not None else default
+
+
+def instance_states_parse(
+    instances: Sequence[str], raw: Sequence[dict[Any, Any]]
+) -> dict[str, InstanceSample]:
+    """Samples by instance; instances never reported (or expired) are left out."""
+    out: dict[str, InstanceSample] = {}
+    for inst, h in zip(instances, raw, strict=True):
+        if not h:
+            continue
+        out[inst] = InstanceSample(
+            instance=inst,
+            ts=_f(h, "ts"),
+            queue_depth=int(_f(h, "q")),
+            running=int(_f(h, "r")),
+            waiting=int(_f(h, "w")),
+            kv_usage=_f(h, "kv"),
+            queued_prefill_tokens=int(_f(h, "qpt")),
+        )
+    return out
+
+
+def link_states_queue(pipe: Any, links: Sequence[str]) -> None:
+    for link in links:
+        pipe.hgetall(_link_key(link))
+        pipe.get(reservation_keys(link)[2])
+
+
+def link_states_parse(links: Sequence[str], raw: Sequence[Any]) -> dict[str, LinkState]:
+    """Link states by link; a link with neither a sample nor reservations is left out."""
+    out: dict[str, LinkState] = {}
+    for i, link in enumerate(links):
+        h, reserved = raw[2 * i], raw[2 * i + 1]
+        if not h and reserved is None:
+            continue
+        out[link] = LinkState(
+            link=link,
+            ts=_f(h, "ts"),
+            gbps=_f(h, "gbps"),
+            retransmits=int(_f(h, "retx")),
+            reserved_bytes=max(0, int(reserved or 0)),
+        )
+    return out
+
+
+def instance_states_read(instances: Sequence[str]) -> dict[str, InstanceSample]:
+    pipe = redis_sync().pipeline(transaction=False)
+    instance_states_queue(pipe, instances)
+    return instance_states_parse(instances, pipe.execute())
+
+
+def link_states_read(links: Sequence[str]) -> dict[str, LinkState]:
+    pipe = redis_sync().pipeline(transaction=False)
+    link_states_queue(pipe, links)
+    return link_states_parse(links, pipe.execute())
+
+
+def link_bandwidth_series(
+    link: str, start: float, end: float, client: redis.Redis | None = None
+) -> list[tuple[int, float]]:
+    """``(second, Gbps)`` for every 1 s bucket in ``[start, end]`` that saw traffic."""
+    r = client or redis_sync()
+    minutes = list(range(int(start) // 60, int(end) // 60 + 1))
+    pipe = r.pipeline(transaction=False)
+    for m in minutes:
+        pipe.hgetall(_bw_key(link, m))
+    series: list[tuple[int, float]] = []
+    for h in pipe.execute():
+        for sec_raw, bytes_raw in h.items():
+            sec = int(sec_raw)
+            if start <= sec <= end:
+                series.append((sec, float(bytes_raw) * 8 / 1e9))
+    series.sort()
+    return series
+
+
+# --- reservations ---------------------------------------------------------------------------
+
+# KEYS: zset, bytes hash, sum, [then-hash, then-list]
+# ARGV: now, id, bytes, end, budget, ttl,
+#       n_ok, (field, incr) * n_ok, n_fail, (field, incr) * n_fail, ok_entry, fail_entry, list_cap
+# Returns {admitted (0/1), reserved bytes after}.
+# The optional "then" part lets one call also record what happened (counters in a hash and an
+# entry in a capped list) for whichever branch ran, in the same atomic step.
+_RESERVE_LUA = """
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
+if #expired > 0 then
+  local vals = redis.call('HMGET', KEYS[2], unpack(expired))
+  local freed = 0
+  for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
+  redis.call('ZREM', KEYS[1], unpack(expired))
+  redis.call('HDEL', KEYS[2], unpack(expired))
+  redis.call('DECRBY', KEYS[3], freed)
+end
+local used = tonumber(redis.call('GET', KEYS[3]) or '0')
+if used < 0 then used = 0; redis.call('SET', KEYS[3], 0) end
+local want = tonumber(ARGV[3])
+local budget = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
+local admitted = 0
+if used + want <= budget then
+  admitted = 1
+  redis.call('ZADD', KEYS[1], tonumber(ARGV[4]), ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[2], want)
+  used = redis.call('INCRBY', KEYS[3], want)
+end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+if #KEYS >= 5 then
+  local pos = 7
+  local n_ok = tonumber(ARGV[pos])
+  local ok_start = pos + 1
+  pos = ok_start + 2 * n_ok
+  local n_fail = tonumber(ARGV[pos])
+  local fail_start = pos + 1
+  pos = fail_start + 2 * n_fail
+  local start, n = ok_start, n_ok
+  local entry = ARGV[pos]
+  if admitted == 0 then start, n, entry = fail_start, n_fail, ARGV[pos + 1] end
+  for i = 0, n - 1 do
+    redis.call('HINCRBY', KEYS[4], ARGV[start + 2 * i], tonumber(ARGV[start + 2 * i + 1]))
+  end
+  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[pos + 3]))
+  if entry ~= '' then
+    redis.call('LPUSH', KEYS[5], entry)
+    redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[pos + 2]) - 1)
+  end
+end
+return {admitted, used}
+""".replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
+
+_RELEASE_LUA = """
+local b = redis.call('HGET', KEYS[2], ARGV[1])
+if not b then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+local left = redis.call('DECRBY', KEYS[3], tonumber(b))
+if left < 0 then redis.call('SET', KEYS[3], 0) end
+return tonumber(b)
+"""
+
+
+@dataclass(frozen=True)
+class ReservationOutcome:
+    """What the recording part of a reservation writes for each branch (may be empty)."""
+
+    hash_key: str
+    list_key: str
+    admitted_incr: Sequence[tuple[str, int]]
+    refused_incr: Sequence[tuple[str, int]]
+    admitted_entry: str
+    refused_entry: str
+    list_cap: int
+    hash_ttl_s: int
+
+
+def _reserve_args(
+    link: str,
+    reservation_id: str,
+    nbytes: int,
+    end_ts: float,
+    budget_bytes: int,
+    now: float,
+    outcome: ReservationOutcome | None,
+) -> tuple[list[str], list[Any]]:
+    keys = reservation_keys(link)
+    args: list[Any] = [
+        repr(now),
+        reservation_id,
+        int(nbytes),
+        repr(end_ts),
+        int(budget_bytes),
+        RESERVATION_KEY_TTL_S,
+    ]
+    if outcome is not None:
+        keys += [outcome.hash_key, outcome.list_key]
+        args.append(len(outcome.admitted_incr))
+        for field, incr in outcome.admitted_incr:
+            args += [field, int(incr)]
+        args.append(len(outcome.refused_incr))
+        for field, incr in outcome.refused_incr:
+            args += [field, int(incr)]
+        args += [
+            outcome.admitted_entry,
+            outcome.refused_entry,
+            outcome.list_cap,
+            outcome.hash_ttl_s,
+        ]
+    return keys, args
+
+
+def link_reserve_queue(
+    pipe: Any,
+    link: str,
+    reservation_id: str,
+    nbytes: int,
+    end_ts: float,
+    budget_bytes: int,
+    now: float | None = None,
+    outcome: ReservationOutcome | None = None,
+) -> None:
+    """Add an atomic reservation to ``pipe``; its result is ``[admitted 0|1, reserved bytes]``."""
+    keys, args = _reserve_args(
+        link,
+        reservation_id,
+        nbytes,
+        end_ts,
+        budget_bytes,
+        time.time() if now is None else now,
+        outcome,
+    )
+    pipe.eval(_RESERVE_LUA, len(keys), *keys, *args)
+
+
+def link_reserve(
+    link: str,
+    reservation_id: str,
+    nbytes: int,
+    end_ts: float,
+    budget_bytes: int,
+    now: float | None = None,
+    client: redis.Redis | None = None,
+) -> bool:
+    """Reserve ``nbytes`` on ``link`` until ``end_ts`` if the budget allows; True if admitted."""
+    r = client or redis_sync()
+    keys, args = _reserve_args(
+        link,
+        reservation_id,
+        nbytes,
+        end_ts,
+        budget_bytes,
+        time.time() if now is None else now,
+        None,
+    )
+    admitted, _ = r.eval(_RESERVE_LUA, len(keys), *keys, *args)
+    return bool(admitted)
+
+
+async def link_reserve_async(
+    link: str,
+    reservation_id: str,
+    nbytes: int,
+    end_ts: float,
+    budget_bytes: int,
+    now: float | None = None,
+    client: aioredis.Redis | None = None,
+) -> bool:
+    """Async twin of :func:`link_reserve`."""
+    r = client or redis_async()
+    keys, args = _reserve_args(
+        link,
+        reservation_id,
+        nbytes,
+        end_ts,
+        budget_bytes,
+        time.time() if now is None else now,
+        None,
+    )
+    admitted, _ = await r.eval(_RESERVE_LUA, len(keys), *keys, *args)
+    return bool(admitted)
+
+
+def link_release(link: str, reservation_id: str, client: redis.Redis | None = None) -> int:
+    """End a reservation early (transfer done); returns the bytes freed (0 if unknown)."""
+    r = client or redis_sync()
+    keys = reservation_keys(link)
+    return int(r.eval(_RELEASE_LUA, len(keys), *keys, reservation_id))
+
+
+async def link_release_async(
+    link: str, reservation_id: str, client: aioredis.Redis | None = None
+) -> int:
+    r = client or redis_async()
+    keys = reservation_keys(link)
+    return int(await r.eval(_RELEASE_LUA, len(keys), *keys, reservation_id))
+
+
+def link_reserved_bytes(link: str, client: redis.Redis | None = None) -> int:
+    """Bytes reserved on ``link`` now (reservations past their end are not counted)."""
+    r = client or redis_sync()
+    keys = reservation_keys(link)
+    live = r.zrangebyscore(keys[0], time.time(), "+inf")
+    if not live:
+        return 0
+    values = r.hmget(keys[1], list(live))  # type: ignore[arg-type]
+    return sum(int(v) for v in values if v is not None)

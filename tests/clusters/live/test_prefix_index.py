@@ -1,0 +1,91 @@
+"""The global prefix index against real Redis: matches, caps, gaps, clears, hash folding."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from clusters.live import prefix_index as px
+from clusters.live.prefix_index import AllCleared, RemovedBlocks, StoredBlocks
+
+
+def chain(n: int, start: int = 1) -> list[str]:
+    return [px.block_hash_key(start + i) for i in range(n)]
+
+
+def test_int_and_digest_encodings_fold_to_the_same_key() -> None:
+    digest = bytes(range(24)) + (1234).to_bytes(8, "big")
+    assert px.block_hash_key(digest) == px.block_hash_key(1234)
+    assert px.block_hash_key(digest.hex()) == px.block_hash_key(1234)
+    assert px.block_hash_key(-1) == "ffffffffffffffff"
+
+
+@pytest.mark.parametrize("bad", ["xyz", "12", 1 << 64, -(1 << 63) - 1, True, 1.5])
+def test_malformed_block_hashes_are_refused(bad: object) -> None:
+    with pytest.raises(px.BlockHashError):
+        px.block_hash_key(bad)  # type: ignore[arg-type]
+
+
+def test_longest_prefix_per_instance_and_cluster(redis_client: redis.Redis) -> None:
+    c = chain(6)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c[:4])])
+    px.kv_batch_apply("b", 0, [StoredBlocks(c[:2] + c[3:5])])  # hole at block 2
+    match = px.prefix_match(c, block_size=16)
+    assert match.tokens_by_instance == {"a": 64, "b": 32}
+    assert match.by_cluster({"a": "pd", "b": "prfaas"}) == {"pd": 64, "prfaas": 32}
+
+
+def test_hybrid_models_use_only_exact_linear_checkpoints(redis_client: redis.Redis) -> None:
+    c = chain(6)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c[:5]), StoredBlocks([c[2]], linear=True)])
+    match = px.prefix_match(c, block_size=10, hybrid=True)
+    assert match.tokens_by_instance == {"a": 30}
+
+
+def test_removed_and_cleared_blocks_stop_matching(redis_client: redis.Redis) -> None:
+    c = chain(4)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c)])
+    px.kv_batch_apply("a", 1, [RemovedBlocks([c[2]])])
+    assert px.prefix_match(c, 1).tokens_by_instance == {"a": 2}
+    px.kv_batch_apply("a", 2, [AllCleared()])
+    assert px.prefix_match(c, 1).tokens_by_instance == {}
+
+
+def test_memory_is_capped_per_instance_by_evicting_oldest(redis_client: redis.Redis) -> None:
+    c = chain(10)
+    result = px.kv_batch_apply("a", 0, [StoredBlocks(c)], cap=4)
+    assert result.evicted == 6
+    assert px.prefix_index_states(["a"])[0].blocks == 4
+    assert redis_client.exists(f"pfx:b:{c[0]}") == 0
+    assert redis_client.sismember(f"pfx:b:{c[9]}", "a")
+
+
+def test_sequence_gap_marks_instance_degraded_until_cleared(redis_client: redis.Redis) -> None:
+    c = chain(3)
+    assert px.kv_batch_apply("a", 0, [StoredBlocks(c[:1])]).state == "exact"
+    gap = px.kv_batch_apply("a", 4, [StoredBlocks(c[1:2])])
+    assert (gap.gap, gap.state) == (3, "degraded")
+    state = px.prefix_index_states(["a"])[0]
+    assert (state.state, state.gaps, state.missed_batches, state.last_seq) == ("degraded", 1, 3, 4)
+    assert px.prefix_match(c, 1).degraded == frozenset({"a"})
+    assert px.kv_batch_apply("a", 5, [AllCleared()]).state == "exact"
+    assert px.prefix_match(c, 1).degraded == frozenset()
+
+
+def test_redelivered_batch_is_skipped(redis_client: redis.Redis) -> None:
+    c = chain(2)
+    px.kv_batch_apply("a", 0, [])
+    px.kv_batch_apply("a", 1, [StoredBlocks(c[:1])])
+    px.kv_batch_apply("a", 2, [RemovedBlocks(c[:1])])
+    again = px.kv_batch_apply("a", 1, [StoredBlocks(c[:1])])
+    assert again.status == "duplicate"
+    assert px.prefix_match(c, 1).tokens_by_instance == {}
+
+
+def test_engine_restart_resets_the_instance(redis_client: redis.Redis) -> None:
+    c = chain(2)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c)])
+    px.kv_batch_apply("a", 7, [])
+    restart = px.kv_batch_apply("a", 0, [StoredBlocks(c[:1])])
+    assert (restart.status, restart.state) == ("restart", "exact")
+    assert px.prefix_match(c, 1).tokens_by_instance == {"a": 1}

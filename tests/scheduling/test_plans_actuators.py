@@ -102,7 +102,7 @@ def test_webhook_retries_server_errors_with_exponential_backoff_and_keeps_the_ke
 def test_webhook_gives_up_after_its_attempts_with_an_error_naming_the_step(automation):
     automation.statuses = [502] * 10
     actuator = WebhookActuator(automation.url, SECRET, attempts=3, backoff_s=0, sleep=no_sleep)
-    with pytest.raises(ActuatorError, match="plan-7-apply-step-2.*HTTP 502"):
+    with pytest.raises(ActuatorError, match=r"plan-7-apply-step-2.*HTTP 502"):
         actuator.notify(NOTICE)
     assert len(automation.received) == 3
 

@@ -1,0 +1,199 @@
+"""Traffic store: what requests arrived per origin PD cluster and minute, for the rebalancer.
+
+The rebalancer re-solves the threshold and the P/D split from the *incremental-length
+distribution after prefix matching* (``../shared/paper/PRFAAS.md`` section 4.2), so every
+decision adds its incremental length to a log-spaced histogram here. Reads return plain data
+(counts and a histogram) the pure planner can turn into an empirical distribution.
+
+Key layout:
+
+``traffic:{cluster}:{minute}``   HASH  per origin cluster and unix minute:
+                                       ``arrivals``, ``offloads`` (route prfaas),
+                                       ``cache_hit_tokens``, ``incremental_tokens``,
+                                       ``output_tokens`` and ``output_known`` (requests that
+                                       told their output length), ``h:{bin}`` (histogram of
+                                       incremental lengths, bins ``BIN_EDGES``),
+                                       ``r:{reason}`` (decisions per reason code).
+                                       Expires after ``RETENTION_S``.
+``traffic:recent``               LIST  the latest decisions with their inputs (JSON, newest
+                                       first), capped at ``RECENT_CAP``: "why was this
+                                       offloaded?".
+
+Writes are queued on the caller's pipeline (the route endpoint's one write round trip); a
+decision that depends on a link reservation records through
+:func:`clusters.live.telemetry.link_reserve_queue` so that whichever branch the reservation
+takes is the one counted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from clusters.live.connection import redis_sync
+from clusters.live.telemetry import ReservationOutcome
+
+RETENTION_S = 3 * 24 * 3600
+RECENT_CAP = 500
+RECENT_KEY = "traffic:recent"
+
+# Log-spaced: 4 bins per doubling from 64 tokens to 2^21; bin 0 is [0, 64), the last is open.
+BIN_EDGES: tuple[int, ...] = (0, *(round(2 ** (k / 4)) for k in range(24, 85)))
+
+
+def length_bin(tokens: int) -> int:
+    """Index of the histogram bin holding ``tokens``: ``BIN_EDGES[i] <= tokens < [i + 1]``."""
+    return max(0, bisect.bisect_right(BIN_EDGES, tokens) - 1)
+
+
+def traffic_key(cluster: str, minute: int) -> str:
+    return f"traffic:{cluster}:{minute}"
+
+
+@dataclass(frozen=True)
+class TrafficRecord:
+    """One decision as the traffic store counts it."""
+
+    origin: str
+    ts: float
+    route: str
+    reason: str
+    incremental_tokens: int
+    cached_tokens: int
+    output_tokens: int | None = None
+
+    def increments(self) -> list[tuple[str, int]]:
+        out = [
+            ("arrivals", 1),
+            (f"h:{length_bin(self.incremental_tokens)}", 1),
+            (f"r:{self.reason}", 1),
+            ("cache_hit_tokens", self.cached_tokens),
+            ("incremental_tokens", self.incremental_tokens),
+        ]
+        if self.route == "prfaas":
+            out.append(("offloads", 1))
+        if self.output_tokens is not None:
+            out += [("output_tokens", self.output_tokens), ("output_known", 1)]
+        return out
+
+    @property
+    def minute(self) -> int:
+        return int(self.ts // 60)
+
+
+def traffic_record_queue(pipe: Any, record: TrafficRecord, recent_entry: str | None) -> None:
+    """Queue the counters of one decision (and its "recent decisions" entry, if given)."""
+    key = traffic_key(record.origin, record.minute)
+    for name, incr in record.increments():
+        if incr:
+            pipe.hincrby(key, name, incr)
+    pipe.expire(key, RETENTION_S)
+    if recent_entry:
+        pipe.lpush(RECENT_KEY, recent_entry)
+        pipe.ltrim(RECENT_KEY, 0, RECENT_CAP - 1)
+
+
+def reservation_outcome(
+    admitted: TrafficRecord,
+    refused: TrafficRecord,
+    admitted_entry: str = "",
+    refused_entry: str = "",
+) -> ReservationOutcome:
+    """What to count for a decision whose offload waits on a link reservation."""
+    return ReservationOutcome(
+        hash_key=traffic_key(admitted.origin, admitted.minute),
+        list_key=RECENT_KEY,
+        admitted_incr=[(k, v) for k, v in admitted.increments() if v],
+        refused_incr=[(k, v) for k, v in refused.increments() if v],
+        admitted_entry=admitted_entry,
+        refused_entry=refused_entry,
+        list_cap=RECENT_CAP,
+        hash_ttl_s=RETENTION_S,
+    )
+
+
+@dataclass(frozen=True)
+class TrafficWindow:
+    """Counts for one origin cluster over ``[start, end)`` (unix seconds, whole minutes)."""
+
+    cluster: str
+    start: float
+    end: float
+    minutes: int
+    arrivals: int
+    offloads: int
+    cache_hit_tokens: int
+    incremental_tokens: int
+    output_tokens: int
+    output_known: int
+    bin_edges: tuple[int, ...]
+    histogram: tuple[int, ...]
+    reasons: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def arrival_rate(self) -> float:
+        """Requests per second over the window."""
+        span = self.end - self.start
+        return self.arrivals / span if span > 0 else 0.0
+
+    @property
+    def offload_fraction(self) -> float:
+        return self.offloads / self.arrivals if self.arrivals else 0.0
+
+
+def traffic_window_read(
+    cluster: str, start: float, end: float, client: redis.Redis | None = None
+) -> TrafficWindow:
+    """Sum the minutes of ``cluster`` from ``start`` (inclusive) to ``end`` (exclusive)."""
+    if end < start:
+        raise ValueError("end must not be before start")
+    r = client or redis_sync()
+    first, last = int(start // 60), -(-math.ceil(end) // 60) - 1
+    minutes = list(range(first, last + 1)) if end > start else []
+    pipe = r.pipeline(transaction=False)
+    for m in minutes:
+        pipe.hgetall(traffic_key(cluster, m))
+    totals: dict[str, int] = {}
+    hist = [0] * len(BIN_EDGES)
+    reasons: dict[str, int] = {}
+    for h in pipe.execute() if minutes else []:
+        for raw_k, raw_v in h.items():
+            k, v = raw_k.decode(), int(raw_v)
+            if k.startswith("h:"):
+                idx = int(k[2:])
+                if 0 <= idx < len(hist):
+                    hist[idx] += v
+            elif k.startswith("r:"):
+                reasons[k[2:]] = reasons.get(k[2:], 0) + v
+            else:
+                totals[k] = totals.get(k, 0) + v
+    return TrafficWindow(
+        cluster=cluster,
+        start=float(first * 60) if minutes else start,
+        end=float((last + 1) * 60) if minutes else end,
+        minutes=len(minutes),
+        arrivals=totals.get("arrivals", 0),
+        offloads=totals.get("offloads", 0),
+        cache_hit_tokens=totals.get("cache_hit_tokens", 0),
+        incremental_tokens=totals.get("incremental_tokens", 0),
+        output_tokens=totals.get("output_tokens", 0),
+        output_known=totals.get("output_known", 0),
+        bin_edges=BIN_EDGES,
+        histogram=tuple(hist),
+        reasons=reasons,
+    )
+
+
+def recent_decisions_read(
+    limit: int = 50, client: redis.Redis | None = None
+) -> list[dict[str, Any]]:
+    """The latest decisions with their inputs, newest first."""
+    r = client or redis_sync()
+    raw: Sequence[bytes] = r.lrange(RECENT_KEY, 0, max(0, limit - 1))  # type: ignore[assignment]
+    return [json.loads(x) for x in raw]

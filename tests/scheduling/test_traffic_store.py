@@ -1,0 +1,71 @@
+"""The traffic store: per-minute counts and the incremental-length histogram, read as windows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import redis
+
+from clusters.live import telemetry
+from scheduling import traffic
+from scheduling.traffic import TrafficRecord
+
+
+def record(ts: float, route: str, incr: int, reason: str, origin: str = "pd-a") -> TrafficRecord:
+    return TrafficRecord(origin, ts, route, reason, incr, cached_tokens=100, output_tokens=10)
+
+
+def test_bins_are_log_spaced_and_cover_every_length() -> None:
+    edges = traffic.BIN_EDGES
+    assert edges[0] == 0 and edges[1] == 64
+    assert all(b > a for a, b in itertools.pairwise(edges))
+    assert traffic.length_bin(0) == 0
+    assert traffic.length_bin(64) == 1
+    assert traffic.length_bin(10**9) == len(edges) - 1
+
+
+def test_window_sums_minutes_of_one_cluster_only(redis_client: redis.Redis) -> None:
+    base = 1_700_000_040.0  # a minute boundary
+    pipe = redis_client.pipeline()
+    for rec in [
+        record(base + 1, "local", 100, "below_threshold"),
+        record(base + 61, "prfaas", 30_000, "above_threshold"),
+        record(base + 121, "prfaas", 30_000, "above_threshold"),
+        record(base + 61, "prfaas", 30_000, "above_threshold", origin="pd-b"),
+    ]:
+        traffic.traffic_record_queue(pipe, rec, json.dumps({"reason": rec.reason}))
+    pipe.execute()
+
+    window = traffic.traffic_window_read("pd-a", base, base + 120)
+    assert (window.minutes, window.arrivals, window.offloads) == (2, 2, 1)
+    assert window.reasons == {"below_threshold": 1, "above_threshold": 1}
+    assert window.histogram[traffic.length_bin(100)] == 1
+    assert window.histogram[traffic.length_bin(30_000)] == 1
+    assert sum(window.histogram) == window.arrivals
+    assert window.cache_hit_tokens == 200 and window.output_tokens == 20
+    assert window.offload_fraction == 0.5
+    assert len(traffic.recent_decisions_read(10)) == 4
+
+
+def test_reservation_records_only_the_branch_that_happened(redis_client: redis.Redis) -> None:
+    base = 1_700_000_040.0
+    offload = record(base, "prfaas", 50_000, "above_threshold")
+    fallback = record(base, "local", 50_000, "link_congested")
+    for i in range(3):
+        pipe = redis_client.pipeline()
+        telemetry.link_reserve_queue(
+            pipe,
+            "L",
+            f"r{i}",
+            nbytes=600,
+            end_ts=base + 30,
+            budget_bytes=1000,
+            now=base,
+            outcome=traffic.reservation_outcome(offload, fallback, "ok", "refused"),
+        )
+        pipe.execute()
+    window = traffic.traffic_window_read("pd-a", base, base + 60)
+    assert window.arrivals == 3 and window.offloads == 1
+    assert window.reasons == {"above_threshold": 1, "link_congested": 2}
+    assert redis_client.lrange(traffic.RECENT_KEY, 0, -1) == [b"refused", b"refused", b"ok"]

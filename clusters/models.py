@@ -1,0 +1,363 @@
+"""Inventory of a PrfaaS deployment: where the hardware is, what it serves, how it is joined.
+
+Every row carries a ``version`` (bumped by each write, used for optimistic concurrency) and
+created/updated timestamps. What must always hold is a database constraint. Two rules span
+tables (a link goes from a ``prfaas`` cluster to a ``pd`` cluster; a ``prfaas`` cluster has no
+decode instance); PostgreSQL CHECK constraints cannot look at another table, so the cluster's
+kind is denormalised onto links (``source_kind``, ``target_kind``) and instances
+(``cluster_kind``), where CHECK constraints guard it. ``save()`` copies the kind from the
+cluster, and ``cluster_update`` refuses a kind change that would break a rule and otherwise
+propagates the new kind in the same transaction, so the copies never go stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+
+class ClusterKind(models.TextChoices):
+    PRFAAS = "prfaas", "PrfaaS (prefill only)"
+    PD = "pd", "PD (prefill and decode)"
+
+
+class InstanceRole(models.TextChoices):
+    PREFILL = "prefill", "prefill"
+    DECODE = "decode", "decode"
+
+
+class InstanceState(models.TextChoices):
+    ACTIVE = "active", "active"
+    DRAINING = "draining", "draining"
+    DOWN = "down", "down"
+
+
+def table_errors(value: Any, *, positive_values: bool = True) -> list[str]:
+    """Problems with a ``[[tokens, value], ...]`` table, each naming the entry (``[2]``).
+
+    Tokens must be positive integers, strictly increasing; values positive numbers (or
+    non-negative when ``positive_values`` is false). An empty table is refused: interpolation
+    needs at least one point.
+    """
+    if not isinstance(value, list) or not value:
+        return ["must be a non-empty list of [tokens, value] points"]
+    errors: list[str] = []
+    previous: int | None = None
+    for i, point in enumerate(value):
+        if (
+            not isinstance(point, list | tuple)
+            or len(point) != 2
+            or any(isinstance(p, bool) or not isinstance(p, int | float) for p in point)
+        ):
+            errors.append(f"[{i}]: must be a [tokens, value] pair of numbers")
+            continue
+        tokens, amount = point
+        if tokens != int(tokens) or tokens <= 0:
+            errors.append(f"[{i}][0]: tokens must be a positive integer")
+        if amount < 0 or (positive_values and amount == 0):
+            errors.append(f"[{i}][1]: must be {'positive' if positive_values else '>= 0'}")
+        if previous is not None and tokens <= previous:
+            errors.append(f"[{i}][0]: tokens must be strictly increasing (sorted by tokens)")
+        previous = int(tokens)
+    return errors
+
+
+def _positive(value: Any) -> None:
+    if value is not None and value <= 0:
+        raise ValidationError("must be positive")
+
+
+def _non_negative(value: Any) -> None:
+    if value is not None and value < 0:
+        raise ValidationError("must be >= 0")
+
+
+def _table_check(value: Any) -> None:
+    errors = table_errors(value)
+    if errors:
+        raise ValidationError("; ".join(errors))
+
+
+class Versioned(models.Model):
+    """Shared bookkeeping: optimistic-concurrency version and timestamps."""
+
+    version = models.PositiveIntegerField(default=1, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+def _version_positive(name: str) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(version__gte=1), name=f"{name}_version_positive")
+
+
+class Site(Versioned):
+    """A datacenter. Clusters live at sites; links between sites cross ordinary Ethernet."""
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            _version_positive("site"),
+            models.CheckConstraint(condition=~Q(name=""), name="site_name_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Accelerator(Versioned):
+    """A kind of GPU (H200, H20, ...) with its relative price per GPU-hour."""
+
+    name = models.CharField(max_length=100, unique=True)
+    gpu_hour_cost = models.FloatField(
+        help_text="relative price per GPU-hour (> 0)", validators=[_positive]
+    )
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            _version_positive("accelerator"),
+            models.CheckConstraint(condition=~Q(name=""), name="accelerator_name_not_empty"),
+            models.CheckConstraint(
+                condition=Q(gpu_hour_cost__gt=0), name="accelerator_gpu_hour_cost_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelProfile(Versioned):
+    """The served LLM as far as KVCache is concerned: how big one prefill's KVCache is at a
+    given input length (S_kv), the prefix-cache block size, and the linear-attention state."""
+
+    name = models.CharField(max_length=200, unique=True)
+    attention = models.JSONField(
+        null=True, blank=True, help_text="descriptive layout, e.g. {linear: KDA, full: MLA}"
+    )
+    block_tokens = models.PositiveIntegerField(
+        help_text="prefix-cache block size in tokens", validators=[_positive]
+    )
+    kv_cache_mib = models.JSONField(
+        help_text="[[input_tokens, MiB], ...] sorted by tokens", validators=[_table_check]
+    )
+    linear_state_mib = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[_non_negative],
+        help_text="request-level linear/SWA state; empty = table extrapolated to 0 tokens",
+    )
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            _version_positive("modelprofile"),
+            models.CheckConstraint(condition=~Q(name=""), name="modelprofile_name_not_empty"),
+            models.CheckConstraint(
+                condition=Q(block_tokens__gt=0), name="modelprofile_block_tokens_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(linear_state_mib__isnull=True) | Q(linear_state_mib__gte=0),
+                name="modelprofile_linear_state_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PerformanceProfile(Versioned):
+    """How fast one instance of an accelerator runs a model: prefill seconds by input length,
+    and (for accelerators that decode) the decode batch and step time."""
+
+    accelerator = models.ForeignKey(
+        Accelerator, on_delete=models.PROTECT, related_name="performance_profiles"
+    )
+    model = models.ForeignKey(
+        ModelProfile, on_delete=models.PROTECT, related_name="performance_profiles"
+    )
+    gpus_per_instance = models.PositiveIntegerField(validators=[_positive])
+    prefill_seconds = models.JSONField(
+        help_text="[[input_tokens, seconds], ...] sorted by tokens", validators=[_table_check]
+    )
+    decode_max_batch = models.PositiveIntegerField(null=True, blank=True, validators=[_positive])
+    decode_step_seconds = models.FloatField(null=True, blank=True, validators=[_positive])
+
+    class Meta:
+        ordering = ["accelerator__name", "model__name", "id"]
+        constraints = [
+            _version_positive("performanceprofile"),
+            models.UniqueConstraint(
+                fields=["accelerator", "model"], name="performanceprofile_unique_accelerator_model"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpus_per_instance__gt=0), name="performanceprofile_gpus_positive"
+            ),
+            # Decode is described completely or not at all.
+            models.CheckConstraint(
+                condition=(
+                    Q(decode_max_batch__isnull=True, decode_step_seconds__isnull=True)
+                    | Q(decode_max_batch__gt=0, decode_step_seconds__gt=0)
+                ),
+                name="performanceprofile_decode_complete_and_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.accelerator} x {self.model}"
+
+    def clean(self) -> None:
+        if (self.decode_max_batch is None) != (self.decode_step_seconds is None):
+            raise ValidationError(
+                {"decode_step_seconds": "decode_max_batch and decode_step_seconds go together"}
+            )
+
+
+class Cluster(Versioned):
+    """One kind of hardware at one site serving one model. ``prfaas`` clusters only prefill
+    (long uncached prompts, KVCache shipped over a link); ``pd`` clusters prefill and decode."""
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=10, choices=ClusterKind.choices)
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="clusters")
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="clusters")
+    model = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="clusters")
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            _version_positive("cluster"),
+            models.CheckConstraint(condition=~Q(name=""), name="cluster_name_not_empty"),
+            models.CheckConstraint(
+                condition=Q(kind__in=ClusterKind.values), name="cluster_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Instance(Versioned):
+    """One model replica (e.g. 8 GPUs) in a cluster, serving as prefill or decode. Draining
+    instances finish their work and take no new requests; down instances take nothing."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="instances")
+    # Copy of cluster.kind so that a CHECK constraint can refuse decode in a prfaas cluster.
+    cluster_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
+    name = models.CharField(max_length=150, unique=True)
+    role = models.CharField(max_length=10, choices=InstanceRole.choices)
+    state = models.CharField(
+        max_length=10, choices=InstanceState.choices, default=InstanceState.ACTIVE
+    )
+    endpoint = models.URLField(max_length=500, blank=True, default="")
+    labels = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name", "id"]
+        constraints = [
+            _version_positive("instance"),
+            models.CheckConstraint(condition=~Q(name=""), name="instance_name_not_empty"),
+            models.CheckConstraint(
+                condition=Q(role__in=InstanceRole.values), name="instance_role_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=InstanceState.values), name="instance_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(cluster_kind=ClusterKind.PRFAAS, role=InstanceRole.DECODE),
+                name="instance_no_decode_in_prfaas_cluster",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.cluster_kind = self.cluster.kind
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        if (
+            self.cluster_id is not None
+            and self.role == InstanceRole.DECODE
+            and self.cluster.kind == ClusterKind.PRFAAS
+        ):
+            raise ValidationError(
+                {"role": "a prfaas cluster only prefills: it cannot hold a decode instance"}
+            )
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ValidationError({"labels": "must be an object of string values"})
+
+
+class Link(Versioned):
+    """The Ethernet path that carries KVCache from a prfaas cluster to a pd cluster.
+
+    ``gbps`` may be 0: a link that is down is still part of the topology (the router then
+    keeps everything local); negative capacities are refused. ``kv_budget_bytes`` bounds the
+    KVCache in flight on the link; empty means derived from capacity and RTT.
+    """
+
+    source = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="outgoing_links")
+    target = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="incoming_links")
+    source_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
+    target_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
+    gbps = models.FloatField(
+        help_text="capacity in Gbps (10^9 bit/s); 0 means down", validators=[_non_negative]
+    )
+    rtt_ms = models.FloatField(
+        help_text="round-trip time in milliseconds", validators=[_non_negative]
+    )
+    kv_budget_bytes = models.BigIntegerField(
+        null=True,
+        blank=True,
+        validators=[_positive],
+        help_text="in-flight KVCache budget; empty = derived",
+    )
+
+    class Meta:
+        ordering = ["source__name", "target__name", "id"]
+        constraints = [
+            _version_positive("link"),
+            models.UniqueConstraint(fields=["source", "target"], name="link_unique_source_target"),
+            models.CheckConstraint(
+                condition=Q(source_kind=ClusterKind.PRFAAS), name="link_source_is_prfaas"
+            ),
+            models.CheckConstraint(
+                condition=Q(target_kind=ClusterKind.PD), name="link_target_is_pd"
+            ),
+            models.CheckConstraint(condition=Q(gbps__gte=0), name="link_gbps_non_negative"),
+            models.CheckConstraint(condition=Q(rtt_ms__gte=0), name="link_rtt_non_negative"),
+            models.CheckConstraint(
+                condition=Q(kv_budget_bytes__isnull=True) | Q(kv_budget_bytes__gt=0),
+                name="link_kv_budget_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.source_kind = self.source.kind
+        self.target_kind = self.target.kind
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.source_id is not None and self.source.kind != ClusterKind.PRFAAS:
+            errors["source"] = (
+                f"must be a prfaas cluster ({self.source.name} is {self.source.kind})"
+            )
+        if self.target_id is not None and self.target.kind != ClusterKind.PD:
+            errors["target"] = f"must be a pd cluster ({self.target.name} is {self.target.kind})"
+        if errors:
+            raise ValidationError(errors)

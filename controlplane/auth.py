@@ -1,0 +1,255 @@
+"""Who may call the API: bearer tokens for machines, the Django session for browsers.
+
+Use ``auth=TokenAuth("read")`` on a sync operation and ``auth=AsyncTokenAuth("router")`` on an
+async one (``require_scope`` picks for you). Both accept ``Authorization: Bearer <token>`` or,
+without that header, a logged-in session (unsafe methods then need the CSRF token). A request
+without valid credentials gets 401; valid credentials without the scope get 403.
+
+Scopes: a token holds the scopes it was created with, and ``admin`` implies all of them. A
+session user gets them from the user's groups: ``viewer`` -> read; ``operator`` -> read and
+operate; ``admin`` (and superusers) -> everything.
+
+Hot path: validated tokens are cached in process for ``API_TOKEN_CACHE_S`` seconds (default 5),
+so a busy router costs no database query per request. Consequence: revoking a token takes
+effect immediately in the process that revoked it and within that TTL everywhere else. Expiry
+is checked on every request against the cached expiry time. ``last_used_at`` is written at
+most once per ``API_TOKEN_LAST_USED_WRITE_S`` seconds (default 60) per token and process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja.security.base import AuthBase
+from ninja.utils import check_csrf
+
+from controlplane.errors import Forbidden
+from controlplane.models import ApiToken, Scope
+from controlplane.services import token_hash
+
+ALL_SCOPES = frozenset(Scope.values)
+GROUP_SCOPES: dict[str, frozenset[str]] = {
+    "viewer": frozenset({Scope.READ}),
+    "operator": frozenset({Scope.READ, Scope.OPERATE}),
+    "admin": ALL_SCOPES,
+}
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller, set as ``request.auth`` by the auth classes."""
+
+    name: str
+    scopes: frozenset[str]
+    token_id: int | None = None
+    user_id: int | None = None
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes or Scope.ADMIN in self.scopes
+
+
+@dataclass(frozen=True)
+class _CachedToken:
+    token_id: int
+    name: str
+    scopes: frozenset[str]
+    expires_at: datetime | None
+
+
+def _cache_ttl() -> float:
+    return float(getattr(settings, "API_TOKEN_CACHE_S", 5))
+
+
+def _last_used_interval() -> float:
+    return float(getattr(settings, "API_TOKEN_LAST_USED_WRITE_S", 60))
+
+
+_lock = threading.Lock()
+# token hash -> (monotonic time cached, token or None for unknown/revoked)
+_token_cache: dict[str, tuple[float, _CachedToken | None]] = {}
+# token id -> monotonic time of the last last_used_at write
+_last_used_written: dict[int, float] = {}
+_CACHE_MAX = 10_000
+
+
+def token_cache_clear() -> None:
+    """Forget every cached token (this process). Revocation calls it."""
+    with _lock:
+        _token_cache.clear()
+        _last_used_written.clear()
+
+
+def _cache_get(digest: str) -> tuple[bool, _CachedToken | None]:
+    entry = _token_cache.get(digest)
+    if entry is None or time.monotonic() - entry[0] > _cache_ttl():
+        return False, None
+    return True, entry[1]
+
+
+def _cache_put(digest: str, cached: _CachedToken | None) -> None:
+    with _lock:
+        if len(_token_cache) >= _CACHE_MAX:
+            _token_cache.clear()
+        _token_cache[digest] = (time.monotonic(), cached)
+
+
+def _token_fetch(digest: str) -> _CachedToken | None:
+    row = (
+        ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
+        .values("id", "name", "scopes", "expires_at")
+        .first()
+    )
+    if row is None:
+        return None
+    return _CachedToken(
+        token_id=row["id"],
+        name=row["name"],
+        scopes=frozenset(row["scopes"]),
+        expires_at=row["expires_at"],
+    )
+
+
+def _last_used_due(token_id: int) -> bool:
+    now = time.monotonic()
+    last = _last_used_written.get(token_id)
+    if last is not None and now - last < _last_used_interval():
+        return False
+    _last_used_written[token_id] = now
+    return True
+
+
+def _last_used_write(token_id: int) -> None:
+    ApiToken.objects.filter(pk=token_id).update(last_used_at=timezone.now())
+
+
+def _principal(cached: _CachedToken | None) -> Principal | None:
+    if cached is None:
+        return None
+    if cached.expires_at is not None and cached.expires_at <= timezone.now():
+        return None
+    return Principal(name=cached.name, scopes=cached.scopes, token_id=cached.token_id)
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    """The bearer token, '' for a malformed Authorization header, None when there is none."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return ""
+    return token.strip()
+
+
+def token_principal(token: str) -> Principal | None:
+    """Validate a plain token (sync): the caller it stands for, or None."""
+    digest = token_hash(token)
+    hit, cached = _cache_get(digest)
+    if not hit:
+        cached = _token_fetch(digest)
+        _cache_put(digest, cached)
+    principal = _principal(cached)
+    if (
+        principal is not None
+        and principal.token_id is not None
+        and _last_used_due(principal.token_id)
+    ):
+        _last_used_write(principal.token_id)
+    return principal
+
+
+async def atoken_principal(token: str) -> Principal | None:
+    """Validate a plain token (async): no thread hop and no query on a cache hit."""
+    digest = token_hash(token)
+    hit, cached = _cache_get(digest)
+    if not hit:
+        cached = await sync_to_async(_token_fetch)(digest)
+        _cache_put(digest, cached)
+    principal = _principal(cached)
+    if (
+        principal is not None
+        and principal.token_id is not None
+        and _last_used_due(principal.token_id)
+    ):
+        await sync_to_async(_last_used_write)(principal.token_id)
+    return principal
+
+
+def user_scopes(user: Any) -> frozenset[str]:
+    """Scopes a logged-in user holds through the user's groups."""
+    if not user.is_active:
+        return frozenset()
+    if user.is_superuser:
+        return ALL_SCOPES
+    scopes: set[str] = set()
+    for group in user.groups.values_list("name", flat=True):
+        scopes |= GROUP_SCOPES.get(group, frozenset())
+    return frozenset(scopes)
+
+
+def _user_principal(user: Any) -> Principal:
+    return Principal(name=user.get_username(), scopes=user_scopes(user), user_id=user.pk)
+
+
+class TokenAuth(AuthBase):
+    """Ninja auth for sync operations: bearer token or session, holding ``scope``."""
+
+    openapi_type = "http"
+    openapi_scheme = "bearer"
+
+    def __init__(self, scope: str) -> None:
+        if scope not in ALL_SCOPES:
+            raise ValueError(f"unknown scope {scope!r}")
+        self.scope = scope
+        super().__init__()
+
+    def _checked(self, principal: Principal | None) -> Principal | None:
+        if principal is not None and not principal.has_scope(self.scope):
+            raise Forbidden(f"this operation needs the {self.scope!r} scope", code="forbidden")
+        return principal
+
+    def _session_allowed(self, request: HttpRequest) -> bool:
+        if request.method in SAFE_METHODS or getattr(request, "_ninja_csrf_exempt", False):
+            return True
+        if check_csrf(request) is not None:
+            raise Forbidden("CSRF check failed for a session request", code="csrf_failed")
+        return True
+
+    def __call__(self, request: HttpRequest) -> Principal | None:
+        token = _bearer(request)
+        if token is not None:
+            return self._checked(token_principal(token) if token else None)
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        self._session_allowed(request)
+        return self._checked(_user_principal(user))
+
+
+class AsyncTokenAuth(TokenAuth):
+    """Ninja auth for async operations: same rules as :class:`TokenAuth`, awaited."""
+
+    async def __call__(self, request: HttpRequest) -> Principal | None:  # type: ignore[override]
+        token = _bearer(request)
+        if token is not None:
+            return self._checked(await atoken_principal(token) if token else None)
+        user = await request.auser()
+        if not user.is_authenticated:
+            return None
+        self._session_allowed(request)
+        principal = await sync_to_async(_user_principal)(user)
+        return self._checked(principal)
+
+
+def require_scope(scope: str, *, asynchronous: bool = False) -> TokenAuth:
+    """The auth object for an operation needing ``scope`` (``asynchronous`` for async views)."""
+    return AsyncTokenAuth(scope) if asynchronous else TokenAuth(scope)

@@ -1,0 +1,111 @@
+"""Writes for access control: API tokens (created, revoked), each one recorded in the audit."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.audit import Actor, change_record_create, snapshot
+from controlplane.errors import Conflict, Invalid, NotFound
+from controlplane.models import ApiToken, Scope
+
+TOKEN_PREFIX = "prfaas_"
+# Characters of the token kept in clear for display; the rest of the 256-bit secret stays hidden.
+DISPLAY_PREFIX_CHARS = 12
+
+
+def token_hash(token: str) -> str:
+    """sha256 of the whole token: a high-entropy secret needs no salt or slow hash."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A freshly created token: ``secret`` is the only time the plain token exists."""
+
+    token: ApiToken
+    secret: str
+
+
+def scopes_validate(scopes: list[str] | tuple[str, ...]) -> list[str]:
+    if not scopes:
+        raise Invalid("scopes: at least one scope is required", code="invalid")
+    unknown = sorted(set(scopes) - set(Scope.values))
+    if unknown:
+        raise Invalid(
+            f"scopes: unknown scope {', '.join(unknown)} (choose from {', '.join(Scope.values)})"
+        )
+    return sorted(set(scopes))
+
+
+def token_create(
+    *,
+    name: str,
+    scopes: list[str] | tuple[str, ...],
+    actor: Actor,
+    expires_in_days: float | None = None,
+    created_by: User | None = None,
+) -> IssuedToken:
+    """Create a named token with the given scopes; return it with its one-time secret."""
+    name = name.strip()
+    if not name:
+        raise Invalid("name: must not be empty")
+    clean_scopes = scopes_validate(scopes)
+    if expires_in_days is not None and expires_in_days <= 0:
+        raise Invalid("expires: must be a positive number of days")
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires_at = (
+        timezone.now() + timedelta(days=expires_in_days) if expires_in_days is not None else None
+    )
+    try:
+        with transaction.atomic():
+            token = ApiToken.objects.create(
+                name=name,
+                prefix=secret[:DISPLAY_PREFIX_CHARS],
+                secret_sha256=token_hash(secret),
+                scopes=clean_scopes,
+                expires_at=expires_at,
+                created_by=created_by,
+            )
+            change_record_create(
+                actor=actor, action="create", obj=token, before=None, after=token_audit_view(token)
+            )
+    except IntegrityError as exc:
+        raise Conflict(f"name: a token named {name!r} already exists") from exc
+    return IssuedToken(token=token, secret=secret)
+
+
+def token_revoke(*, name: str, actor: Actor) -> ApiToken:
+    """Revoke a token by name. Other processes notice within the auth cache TTL."""
+    from controlplane.auth import token_cache_clear
+
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update().filter(name=name).first()
+        if token is None:
+            raise NotFound(f"no token named {name!r}")
+        if token.revoked_at is None:
+            before = token_audit_view(token)
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+            change_record_create(
+                actor=actor,
+                action="revoke",
+                obj=token,
+                before=before,
+                after=token_audit_view(token),
+            )
+    token_cache_clear()
+    return token
+
+
+def token_audit_view(token: ApiToken) -> dict[str, object]:
+    """What the audit keeps of a token: everything except the secret's hash."""
+    data = snapshot(token)
+    data.pop("secret_sha256", None)
+    return data

@@ -814,8 +814,9 @@ def control_signals(pd_cluster: str, topology: Topology, live: LiveState) -> Con
         load = live.links.get(link.key)
         if load is not None:
             util = max(util, load.egress_gbps / link.gbps)
-        _, mean_backlog = _prefill_pool(topology, live, link.source)
-        backlog = max(backlog, mean_backlog)
+        pool = _prefill_pool(topology, live, link.source)
+        if pool:
+            backlog = max(backlog, sum(e[1] for e in pool) / len(pool))
     return ControlSignals(egress_utilisation=util, prfaas_backlog_s=backlog)
 
 
@@ -842,39 +843,48 @@ def reservation_fits(reservation: LinkReservation, topology: Topology, live: Liv
 # --------------------------------------------------------------------------------------
 
 
-def _instance_state(inst: InstanceSpec, load: InstanceLoad | None) -> str:
-    if load is not None and load.state is not None:
-        return load.state
-    return inst.state
+def _prefill_pool(topology: Topology, live: LiveState, cluster: str) -> list[list[Any]]:
+    """Active prefill instances of ``cluster`` as ``[instance, backlog_s]`` entries.
 
-
-def _backlog_s(topology: Topology, cluster: str, load: InstanceLoad | None) -> float:
-    if load is None:
-        return 0.0
-    if load.queued_prefill_s is not None:
-        return max(0.0, load.queued_prefill_s)
-    tokens = load.queued_prefill_tokens
-    if tokens <= 0:
-        return 0.0
-    depth = max(1, load.queue_depth)
-    return depth * topology.prefill_seconds(cluster, tokens / depth)
-
-
-def _prefill_pool(
-    topology: Topology, live: LiveState, cluster: str
-) -> tuple[list[tuple[InstanceSpec, float]], float]:
-    """Active prefill instances of ``cluster`` with their backlog seconds, and the mean."""
+    Backlog: ``queued_prefill_s`` when reported, else ``depth * T(tokens / depth)`` on the
+    cluster's hardware. This loop runs for every instance of the origin on every request,
+    so the table lookup is inlined (reporters that send ``queued_prefill_s`` skip it).
+    """
     loads = live.instances
-    pool: list[tuple[InstanceSpec, float]] = []
-    total = 0.0
+    pool: list[list[Any]] = []
+    curve = topology.prefill_curve.get(cluster)
+    if curve is None:
+        return pool
+    xs, ys, slopes = curve._xs, curve._ys, curve._slopes
+    last = len(slopes) - 1
     for inst in topology.prefill_by_cluster.get(cluster, ()):
         load = loads.get(inst.name)
-        if _instance_state(inst, load) != "active":
+        if load is None:
+            if inst.state == "active":
+                pool.append([inst, 0.0])
             continue
-        b = _backlog_s(topology, cluster, load)
-        pool.append((inst, b))
-        total += b
-    return pool, (total / len(pool) if pool else 0.0)
+        if (load.state or inst.state) != "active":
+            continue
+        q = load.queued_prefill_s
+        if q is None:
+            tokens = load.queued_prefill_tokens
+            if tokens > 0:
+                depth = load.queue_depth if load.queue_depth > 1 else 1
+                x = tokens / depth
+                i = bisect_right(xs, x) - 1
+                if i < 0:
+                    i = 0
+                elif i > last:
+                    i = last
+                q = depth * (ys[i] + slopes[i] * (x - xs[i]))
+                if q < 0.0:
+                    q = 0.0
+            else:
+                q = 0.0
+        elif q < 0.0:
+            q = 0.0
+        pool.append([inst, q])
+    return pool
 
 
 class _Context:
@@ -896,8 +906,7 @@ class _Context:
     def prefill_pool(self, cluster: str) -> list[list[Any]]:
         got = self.pools.get(cluster)
         if got is None:
-            pool, _ = _prefill_pool(self.topology, self.live, cluster)
-            got = [[inst, b] for inst, b in pool]
+            got = _prefill_pool(self.topology, self.live, cluster)
             self.pools[cluster] = got
         return got
 
@@ -908,11 +917,10 @@ class _Context:
             got = []
             for inst in self.topology.decode_by_cluster.get(cluster, ()):
                 load = loads.get(inst.name)
-                if _instance_state(inst, load) != "active":
-                    continue
                 if load is None:
-                    got.append([inst, 0, 0.0])
-                else:
+                    if inst.state == "active":
+                        got.append([inst, 0, 0.0])
+                elif (load.state or inst.state) == "active":
                     got.append([inst, load.running + load.waiting, load.kv_usage])
             self.decode[cluster] = got
         return got
@@ -1038,25 +1046,37 @@ def _pick_prefill(
     return best, best_cached
 
 
-def _pick_decode(ctx: _Context, origin: str, guards: Guards, use_load: bool) -> InstanceSpec:
+def _pick_decode(
+    ctx: _Context, request: RouteRequest, guards: Guards, use_load: bool
+) -> InstanceSpec:
+    """Least loaded active decode instance of the origin with KV room (any active one when
+    none has room); raises RouteUnavailable when the origin has no active decode."""
+    origin = request.origin
     pool = ctx.decode_pool(origin)
     if not pool:
         raise RouteUnavailable(
             f"pd cluster {origin!r} has no active decode instance", code=Reason.NO_DECODE_CAPACITY
         )
-    best: list[Any] | None = None
-    best_key: tuple[int, float, float] = (2, 0.0, 0.0)
+    if not use_load:
+        # No trustworthy load: spread requests by a hash instead of piling onto one.
+        return pool[_spread_key(request) % len(pool)][0]
+    best = pool[0]
+    best_score = math.inf
     extra = ctx.extra_decode
     cap = guards.decode_kv_usage_max
     for entry in pool:
         inst, active, kv = entry
-        active += extra.get(inst.name, 0) if extra else 0
-        # No room first key: an instance without KV room is only used when none has room.
-        key = (0 if kv < cap else 1, float(active) if use_load else 0.0, kv if use_load else 0.0)
-        if best is None or key < best_key:
-            best, best_key = entry, key
-    assert best is not None
-    return best[0]
+        if extra:
+            active += extra.get(inst.name, 0)
+        # Lexicographic (has KV room, active requests, KV usage) folded into one number:
+        # kv is within [0, 1], so half of it never outweighs one request.
+        score = active + 0.5 * kv
+        if kv >= cap:
+            score += 1e12
+        if score < best_score:
+            best, best_score = entry, score
+    inst_: InstanceSpec = best[0]
+    return inst_
 
 
 class _Option:
@@ -1328,7 +1348,7 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
     t0 = ctx.policy.threshold(origin)
     control = None if stale else ctx.live.control.get(origin)
     t_eff = t0 if control is None else control.effective_threshold(t0)
-    decode = _pick_decode(ctx, origin, guards, not stale)
+    decode = _pick_decode(ctx, request, guards, not stale)
     l_pd, pd_holder, pd_exact = hits.cluster_hit(origin)
 
     if stale and guards.stale_mode == "local":
@@ -1484,7 +1504,7 @@ def route_fallback_local(
     ctx = _Context(policy, topology, live)
     stale = live_is_stale(live, policy.guards)
     hits = _collect_hits(request, topology, policy.guards)
-    decode = _pick_decode(ctx, request.origin, policy.guards, not stale)
+    decode = _pick_decode(ctx, request, policy.guards, not stale)
     t0 = policy.threshold(request.origin)
     control = None if stale else live.control.get(request.origin)
     t_eff = t0 if control is None else control.effective_threshold(t0)

@@ -13,6 +13,8 @@ import weakref
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 # Seconds; the request path's whole Redis budget is a few of these at most.
 SOCKET_TIMEOUT_S = 0.25
@@ -52,7 +54,9 @@ def redis_async() -> aioredis.Redis:
             url,
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
-            max_connections=256,
+            max_connections=512,
+            # No retries: the caller's deadline decides, and a stale answer beats a late one.
+            retry=AsyncRetry(NoBackoff(), 0),
         )
         _async_clients[loop] = (url, client)
         return client

@@ -18,6 +18,8 @@ Key layout (block hashes are folded to 64-bit keys, written as 16 hex digits):
 ``pfx:i:{inst}:m``      HASH  last_seq, state (exact|degraded), gaps, missed, gap_at, events
 ``pfx:degraded``        SET   instances whose event stream showed a sequence gap
 ``pfx:instances``       SET   instances with entries
+``pfx:linear``          SET   instances that ever reported linear-state checkpoints (an
+                              engine that reports none is matched on full blocks only)
 
 Layout for the lookup: a request's chain ``h0..hn`` is one pipeline of ``SMEMBERS pfx:b:hi``
 (and ``pfx:l:hi`` for hybrid models) plus ``SMEMBERS pfx:degraded``: one round trip, then the
@@ -197,6 +199,7 @@ while i <= #ARGV do
     local kind = ARGV[i + 1]
     local n = tonumber(ARGV[i + 2])
     local z = pre .. kind
+    if kind == 'l' then redis.call('SADD', 'pfx:linear', inst) end
     local order = redis.call('INCRBY', pre .. 'n', n) - n
     for j = 1, n do
       local h = ARGV[i + 2 + j]
@@ -302,11 +305,13 @@ def prefix_match_queue(pipe: Any, chain: Sequence[str], hybrid: bool) -> None:
     if hybrid:
         for h in chain:
             pipe.smembers(f"pfx:l:{h}")
+        pipe.smembers("pfx:linear")
     pipe.smembers("pfx:degraded")
 
 
 def prefix_match_commands(chain: Sequence[str], hybrid: bool) -> int:
-    return len(chain) * (2 if hybrid else 1) + 1
+    """How many pipeline results :func:`prefix_match_queue` adds."""
+    return len(chain) * 2 + 2 if hybrid else len(chain) + 1
 
 
 def _decode_set(raw: Any) -> set[str]:
@@ -320,7 +325,7 @@ def prefix_match_parse(
 
     Full-attention models reuse the longest run of held blocks. Hybrid models also need the
     linear state at exactly that length, so their usable prefix ends at the last checkpoint
-    inside the run of full blocks.
+    inside the run of full blocks (engines that never report checkpoints: the run itself).
     """
     n = len(chain)
     full_blocks: dict[str, int] = {}
@@ -333,10 +338,11 @@ def prefix_match_parse(
         for inst in alive:
             full_blocks[inst] = i + 1
     if hybrid:
-        usable: dict[str, int] = {}
+        reports_linear = _decode_set(raw[2 * n])
+        usable = {i: b for i, b in full_blocks.items() if i not in reports_linear}
         for i in range(n):
             for inst in _decode_set(raw[n + i]):
-                if full_blocks.get(inst, 0) >= i + 1:
+                if inst in reports_linear and full_blocks.get(inst, 0) >= i + 1:
                     usable[inst] = max(usable.get(inst, 0), i + 1)
         blocks = usable
     else:

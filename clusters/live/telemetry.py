@@ -2,12 +2,13 @@
 
 Key layout (all under ``live:``; ids are the inventory's instance and link ids as strings):
 
-``live:inst:{instance}``            HASH  q (queue depth), r (running), w (waiting),
-                                          kv (KV usage 0..1), qpt (queued prefill tokens),
-                                          ts (sample time, unix s). Expires after
-                                          ``STATE_TTL_S`` so dead instances drop out.
-``live:link:{link}``                HASH  gbps, bytes, interval_s, retx (retransmits), ts.
-                                          Expires after ``STATE_TTL_S``.
+``live:insts``                      HASH  instance -> latest sample, packed as
+                                          ``ts,queue_depth,running,waiting,kv_usage,
+                                          queued_prefill_tokens`` (one HMGET reads the whole
+                                          fleet on the request path). Fields of instances gone
+                                          from the inventory are pruned by
+                                          :func:`telemetry_prune`.
+``live:links``                      HASH  link -> ``ts,gbps,bytes,interval_s,retransmits``.
 ``live:linkbw:{link}:{minute}``     HASH  second (unix s) -> bytes sent in that second.
                                           One key per minute, expiring after
                                           ``BANDWIDTH_RETENTION_S``: at most 60 fields a key and
@@ -36,7 +37,6 @@ import redis.asyncio as aioredis
 
 from clusters.live.connection import redis_async, redis_sync
 
-STATE_TTL_S = 3600
 BANDWIDTH_RETENTION_S = 3900
 IDEMPOTENCY_TTL_S = 24 * 3600
 RESERVATION_KEY_TTL_S = 3600
@@ -83,12 +83,8 @@ class LinkState:
     reserved_bytes: int
 
 
-def _inst_key(instance: str) -> str:
-    return f"live:inst:{instance}"
-
-
-def _link_key(link: str) -> str:
-    return f"live:link:{link}"
+INSTANCES_KEY = "live:insts"
+LINKS_KEY = "live:links"
 
 
 def _bw_key(link: str, minute: int) -> str:
@@ -107,34 +103,19 @@ def reservation_keys(link: str) -> list[str]:
 
 
 def _queue_instance_sample(pipe: Any, s: InstanceSample) -> None:
-    key = _inst_key(s.instance)
-    pipe.hset(
-        key,
-        mapping={
-            "q": s.queue_depth,
-            "r": s.running,
-            "w": s.waiting,
-            "kv": repr(float(s.kv_usage)),
-            "qpt": s.queued_prefill_tokens,
-            "ts": repr(float(s.ts)),
-        },
+    packed = (
+        f"{float(s.ts)!r},{int(s.queue_depth)},{int(s.running)},{int(s.waiting)},"
+        f"{float(s.kv_usage)!r},{int(s.queued_prefill_tokens)}"
     )
-    pipe.expire(key, STATE_TTL_S)
+    pipe.hset(INSTANCES_KEY, s.instance, packed)
 
 
 def _queue_link_sample(pipe: Any, s: LinkSample) -> None:
-    key = _link_key(s.link)
-    pipe.hset(
-        key,
-        mapping={
-            "gbps": repr(s.gbps),
-            "bytes": s.bytes_sent,
-            "interval_s": repr(float(s.interval_s)),
-            "retx": s.retransmits,
-            "ts": repr(float(s.ts)),
-        },
+    packed = (
+        f"{float(s.ts)!r},{s.gbps!r},{int(s.bytes_sent)},{float(s.interval_s)!r},"
+        f"{int(s.retransmits)}"
     )
-    pipe.expire(key, STATE_TTL_S)
+    pipe.hset(LINKS_KEY, s.link, packed)
     # Spread the interval's bytes evenly over the 1 s buckets it covers.
     seconds = max(1, round(s.interval_s))
     per_second = s.bytes_sent / seconds
@@ -207,62 +188,91 @@ async def telemetry_batch_store_async(
 
 
 def instance_states_queue(pipe: Any, instances: Sequence[str]) -> None:
-    for inst in instances:
-        pipe.hgetall(_inst_key(inst))
-
-
-def _f(raw: dict[Any, Any], name: str, default: float = 0.0) -> float:
-    value = raw.get(name.encode()) if raw else None
-    return float(value) if value is not None else default
+    """One command: the latest sample of each of ``instances``."""
+    pipe.hmget(INSTANCES_KEY, list(instances))
 
 
 def instance_states_parse(
-    instances: Sequence[str], raw: Sequence[dict[Any, Any]]
+    instances: Sequence[str], raw: Sequence[Any]
 ) -> dict[str, InstanceSample]:
-    """Samples by instance; instances never reported (or expired) are left out."""
+    """Samples by instance; instances that never reported are left out."""
     out: dict[str, InstanceSample] = {}
-    for inst, h in zip(instances, raw, strict=True):
-        if not h:
+    for inst, packed in zip(instances, raw or (), strict=False):
+        if not packed:
             continue
+        ts, q, r, w, kv, qpt = packed.split(b",")
         out[inst] = InstanceSample(
             instance=inst,
-            ts=_f(h, "ts"),
-            queue_depth=int(_f(h, "q")),
-            running=int(_f(h, "r")),
-            waiting=int(_f(h, "w")),
-            kv_usage=_f(h, "kv"),
-            queued_prefill_tokens=int(_f(h, "qpt")),
+            ts=float(ts),
+            queue_depth=int(q),
+            running=int(r),
+            waiting=int(w),
+            kv_usage=float(kv),
+            queued_prefill_tokens=int(qpt),
         )
     return out
 
 
-def link_states_queue(pipe: Any, links: Sequence[str]) -> None:
+# Drops reservations past their transfer end, then returns the bytes still reserved: the
+# request path reads exact in-flight bytes even when no reservation swept for a while.
+_INFLIGHT_LUA = """
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
+if #expired > 0 then
+  local vals = redis.call('HMGET', KEYS[2], unpack(expired))
+  local freed = 0
+  for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
+  redis.call('ZREM', KEYS[1], unpack(expired))
+  redis.call('HDEL', KEYS[2], unpack(expired))
+  local left = redis.call('DECRBY', KEYS[3], freed)
+  if left < 0 then redis.call('SET', KEYS[3], 0) end
+end
+return tonumber(redis.call('GET', KEYS[3]) or '0')
+""".replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
+
+
+def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None) -> None:
+    """``1 + len(links)`` commands: the latest samples and each link's in-flight bytes."""
+    pipe.hmget(LINKS_KEY, list(links))
+    t = repr(time.time() if now is None else now)
     for link in links:
-        pipe.hgetall(_link_key(link))
-        pipe.get(reservation_keys(link)[2])
+        keys = reservation_keys(link)
+        pipe.eval(_INFLIGHT_LUA, 3, *keys, t)
 
 
 def link_states_parse(links: Sequence[str], raw: Sequence[Any]) -> dict[str, LinkState]:
     """Link states by link; a link with neither a sample nor reservations is left out."""
     out: dict[str, LinkState] = {}
+    samples = raw[0] or [None] * len(links)
     for i, link in enumerate(links):
-        h, reserved = raw[2 * i], raw[2 * i + 1]
-        if not h and reserved is None:
+        packed, reserved = samples[i], int(raw[1 + i] or 0)
+        if not packed and not reserved:
             continue
+        ts, gbps, retx = 0.0, 0.0, 0
+        if packed:
+            f = packed.split(b",")
+            ts, gbps, retx = float(f[0]), float(f[1]), int(f[4])
         out[link] = LinkState(
-            link=link,
-            ts=_f(h, "ts"),
-            gbps=_f(h, "gbps"),
-            retransmits=int(_f(h, "retx")),
-            reserved_bytes=max(0, int(reserved or 0)),
+            link=link, ts=ts, gbps=gbps, retransmits=retx, reserved_bytes=max(0, reserved)
         )
     return out
+
+
+def telemetry_prune(keep_instances: Sequence[str], keep_links: Sequence[str]) -> int:
+    """Drop samples of instances and links no longer in the inventory; returns fields dropped."""
+    r = redis_sync()
+    dropped = 0
+    for key, keep in ((INSTANCES_KEY, set(keep_instances)), (LINKS_KEY, set(keep_links))):
+        gone = [f for f in r.hkeys(key) if f.decode() not in keep]  # type: ignore[union-attr]
+        if gone:
+            dropped += int(r.hdel(key, *gone))
+    return dropped
 
 
 def instance_states_read(instances: Sequence[str]) -> dict[str, InstanceSample]:
     pipe = redis_sync().pipeline(transaction=False)
     instance_states_queue(pipe, instances)
-    return instance_states_parse(instances, pipe.execute())
+    return instance_states_parse(instances, pipe.execute()[0])
 
 
 def link_states_read(links: Sequence[str]) -> dict[str, LinkState]:

@@ -38,8 +38,9 @@ def test_longest_prefix_per_instance_and_cluster(redis_client: redis.Redis) -> N
 def test_hybrid_models_use_only_exact_linear_checkpoints(redis_client: redis.Redis) -> None:
     c = chain(6)
     px.kv_batch_apply("a", 0, [StoredBlocks(c[:5]), StoredBlocks([c[2]], linear=True)])
+    px.kv_batch_apply("b", 0, [StoredBlocks(c[:4])])  # reports no checkpoints at all
     match = px.prefix_match(c, block_size=10, hybrid=True)
-    assert match.tokens_by_instance == {"a": 30}
+    assert match.tokens_by_instance == {"a": 30, "b": 40}
 
 
 def test_removed_and_cleared_blocks_stop_matching(redis_client: redis.Redis) -> None:

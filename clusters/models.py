@@ -285,6 +285,8 @@ class Instance(Versioned):
         super().save(*args, **kwargs)
 
     def clean(self) -> None:
+        if self.cluster_id is not None:
+            self.cluster_kind = self.cluster.kind
         if (
             self.cluster_id is not None
             and self.role == InstanceRole.DECODE
@@ -352,6 +354,10 @@ class Link(Versioned):
         super().save(*args, **kwargs)
 
     def clean(self) -> None:
+        if self.source_id is not None:
+            self.source_kind = self.source.kind
+        if self.target_id is not None:
+            self.target_kind = self.target.kind
         errors: dict[str, str] = {}
         if self.source_id is not None and self.source.kind != ClusterKind.PRFAAS:
             errors["source"] = (

@@ -116,7 +116,7 @@ def _integrity(exc: IntegrityError, model: type[models.Model]) -> Conflict | Inv
 
 
 def _stale(model: type[M], pk: int, version: int) -> ApiError:
-    current = model.objects.filter(pk=pk).values_list("version", flat=True).first()
+    current = model._default_manager.filter(pk=pk).values_list("version", flat=True).first()
     if current is None:
         return NotFound(f"{_label(model)} {pk} does not exist")
     return Conflict(
@@ -133,7 +133,7 @@ def _fields(model: type[Versioned], changes: Mapping[str, Any]) -> dict[str, Any
 
 
 def _get(model: type[M], pk: int) -> M:
-    obj = model.objects.filter(pk=pk).first()
+    obj = model._default_manager.filter(pk=pk).first()
     if obj is None:
         raise NotFound(f"{_label(model)} {pk} does not exist")
     return obj
@@ -182,7 +182,7 @@ def _update(
                 return obj
             if isinstance(obj, Cluster) and "kind" in changed:
                 _cluster_kind_change_check(obj)
-            rows = model.objects.filter(pk=pk, version=version).update(
+            rows = model._default_manager.filter(pk=pk, version=version).update(
                 **changed, version=F("version") + 1, updated_at=timezone.now()
             )
             if rows == 0:
@@ -201,7 +201,7 @@ def _update(
 def _delete(model: type[M], pk: int, *, version: int, actor: Actor) -> None:
     try:
         with transaction.atomic():
-            obj = model.objects.select_for_update().filter(pk=pk).first()
+            obj = model._default_manager.select_for_update().filter(pk=pk).first()
             if obj is None:
                 raise NotFound(f"{_label(model)} {pk} does not exist")
             if obj.version != version:

@@ -70,3 +70,8 @@ def health(request: HttpRequest) -> dict[str, str]:
 
 
 # App routers are added here, one per app (see each app's api.py).
+from clusters.api import router as clusters_router  # noqa: E402
+from controlplane.audit_api import router as audit_router  # noqa: E402
+
+api.add_router("", clusters_router)
+api.add_router("", audit_router)

@@ -1,0 +1,59 @@
+"""Topology as code over HTTP: export the inventory as a scenario, apply a scenario to it."""
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+from ninja import Body, Router, Schema
+
+from clusters.topology import topology_apply_mapping, topology_export
+from controlplane.audit import actor_from_request
+from controlplane.auth import TokenAuth
+from controlplane.errors import Invalid
+from scheduling.scenario import ScenarioError
+
+router = Router(tags=["topology"])
+SCENARIO_BODY = Body(..., description="a scenario mapping (the YAML file as JSON)")
+
+
+class TopologyApplyOut(Schema):
+    created: int
+    updated: int
+    deleted: int
+    unchanged: int
+
+
+def scenarios_dir() -> Path:
+    """Where ``extends`` in a posted scenario resolves: the shared scenarios folder."""
+    return Path(getattr(settings, "SCENARIOS_DIR", Path(settings.SHARED_DIR) / "scenarios"))
+
+
+@router.get("/topology", response=dict[str, Any], auth=TokenAuth("read"))
+def topology_get(request: HttpRequest) -> dict[str, Any]:
+    """The inventory as a scenario file (JSON); POST it back and nothing changes."""
+    try:
+        return topology_export()
+    except ScenarioError as exc:
+        raise Invalid(str(exc), code="not_exportable") from exc
+
+
+@router.post("/topology", response=TopologyApplyOut, auth=TokenAuth("admin"))
+def topology_post(
+    request: HttpRequest,
+    scenario: dict[str, Any] = SCENARIO_BODY,
+    dry_run: bool = False,
+    prune: bool = False,
+) -> dict[str, int]:
+    """Make the inventory match the scenario, in one transaction; 422 names the key path."""
+    try:
+        result = topology_apply_mapping(
+            scenario,
+            base_dir=scenarios_dir(),
+            actor=actor_from_request(request, source="topology"),
+            dry_run=dry_run,
+            prune=prune,
+        )
+    except ScenarioError as exc:
+        raise Invalid(str(exc), code="invalid_scenario") from exc
+    return result.counts()

@@ -1,0 +1,62 @@
+"""``manage.py token create|list|revoke``: API tokens for routers, agents and scripts."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.audit import CLI_ACTOR
+from controlplane.errors import ApiError
+from controlplane.models import Scope
+from controlplane.selectors import token_list
+from controlplane.services import token_create, token_revoke
+
+
+class Command(BaseCommand):
+    help = "Create, list and revoke API tokens. A token is printed once, at creation."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="create a token and print it (only this once)")
+        create.add_argument("--name", required=True)
+        create.add_argument(
+            "--scope",
+            action="append",
+            required=True,
+            choices=Scope.values,
+            help="repeat for several scopes",
+        )
+        create.add_argument("--expires", type=float, metavar="DAYS", help="lifetime in days")
+        sub.add_parser("list", help="list tokens (never their secrets)")
+        revoke = sub.add_parser("revoke", help="revoke a token by name")
+        revoke.add_argument("name")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["action"] == "create":
+                issued = token_create(
+                    name=options["name"],
+                    scopes=options["scope"],
+                    expires_in_days=options["expires"],
+                    actor=CLI_ACTOR,
+                )
+                self.stderr.write(
+                    f"token {issued.token.name!r} with scopes {', '.join(issued.token.scopes)}"
+                    " (shown once; store it now):"
+                )
+                self.stdout.write(issued.secret)
+            elif options["action"] == "list":
+                for token in token_list():
+                    status = "revoked" if token.revoked_at else "active"
+                    self.stdout.write(
+                        f"{token.name}\t{token.prefix}...\t{','.join(token.scopes)}\t{status}"
+                        f"\texpires={token.expires_at or 'never'}"
+                        f"\tlast_used={token.last_used_at or 'never'}"
+                    )
+            else:
+                token_revoke(name=options["name"], actor=CLI_ACTOR)
+                self.stdout.write(f"revoked {options['name']}")
+        except ApiError as exc:
+            raise CommandError(exc.detail, returncode=2) from exc

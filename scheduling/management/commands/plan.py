@@ -1,0 +1,323 @@
+"""``manage.py plan FILE``: the planner's answer for a scenario, with the paper's baselines.
+
+A thin wrapper: the model lives in :mod:`scheduling.planner`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from scheduling.planner import (
+    Evaluation,
+    PlanResult,
+    SplitSweep,
+    ThresholdSweep,
+    fleet_from_scenario,
+    plan,
+    plan_to_dict,
+    sweep_split,
+    sweep_threshold,
+    workload_lengths,
+)
+from scheduling.scenario import ScenarioError, scenario_load
+
+
+def _num(x: float | None, fmt: str = ".2f") -> str:
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return "inf"
+    return format(x, fmt)
+
+
+def _json_num(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class Command(BaseCommand):
+    help = "Plan a scenario: best threshold and prefill/decode split, with baselines and gains."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", help="scenario YAML file")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--sweep", choices=("threshold", "split"), help="print a Figure-5 curve (CSV, or JSON)"
+        )
+        parser.add_argument("--plot", metavar="FILE.png", help="draw the Figure-5 curves")
+        parser.add_argument("--cluster", help="PD cluster to sweep (default: the first)")
+        parser.add_argument(
+            "--threshold-step", type=float, default=100.0, help="threshold grid step in tokens"
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        step = opts["threshold_step"]
+        if not (math.isfinite(step) and 0 < step <= 100_000):
+            raise CommandError(
+                f"--threshold-step: must be in (0, 100000] tokens, got {step:g}", returncode=2
+            )
+        plot = Path(opts["plot"]) if opts["plot"] else None
+        if plot is not None and not plot.parent.resolve().is_dir():
+            raise CommandError(f"--plot: directory {plot.parent} does not exist", returncode=2)
+        try:
+            scenario = scenario_load(opts["file"])
+            fleet = fleet_from_scenario(scenario)
+            lengths, output_tokens = workload_lengths(scenario)
+        except ScenarioError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        pd_names = [c.name for c in fleet.pd]
+        cluster = opts["cluster"]
+        if cluster is not None and cluster not in pd_names:
+            raise CommandError(
+                f"--cluster: {cluster!r} is not a pd cluster ({', '.join(pd_names)})", returncode=2
+            )
+        try:
+            result = plan(fleet, lengths, output_tokens, threshold_step=step)
+        except ValueError as exc:
+            raise CommandError(f"{scenario.name}: cannot plan: {exc}", returncode=2) from None
+
+        t_sweep = s_sweep = None
+        if opts["sweep"] == "threshold" or plot is not None:
+            t_sweep = sweep_threshold(
+                fleet, lengths, output_tokens, result.prfaas, cluster=cluster, threshold_step=step
+            )
+        if opts["sweep"] == "split" or plot is not None:
+            s_sweep = sweep_split(fleet, lengths, output_tokens, result.prfaas, cluster=cluster)
+
+        if opts["sweep"] == "threshold":
+            assert t_sweep is not None
+            self._print_threshold_sweep(t_sweep, as_json=opts["json"])
+        elif opts["sweep"] == "split":
+            assert s_sweep is not None
+            self._print_split_sweep(s_sweep, as_json=opts["json"])
+        elif opts["json"]:
+            out = plan_to_dict(result)
+            out["scenario"] = scenario.name
+            self.stdout.write(json.dumps(out, indent=2))
+        else:
+            self._print_table(scenario.name, result)
+
+        if plot is not None:
+            assert t_sweep is not None and s_sweep is not None
+            self._plot(plot, t_sweep, s_sweep, opts["sweep"])
+            self.stderr.write(f"wrote {plot}")
+
+    # ----------------------------------------------------------------------------------------
+
+    def _print_table(self, name: str, r: PlanResult) -> None:
+        def counts(ev: Evaluation, *, prfaas: bool, homog: bool) -> str:
+            n_p = sum(c.n_p for c in ev.clusters)
+            n_d = sum(c.n_d for c in ev.clusters)
+            return f"{ev.n_prfaas if prfaas else '-'} / {'-' if not homog and n_p == 0 else n_p} / {n_d}"
+
+        def thetas(ev: Evaluation) -> str:
+            prf = sum(c.theta_prfaas or 0.0 for c in ev.clusters) if ev.n_prfaas else None
+            pdp = (
+                sum(c.theta_pd_p for c in ev.clusters if c.theta_pd_p is not None)
+                if any(c.theta_pd_p is not None and c.n_p for c in ev.clusters)
+                else None
+            )
+            pdd = sum(c.theta_pd_d for c in ev.clusters)
+            return f"{_num(prf)} / {_num(pdp)} / {_num(pdd)}"
+
+        cols = [
+            ("PrfaaS-PD", r.prfaas, True, False),
+            ("Homogeneous PD", r.homogeneous, False, True),
+            ("Naive heterog.", r.naive_heterogeneous, True, False),
+            (f"Equal-cost ({r.equal_cost_instances})", r.equal_cost_homogeneous, False, True),
+        ]
+        base = r.homogeneous.throughput_rps
+        threshold = (
+            _num(r.prfaas.clusters[0].threshold_tokens, ".0f")
+            if len(r.prfaas.clusters) == 1
+            else "per cluster"
+        )
+        rows = [
+            ("Threshold t (tokens)", [threshold, "-", "-", "-"]),
+            (
+                "Offload fraction",
+                [
+                    _num(r.prfaas.clusters[0].offload_fraction, ".3f")
+                    if len(r.prfaas.clusters) == 1
+                    else "per cluster",
+                    "-",
+                    "1.000",
+                    "-",
+                ],
+            ),
+            ("N_prfaas / N_p / N_d", [counts(ev, prfaas=p, homog=h) for _, ev, p, h in cols]),
+            (
+                "Mean / P90 TTFT (s)",
+                [f"{_num(ev.ttft_mean_s)} / {_num(ev.ttft_p90_s)}" for _, ev, _, _ in cols],
+            ),
+            ("Theta prfaas/pd-p/pd-d", [thetas(ev) for _, ev, _, _ in cols]),
+            ("Lambda_max (req/s)", [_num(ev.throughput_rps) for _, ev, _, _ in cols]),
+            (
+                "Ratio vs homogeneous",
+                [f"{ev.throughput_rps / base:.2f}x" if base > 0 else "-" for _, ev, _, _ in cols],
+            ),
+            ("Bottleneck", [f"{ev.bottleneck}" for _, ev, _, _ in cols]),
+            (
+                "Egress (Gbps)",
+                [
+                    _num(r.prfaas.egress_gbps, ".1f"),
+                    "-",
+                    _num(r.naive_heterogeneous.egress_gbps, ".1f"),
+                    "-",
+                ],
+            ),
+        ]
+        width = [24, *[max(len(c[0]), 20) for c in cols]]
+        out = io.StringIO()
+        out.write(f"Scenario {name}: mean input {r.mean_input_tokens:.0f} tokens, ")
+        out.write(f"output {r.output_tokens:.0f} tokens, threshold step {r.threshold_step:g}\n\n")
+        out.write(
+            "".join(
+                h.ljust(w) for h, w in zip(["Metric", *[c[0] for c in cols]], width, strict=True)
+            )
+        )
+        out.write("\n")
+        for label, values in rows:
+            out.write("".join(v.ljust(w) for v, w in zip([label, *values], width, strict=True)))
+            out.write("\n")
+        if len(r.prfaas.clusters) > 1:
+            out.write("\nPer PD cluster (PrfaaS-PD):\n")
+            for c in r.prfaas.clusters:
+                out.write(
+                    f"  {c.name}: share {c.share:.2f}, t = {c.threshold_tokens:.0f}, "
+                    f"p = {c.offload_fraction:.3f}, N_p/N_d = {c.n_p}/{c.n_d}, "
+                    f"{c.throughput_rps:.2f} req/s, egress {c.egress_gbps:.1f} of {c.link_gbps:g} Gbps\n"
+                )
+        gains = r.gains
+        out.write(
+            "\nGains: "
+            + ", ".join(f"{k.removeprefix('vs_')} {_num(v, '.3f')}x" for k, v in gains.items())
+            + "\n"
+        )
+        self.stdout.write(out.getvalue().rstrip("\n"))
+
+    def _print_threshold_sweep(self, sw: ThresholdSweep, *, as_json: bool) -> None:
+        keys = (
+            "threshold_tokens",
+            "offload_fraction",
+            "bound_prfaas",
+            "bound_pd_p",
+            "bound_pd_d",
+            "throughput_rps",
+        )
+        rows = list(
+            zip(
+                sw.thresholds,
+                sw.offload_fraction,
+                sw.bound_prfaas,
+                sw.bound_pd_p,
+                sw.bound_pd_d,
+                sw.throughput,
+                strict=True,
+            )
+        )
+        if as_json:
+            points = [{k: _json_num(v) for k, v in zip(keys, row, strict=True)} for row in rows]
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "sweep": "threshold",
+                        "cluster": sw.cluster,
+                        "n_p": sw.n_p,
+                        "n_d": sw.n_d,
+                        "points": points,
+                    }
+                )
+            )
+            return
+        self._csv(keys, rows)
+
+    def _print_split_sweep(self, sw: SplitSweep, *, as_json: bool) -> None:
+        keys = ("n_p", "n_d", "bound_prfaas", "bound_pd_p", "bound_pd_d", "throughput_rps")
+        total = sw.n_p[-1]
+        rows = [
+            (n, total - n, a, b, c, d)
+            for n, a, b, c, d in zip(
+                sw.n_p, sw.bound_prfaas, sw.bound_pd_p, sw.bound_pd_d, sw.throughput, strict=True
+            )
+        ]
+        if as_json:
+            points = [
+                {k: _json_num(float(v)) for k, v in zip(keys, row, strict=True)} for row in rows
+            ]
+            for p in points:
+                p["n_p"], p["n_d"] = int(p["n_p"] or 0), int(p["n_d"] or 0)
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "sweep": "split",
+                        "cluster": sw.cluster,
+                        "threshold_tokens": sw.threshold_tokens,
+                        "points": points,
+                    }
+                )
+            )
+            return
+        self._csv(keys, rows)
+
+    def _csv(self, keys: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(keys)
+        for row in rows:
+            writer.writerow([v if isinstance(v, int) else f"{v:.6g}" for v in row])
+        self.stdout.write(buf.getvalue().rstrip("\n"))
+
+    def _plot(
+        self, path: Path, t_sweep: ThresholdSweep, s_sweep: SplitSweep, which: str | None
+    ) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = ["split", "threshold"] if which is None else [which]
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+
+        def finite(values: tuple[float, ...]) -> list[float]:
+            return [v if math.isfinite(v) else float("nan") for v in values]
+
+        for ax, panel in zip(axes[0], panels, strict=True):
+            if panel == "split":
+                x: list[float] = [float(n) for n in s_sweep.n_p]
+                ax.plot(x, finite(s_sweep.bound_prfaas), label="Theta_prfaas / p")
+                ax.plot(x, finite(s_sweep.bound_pd_p), label="Theta_pd-p / (1-p)")
+                ax.plot(x, finite(s_sweep.bound_pd_d), label="Theta_pd-d")
+                ax.plot(x, finite(s_sweep.throughput), "k--", label="Lambda_max")
+                ax.set_xlabel(f"N_p (prefill instances of {s_sweep.cluster})")
+                ax.set_title(f"(a) split at t = {s_sweep.threshold_tokens:.0f}")
+            else:
+                x = [t / 1000 for t in t_sweep.thresholds]
+                ax.plot(x, finite(t_sweep.bound_prfaas), label="Theta_prfaas / p")
+                ax.plot(x, finite(t_sweep.bound_pd_p), label="Theta_pd-p / (1-p)")
+                ax.plot(x, finite(t_sweep.throughput), "k--", label="Lambda_max")
+                ax.set_xlabel("threshold t (K tokens)")
+                ax.set_title(f"(b) threshold at N_p = {t_sweep.n_p}, N_d = {t_sweep.n_d}")
+            top = max(
+                (v for v in finite(t_sweep.throughput) + finite(s_sweep.throughput) if v == v),
+                default=1.0,
+            )
+            ax.set_ylim(0, max(top * 2.0, 1e-6))
+            ax.set_ylabel("req/s")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        try:
+            fig.savefig(path, dpi=100)
+        except OSError as exc:
+            raise CommandError(
+                f"--plot: cannot write {path}: {exc.strerror}", returncode=2
+            ) from None
+        finally:
+            plt.close(fig)

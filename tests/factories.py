@@ -1,0 +1,182 @@
+"""factory-boy factories for every model, shared by the whole suite.
+
+Inventory factories save rows directly (version 1); tests of the services call the services.
+``api_token(...)`` returns a real token and its one-time secret, for the Authorization header.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import factory
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from clusters.models import (
+    Accelerator,
+    Cluster,
+    ClusterKind,
+    Instance,
+    InstanceRole,
+    Link,
+    ModelProfile,
+    PerformanceProfile,
+    Site,
+)
+from controlplane.audit import CLI_ACTOR
+from controlplane.models import ApiToken, ChangeRecord
+from controlplane.services import token_create
+
+KV_CACHE_MIB = [[1024, 190.8], [8192, 308.9], [32768, 701.3], [131072, 2316.3]]
+PREFILL_SECONDS = [[1024, 0.44], [8192, 0.72], [32768, 1.84], [131072, 7.40]]
+
+
+class SiteFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Site
+
+    name = factory.Sequence(lambda n: f"dc-{n}")
+
+
+class AcceleratorFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Accelerator
+
+    name = factory.Sequence(lambda n: f"gpu-{n}")
+    gpu_hour_cost = 1.0
+
+
+class ModelProfileFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ModelProfile
+
+    name = factory.Sequence(lambda n: f"model-{n}")
+    attention = factory.LazyFunction(lambda: {"linear": "KDA", "full": "MLA"})
+    block_tokens = 512
+    kv_cache_mib = factory.LazyFunction(lambda: [list(p) for p in KV_CACHE_MIB])
+    linear_state_mib = None
+
+
+class PerformanceProfileFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = PerformanceProfile
+
+    accelerator = factory.SubFactory(AcceleratorFactory)
+    model = factory.SubFactory(ModelProfileFactory)
+    gpus_per_instance = 8
+    prefill_seconds = factory.LazyFunction(lambda: [list(p) for p in PREFILL_SECONDS])
+    decode_max_batch = 20
+    decode_step_seconds = 0.025
+
+
+class ClusterFactory(factory.django.DjangoModelFactory):
+    """A pd cluster; use ``PrfaasClusterFactory`` for a prefill-only one."""
+
+    class Meta:
+        model = Cluster
+
+    name = factory.Sequence(lambda n: f"pd-{n}")
+    kind = ClusterKind.PD
+    site = factory.SubFactory(SiteFactory)
+    accelerator = factory.SubFactory(AcceleratorFactory)
+    model = factory.SubFactory(ModelProfileFactory)
+
+
+class PrfaasClusterFactory(ClusterFactory):
+    name = factory.Sequence(lambda n: f"prfaas-{n}")
+    kind = ClusterKind.PRFAAS
+
+
+class InstanceFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Instance
+
+    cluster = factory.SubFactory(ClusterFactory)
+    name = factory.Sequence(lambda n: f"instance-{n}")
+    role = InstanceRole.PREFILL
+    endpoint = factory.Sequence(lambda n: f"http://10.0.0.{n % 250 + 1}:8000")
+    labels = factory.LazyFunction(dict)
+
+
+class LinkFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Link
+
+    source = factory.SubFactory(PrfaasClusterFactory)
+    target = factory.SubFactory(ClusterFactory)
+    gbps = 100.0
+    rtt_ms = 10.0
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    """A user; ``UserFactory(groups=["operator"])`` puts it in those access groups."""
+
+    class Meta:
+        model = User
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.PostGenerationMethodCall("set_password", "correct horse battery")
+
+    @factory.post_generation
+    def groups(self, create: bool, extracted: Any, **kwargs: Any) -> None:
+        if create and extracted:
+            for name in extracted:
+                group, _ = Group.objects.get_or_create(name=name)
+                self.groups.add(group)  # type: ignore[attr-defined]
+        if create:
+            self.save()  # type: ignore[attr-defined]
+
+
+class ApiTokenFactory(factory.django.DjangoModelFactory):
+    """A token row whose secret nobody knows; use :func:`api_token` to call the API with one."""
+
+    class Meta:
+        model = ApiToken
+
+    name = factory.Sequence(lambda n: f"token-{n}")
+    prefix = factory.Sequence(lambda n: f"prfaas_{n:05d}")
+    secret_sha256 = factory.Sequence(lambda n: f"{n:064x}")
+    scopes = factory.LazyFunction(lambda: ["read"])
+
+
+class ChangeRecordFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ChangeRecord
+
+    actor = "cli"
+    source = "cli"
+    object_type = "clusters.site"
+    object_id = factory.Sequence(str)
+    object_repr = factory.Sequence(lambda n: f"dc-{n}")
+    action = ChangeRecord.Action.CREATE
+    before = None
+    after = factory.LazyFunction(dict)
+
+
+_token_names = iter(range(10**9))
+
+
+def api_token(
+    *scopes: str,
+    name: str | None = None,
+    expired: bool = False,
+    revoked: bool = False,
+) -> tuple[ApiToken, str]:
+    """A real token with ``scopes`` (created through the service) and its secret."""
+    issued = token_create(
+        name=name or f"test-token-{next(_token_names)}", scopes=list(scopes), actor=CLI_ACTOR
+    )
+    token = issued.token
+    if expired:
+        ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    if revoked:
+        ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    token.refresh_from_db()
+    return token, issued.secret
+
+
+def bearer(secret: str) -> dict[str, str]:
+    """Headers for the Django test client: ``client.get(url, headers=bearer(secret))``."""
+    return {"Authorization": f"Bearer {secret}"}

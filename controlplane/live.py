@@ -1,0 +1,304 @@
+"""Live views: the one place that owns websocket group names, message shapes and publishing.
+
+Every frame a browser receives is a :class:`Frame`: ``{"type", "group", "epoch", "seq",
+"data"}``. ``seq`` comes from one Redis ``INCR`` per group, so any number of web processes,
+workers and beat publishing to the same group produce distinct, increasing numbers: a consumer
+drops a frame it has already passed (no duplicates) and treats a missing number as a gap
+(a lost frame), answered with a full snapshot. ``epoch`` names the life of the Redis data: a
+Redis restart without persistence resets the counters, and the new epoch tells every client
+that old numbers mean nothing any more (also answered with a snapshot).
+
+Key layout (one store, all under ``views:``):
+
+``views:epoch``          STRING  random id, set once (``SET NX``) by the first publisher.
+``views:seq:{group}``    STRING  last sequence number given out in ``group``.
+
+Writers call :func:`live_publish` (sync; deferred to ``transaction.on_commit`` so that a
+rolled-back write never reaches a screen) or :func:`live_apublish` (async, immediate).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from functools import partial
+from typing import Any, Literal, TypedDict
+
+import redis
+import redis.asyncio as aioredis
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from clusters.live.connection import redis_async, redis_sync
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Groups. A consumer subscribes to exactly one group; its snapshot is built per group.
+
+OVERVIEW = "overview"  # link samples, queue depths, decision mix, policy, plan events, alerts
+PLANS = "plans"  # plan lifecycle events (list and detail pages)
+WHATIF_PREFIX = "whatif."  # one group per what-if run: ``whatif.{run_id}``
+
+# Channels group names allow only ASCII alphanumerics, hyphens, underscores and periods.
+_GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def whatif_group(run_id: int | str) -> str:
+    return f"{WHATIF_PREFIX}{run_id}"
+
+
+def group_valid(group: str) -> bool:
+    """A group a browser may subscribe to: one of the fixed ones or a what-if run's."""
+    if group in (OVERVIEW, PLANS):
+        return True
+    run = group.removeprefix(WHATIF_PREFIX)
+    return group.startswith(WHATIF_PREFIX) and run.isdigit() and len(group) < 90
+
+
+# ---------------------------------------------------------------------------------------------
+# Message shapes. ``data`` of a frame is one of these, by ``type``.
+
+FrameType = Literal[
+    "snapshot",
+    "link_sample",
+    "queue_depths",
+    "decision_mix",
+    "plan_event",
+    "policy_event",
+    "alert",
+    "whatif_progress",
+]
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """Egress of one prfaas->pd link over the last second, against its capacity and budget."""
+
+    link_id: int
+    ts: float
+    gbps: float
+    capacity_gbps: float
+    budget_gbps: float
+
+    @property
+    def utilisation(self) -> float:
+        return self.gbps / self.capacity_gbps if self.capacity_gbps > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ClusterQueue:
+    """Requests waiting and running in one cluster, summed over its active instances."""
+
+    cluster_id: int
+    queued: int
+    running: int
+
+
+@dataclass(frozen=True)
+class QueueDepths:
+    ts: float
+    clusters: tuple[ClusterQueue, ...]
+
+
+@dataclass(frozen=True)
+class DecisionMix:
+    """Where recent requests went and why: counts per reason code over ``window_s``."""
+
+    ts: float
+    window_s: int
+    total: int
+    offloaded: int
+    reasons: dict[str, int]
+
+    @property
+    def offload_rate(self) -> float:
+        return self.offloaded / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """A plan changed state (proposed, approved, rejected, applied, rolled back)."""
+
+    plan_id: int
+    state: str
+    ts: float
+    actor: str = ""
+
+
+@dataclass(frozen=True)
+class PolicyEvent:
+    """A new policy version is in force; ``thresholds`` maps pd cluster name to t."""
+
+    version: int
+    ts: float
+    thresholds: dict[str, int] = field(default_factory=dict)
+
+
+AlertCode = Literal["telemetry_stale", "prefix_index_degraded", "link_congested"]
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A condition operators should see; ``active=False`` clears a previous one."""
+
+    code: AlertCode
+    subject: str
+    message: str
+    ts: float
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class WhatIfProgress:
+    """How far a what-if simulation run is; ``state`` ends in ``finished`` or ``failed``."""
+
+    run_id: int
+    state: Literal["queued", "running", "finished", "failed"]
+    done: float
+    total: float
+    message: str = ""
+
+
+LiveMessage = (
+    LinkSample | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | Alert | WhatIfProgress
+)
+
+_TYPE_OF: dict[type, FrameType] = {
+    LinkSample: "link_sample",
+    QueueDepths: "queue_depths",
+    DecisionMix: "decision_mix",
+    PlanEvent: "plan_event",
+    PolicyEvent: "policy_event",
+    Alert: "alert",
+    WhatIfProgress: "whatif_progress",
+}
+
+
+class Frame(TypedDict):
+    """What goes over the websocket, as JSON."""
+
+    type: FrameType
+    group: str
+    epoch: str
+    seq: int
+    data: dict[str, Any]
+
+
+def message_data(message: LiveMessage) -> dict[str, Any]:
+    """A message as JSON-ready data, derived properties included (the page shows them)."""
+    data = asdict(message) if is_dataclass(message) else dict(message)
+    if isinstance(message, LinkSample):
+        data["utilisation"] = message.utilisation
+    if isinstance(message, DecisionMix):
+        data["offload_rate"] = message.offload_rate
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence numbers.
+
+EPOCH_KEY = "views:epoch"
+SEQ_KEY = "views:seq:{group}"
+
+# Sets the epoch if missing, then gives out the next number: one round trip, one atomic step.
+_NEXT_SEQ_LUA = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return {redis.call('GET', KEYS[1]), redis.call('INCR', KEYS[2])}
+"""
+# The current position without giving a number out (for snapshots).
+_CURRENT_SEQ_LUA = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return {redis.call('GET', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+"""
+
+
+def _decode(pair: list[Any]) -> tuple[str, int]:
+    epoch = pair[0].decode() if isinstance(pair[0], bytes) else str(pair[0])
+    return epoch, int(pair[1])
+
+
+def _eval_sync(client: redis.Redis, script: str, group: str) -> tuple[str, int]:
+    keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
+    for attempt in (1, 2):
+        try:
+            return _decode(client.eval(script, 2, *keys, secrets.token_hex(8)))
+        except redis.ConnectionError:
+            # A pooled connection from before a Redis restart fails once; a fresh one works.
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _eval_async(client: aioredis.Redis, script: str, group: str) -> tuple[str, int]:
+    keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
+    for attempt in (1, 2):
+        try:
+            return _decode(await client.eval(script, 2, *keys, secrets.token_hex(8)))
+        except redis.ConnectionError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def sequence_next(group: str, client: redis.Redis | None = None) -> tuple[str, int]:
+    """Give out the next ``(epoch, seq)`` of ``group``."""
+    return _eval_sync(client or redis_sync(), _NEXT_SEQ_LUA, group)
+
+
+async def asequence_next(group: str, client: aioredis.Redis | None = None) -> tuple[str, int]:
+    return await _eval_async(client or redis_async(), _NEXT_SEQ_LUA, group)
+
+
+async def asequence_current(group: str, client: aioredis.Redis | None = None) -> tuple[str, int]:
+    """The ``(epoch, seq)`` of the last frame given out in ``group`` (0 before any)."""
+    return await _eval_async(client or redis_async(), _CURRENT_SEQ_LUA, group)
+
+
+# ---------------------------------------------------------------------------------------------
+# Publishing.
+
+# The channel-layer event type consumers handle (``live_frame``).
+FRAME_EVENT = "live.frame"
+
+
+def frame_make(group: str, message: LiveMessage, epoch: str, seq: int) -> Frame:
+    return Frame(
+        type=_TYPE_OF[type(message)], group=group, epoch=epoch, seq=seq, data=message_data(message)
+    )
+
+
+async def live_apublish(group: str, message: LiveMessage) -> Frame:
+    """Number ``message`` in ``group`` and send it to every subscribed consumer now."""
+    epoch, seq = await asequence_next(group)
+    frame = frame_make(group, message, epoch, seq)
+    layer = get_channel_layer()
+    if layer is not None:
+        event = {"type": FRAME_EVENT, "frame": frame, "sent_at": time.time()}
+        try:
+            await layer.group_send(group, event)
+        except redis.ConnectionError:
+            # A pooled connection from before a Redis restart fails once; a fresh one works.
+            await layer.group_send(group, event)
+    return frame
+
+
+def _publish_now(group: str, message: LiveMessage) -> None:
+    from asgiref.sync import async_to_sync
+
+    try:
+        async_to_sync(live_apublish)(group, message)
+    except (redis.RedisError, OSError) as exc:
+        # A screen missing one update is better than a failed write: the gap makes clients
+        # resync from a snapshot once Redis answers again.
+        logger.warning("live publish to %s failed: %s", group, exc)
+
+
+def live_publish(group: str, message: LiveMessage) -> None:
+    """Publish ``message`` to ``group`` once the current transaction commits (now if none).
+
+    For sync code: services and Celery tasks. Never raises for Redis trouble.
+    """
+    transaction.on_commit(partial(_publish_now, group, message))

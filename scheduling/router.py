@@ -1395,7 +1395,9 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
             return local(Reason.TELEMETRY_STALE if stale else Reason.PRFAAS_UNAVAILABLE)
         return local(Reason.TELEMETRY_STALE if stale else _why_local(prompt, incr_local, t0))
 
-    wanting = [o for o in options if o.decision_tokens > t_eff]
+    # Offload only when no cluster's rule keeps it local: a prefix that one PrfaaS cluster
+    # could move to the origin wins over offloading to another.
+    wanting = options if min(o.decision_tokens for o in options) > t_eff else []
     if stale:
         if wanting:
             best = min(wanting, key=lambda o: (o.ttft, o.cluster))

@@ -23,17 +23,23 @@ Guards and their defaults (:class:`Guards`):
 * Anti-flapping beyond the dead band: a change must be seen on ``persist_ticks`` (2)
   consecutive ticks in the same direction before it is proposed (unless the gain reaches
   ``urgent_gain``, 0.25); and a change that reverses the direction of the last change of the
-  split, or of the threshold, within ``reversal_window_s`` (3600) is held ``reversal_limited``.
+  split, or of the threshold, within ``reversal_window_s`` (3600) is held ``reversal_limited``;
+  after that a reversal still needs ``reversal_gain`` (0.10, twice the dead band).
 * Role floors and ceilings: ``min_prefill``/``min_decode`` 1, ``max_prefill``/``max_decode``
   unbounded.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from scheduling.performance import DiscreteLengths
+from scheduling.planner import Evaluation, FleetSpec, plan_fleet
+from scheduling.planner import evaluate as planner_evaluate
 
 Role = Literal["prefill", "decode"]
 InstanceState = Literal["active", "draining", "down"]
@@ -142,6 +148,7 @@ class Guards:
     persist_ticks: int = 2
     urgent_gain: float = 0.25
     reversal_window_s: float = 3600.0
+    reversal_gain: float = 0.10
     min_prefill: int = 1
     min_decode: int = 1
     max_prefill: int | None = None
@@ -209,6 +216,7 @@ class History:
     last_split_change: Change | None = None
     last_threshold_change: Change | None = None
     pending: Pending | None = None
+    last_reversal_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -448,7 +456,7 @@ def rebalance_decide(inp: RebalanceInput, planner: PlannerPort) -> Decision:
                 f"last apply {since:.0f} s ago (cool-down {guards.cooldown_s:.0f} s)",
                 **common,
             )
-    reversal = _reversal(inp.history, inp.now, split_dir, thr_dir, guards)
+    reversal = _reversal(inp.history, inp.now, split_dir, thr_dir, gain, guards)
     if reversal:
         return _hold(HOLD_REVERSAL_LIMITED, reversal, **common)
     if gain < guards.urgent_gain and _persisted(inp.history, split_dir, thr_dir) + 1 < (
@@ -491,7 +499,26 @@ def _gain(current: float, proposed: float) -> float:
     return proposed / current - 1.0
 
 
-def _reversal(history: History, now: float, split_dir: int, thr_dir: int, guards: Guards) -> str:
+def _reversal(
+    history: History, now: float, split_dir: int, thr_dir: int, gain: float, guards: Guards
+) -> str:
+    reverses = [
+        name
+        for name, change, direction in (
+            ("split", history.last_split_change, split_dir),
+            ("threshold", history.last_threshold_change, thr_dir),
+        )
+        if change is not None and direction != 0 and direction == -change.direction
+    ]
+    if (
+        reverses
+        and history.last_reversal_at is not None
+        and now - history.last_reversal_at < guards.reversal_window_s
+    ):
+        return (
+            f"the {reverses[0]} would reverse again {now - history.last_reversal_at:.0f} s after "
+            f"the last reversal (at most one per {guards.reversal_window_s:.0f} s)"
+        )
     for name, change, direction in (
         ("split", history.last_split_change, split_dir),
         ("threshold", history.last_threshold_change, thr_dir),
@@ -500,11 +527,12 @@ def _reversal(history: History, now: float, split_dir: int, thr_dir: int, guards
             change is not None
             and direction != 0
             and direction == -change.direction
-            and now - change.at < guards.reversal_window_s
+            and (now - change.at < guards.reversal_window_s or gain < guards.reversal_gain)
         ):
             return (
                 f"the {name} moved the other way {now - change.at:.0f} s ago "
-                f"(reversals need {guards.reversal_window_s:.0f} s)"
+                f"(a reversal needs {guards.reversal_window_s:.0f} s and a gain of "
+                f"{guards.reversal_gain:.0%})"
             )
     return ""
 
@@ -519,6 +547,24 @@ def _persisted(history: History, split_dir: int, thr_dir: int) -> int:
     return 0
 
 
+def history_record_change(history: History, at: float, split_dir: int, thr_dir: int) -> History:
+    """The history once a change going ``split_dir`` / ``thr_dir`` was applied at ``at``."""
+    reversed_ = any(
+        change is not None and direction != 0 and direction == -change.direction
+        for change, direction in (
+            (history.last_split_change, split_dir),
+            (history.last_threshold_change, thr_dir),
+        )
+    )
+    return History(
+        last_applied_at=at,
+        last_split_change=Change(at, split_dir) if split_dir else history.last_split_change,
+        last_threshold_change=(Change(at, thr_dir) if thr_dir else history.last_threshold_change),
+        pending=None,
+        last_reversal_at=at if reversed_ else history.last_reversal_at,
+    )
+
+
 def history_after(history: History, decision: Decision, now: float, applied: bool) -> History:
     """The history for the next tick, given this tick's decision and whether it was applied.
 
@@ -528,19 +574,8 @@ def history_after(history: History, decision: Decision, now: float, applied: boo
     if decision.action == "propose":
         if not applied:
             return history
-        return History(
-            last_applied_at=now,
-            last_split_change=(
-                Change(now, decision.split_direction)
-                if decision.split_direction
-                else history.last_split_change
-            ),
-            last_threshold_change=(
-                Change(now, decision.threshold_direction)
-                if decision.threshold_direction
-                else history.last_threshold_change
-            ),
-            pending=None,
+        return history_record_change(
+            history, now, decision.split_direction, decision.threshold_direction
         )
     if decision.reason in (HOLD_AWAITING_PERSISTENCE, HOLD_REVERSAL_LIMITED, HOLD_COOLDOWN):
         seen = _persisted(history, decision.split_direction, decision.threshold_direction)
@@ -554,3 +589,205 @@ def history_after(history: History, decision: Decision, now: float, applied: boo
             ),
         )
     return replace(history, pending=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner, as the rebalancer uses it
+
+
+def fleet_for_cluster(fleet: FleetSpec, cluster: str, instances: int) -> FleetSpec:
+    """The part of ``fleet`` one PD cluster's plan is about: that cluster (with ``instances``
+    usable instances and all the traffic it observed) and the PrfaaS clusters linked to it.
+
+    Each tick plans one PD cluster on its own window, so a PrfaaS cluster shared with other
+    PD clusters is counted whole here; the other clusters' next ticks see its load through
+    their own windows.
+    """
+    pool = replace(fleet.pd_pool(cluster), instances=instances, share=1.0)
+    links = tuple(link for link in fleet.links if link.target == cluster)
+    linked = {link.source for link in links}
+    prfaas = tuple(p for p in fleet.prfaas if p.name in linked)
+    return FleetSpec(kv_mib=fleet.kv_mib, prfaas=prfaas, pd=(pool,), links=links)
+
+
+class FleetPlanner:
+    """:class:`PlannerPort` over :mod:`scheduling.planner`: the window's histogram becomes an
+    empirical length distribution; capacity is the planner's Lambda_max, and throughput and
+    egress are predicted at the observed arrival rate (capped by capacity)."""
+
+    def __init__(self, fleet: FleetSpec, cluster: str, *, threshold_step: float = 100) -> None:
+        self.fleet = fleet
+        self.cluster = cluster
+        self.threshold_step = threshold_step
+        self._lengths_key: tuple[tuple[float, float], ...] | None = None
+        self._lengths: DiscreteLengths | None = None
+
+    def lengths(self, window: TrafficWindow) -> DiscreteLengths:
+        if self._lengths is None or self._lengths_key != window.incremental_tokens:
+            self._lengths = DiscreteLengths.from_points(window.incremental_tokens)
+            self._lengths_key = window.incremental_tokens
+        return self._lengths
+
+    def _prediction(self, window: TrafficWindow, ev: Evaluation) -> Prediction:
+        c = ev.cluster(self.cluster)
+        capacity = ev.throughput_rps
+        rate = window.arrival_rate
+        load = min(rate, capacity) / capacity if capacity > 0 else 0.0
+        return Prediction(
+            setting=Setting(threshold=float(c.threshold_tokens), n_p=c.n_p, n_d=c.n_d),
+            capacity_rps=capacity,
+            throughput_rps=min(rate, capacity),
+            offload_fraction=c.offload_fraction,
+            ttft_mean_s=c.ttft_mean_s,
+            ttft_p90_s=c.ttft_p90_s,
+            egress_gbps=c.egress_gbps * load,
+            bottleneck=ev.bottleneck,
+        )
+
+    def evaluate(self, window: TrafficWindow, setting: Setting) -> Prediction:
+        fleet = fleet_for_cluster(self.fleet, self.cluster, setting.n_p + setting.n_d)
+        assert window.output_tokens_mean is not None
+        ev = planner_evaluate(
+            fleet,
+            self.lengths(window),
+            window.output_tokens_mean,
+            {self.cluster: setting.threshold},
+            {self.cluster: setting.n_p},
+        )
+        return self._prediction(window, ev)
+
+    def best(self, window: TrafficWindow, n_total: int, n_p_range: tuple[int, int]) -> Prediction:
+        fleet = fleet_for_cluster(self.fleet, self.cluster, n_total)
+        assert window.output_tokens_mean is not None
+        ev = plan_fleet(
+            fleet,
+            self.lengths(window),
+            window.output_tokens_mean,
+            threshold_step=self.threshold_step,
+            split_bounds={self.cluster: n_p_range},
+        )
+        return self._prediction(window, ev)
+
+
+def histogram_points(
+    bin_edges: Sequence[float], counts: Sequence[float]
+) -> tuple[tuple[float, float], ...]:
+    """``(tokens, count)`` points of a length histogram: each non-empty bin at its middle (the
+    open last bin at its lower edge), the form :class:`TrafficWindow` carries."""
+    points = []
+    for i, count in enumerate(counts):
+        if count <= 0:
+            continue
+        lo = float(bin_edges[i])
+        tokens = (lo + float(bin_edges[i + 1])) / 2 if i + 1 < len(bin_edges) else lo
+        points.append((max(tokens, 1.0), float(count)))
+    return tuple(points)
+
+
+def window_from_lengths(
+    lengths: Sequence[float],
+    *,
+    start_s: float,
+    end_s: float,
+    bin_edges: Sequence[float],
+    output_tokens_mean: float | None,
+    offloads: int = 0,
+    cache_hit_tokens: float = 0.0,
+    recorder_seen_at: float | None = None,
+    bucket_s: float = 60.0,
+) -> TrafficWindow:
+    """A complete window from individual incremental lengths, binned like the traffic store
+    (used by the simulator's long-term loop and by tests)."""
+    counts = [0] * len(bin_edges)
+    for tokens in lengths:
+        i = max(0, bisect.bisect_right(bin_edges, tokens) - 1)
+        counts[i] += 1
+    return TrafficWindow(
+        start_s=start_s,
+        end_s=end_s,
+        arrivals=len(lengths),
+        offloads=offloads,
+        incremental_tokens=histogram_points(bin_edges, counts),
+        output_tokens_mean=output_tokens_mean,
+        cache_hit_tokens=cache_hit_tokens,
+        prompt_tokens=cache_hit_tokens + float(sum(lengths)),
+        samples=max(1, math.ceil((end_s - start_s) / bucket_s)),
+        bucket_s=bucket_s,
+        recorder_seen_at=end_s if recorder_seen_at is None else recorder_seen_at,
+    )
+
+
+# Log-spaced length bins (4 per doubling) for windows built outside the traffic store; the
+# traffic store's own edges (``scheduling.traffic.BIN_EDGES``) are the same shape.
+DEFAULT_BIN_EDGES: tuple[int, ...] = (0, *(round(2 ** (k / 4)) for k in range(24, 85)))
+
+
+class RebalancerReplanner:
+    """The simulator's ``prfaas-dual`` long-term loop: :func:`rebalance_decide` on the
+    simulated clock, remembering its own history; a proposal is applied at once (the
+    simulator flips roles itself), a hold keeps everything."""
+
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        *,
+        guards: Guards | None = None,
+        bin_edges: Sequence[float] = DEFAULT_BIN_EDGES,
+        threshold_step: float = 100,
+    ) -> None:
+        self.fleet = fleet
+        self.guards = guards or Guards()
+        self.bin_edges = tuple(bin_edges)
+        self.threshold_step = threshold_step
+        self.history: dict[str, History] = {}
+        self.decisions: list[tuple[float, str, Decision]] = []
+
+    def replan(self, inp: Any) -> Any:
+        from scheduling.simulator.routing import Replan
+
+        lengths = [float(r.incremental_tokens or r.input_tokens) for r in inp.requests]
+        outputs = [float(r.output_tokens) for r in inp.requests]
+        window = window_from_lengths(
+            lengths,
+            start_s=inp.window_start_s,
+            end_s=max(inp.now, inp.window_start_s + 1e-6),
+            bin_edges=self.bin_edges,
+            output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
+            offloads=sum(1 for r in inp.requests if r.route == "prfaas"),
+            cache_hit_tokens=float(sum(r.cached_tokens for r in inp.requests)),
+            recorder_seen_at=inp.now,
+        )
+        if not inp.requests:
+            window = replace(window, output_tokens_mean=None)
+        pairs: tuple[tuple[Sequence[str], Role], ...] = (
+            (inp.prefill, "prefill"),
+            (inp.decode, "decode"),
+        )
+        views = tuple(
+            InstanceView(name, role, "active", False, float(inp.loads.get(name, 0.0)), inp.now)
+            for names, role in pairs
+            for name in names
+        )
+        history = self.history.get(inp.cluster, History())
+        decision = rebalance_decide(
+            RebalanceInput(
+                cluster=inp.cluster,
+                now=inp.now,
+                window=window,
+                instances=views,
+                threshold=inp.threshold,
+                guards=self.guards,
+                history=history,
+            ),
+            FleetPlanner(self.fleet, inp.cluster, threshold_step=self.threshold_step),
+        )
+        self.decisions.append((inp.now, inp.cluster, decision))
+        applied = decision.action == "propose"
+        self.history[inp.cluster] = history_after(history, decision, inp.now, applied=applied)
+        if not applied:
+            return None
+        assert decision.proposed is not None
+        return Replan(
+            threshold=decision.proposed.setting.threshold,
+            flips=tuple((c.instance, c.to_role) for c in decision.role_changes),
+        )

@@ -35,7 +35,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from scheduling.performance import DiscreteLengths
 from scheduling.planner import Evaluation, FleetSpec, plan_fleet
@@ -720,74 +720,3 @@ def window_from_lengths(
 # Log-spaced length bins (4 per doubling) for windows built outside the traffic store; the
 # traffic store's own edges (``scheduling.traffic.BIN_EDGES``) are the same shape.
 DEFAULT_BIN_EDGES: tuple[int, ...] = (0, *(round(2 ** (k / 4)) for k in range(24, 85)))
-
-
-class RebalancerReplanner:
-    """The simulator's ``prfaas-dual`` long-term loop: :func:`rebalance_decide` on the
-    simulated clock, remembering its own history; a proposal is applied at once (the
-    simulator flips roles itself), a hold keeps everything."""
-
-    def __init__(
-        self,
-        fleet: FleetSpec,
-        *,
-        guards: Guards | None = None,
-        bin_edges: Sequence[float] = DEFAULT_BIN_EDGES,
-        threshold_step: float = 100,
-    ) -> None:
-        self.fleet = fleet
-        self.guards = guards or Guards()
-        self.bin_edges = tuple(bin_edges)
-        self.threshold_step = threshold_step
-        self.history: dict[str, History] = {}
-        self.decisions: list[tuple[float, str, Decision]] = []
-
-    def replan(self, inp: Any) -> Any:
-        from scheduling.simulator.routing import Replan
-
-        lengths = [float(r.incremental_tokens or r.input_tokens) for r in inp.requests]
-        outputs = [float(r.output_tokens) for r in inp.requests]
-        window = window_from_lengths(
-            lengths,
-            start_s=inp.window_start_s,
-            end_s=max(inp.now, inp.window_start_s + 1e-6),
-            bin_edges=self.bin_edges,
-            output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
-            offloads=sum(1 for r in inp.requests if r.route == "prfaas"),
-            cache_hit_tokens=float(sum(r.cached_tokens for r in inp.requests)),
-            recorder_seen_at=inp.now,
-        )
-        if not inp.requests:
-            window = replace(window, output_tokens_mean=None)
-        pairs: tuple[tuple[Sequence[str], Role], ...] = (
-            (inp.prefill, "prefill"),
-            (inp.decode, "decode"),
-        )
-        views = tuple(
-            InstanceView(name, role, "active", False, float(inp.loads.get(name, 0.0)), inp.now)
-            for names, role in pairs
-            for name in names
-        )
-        history = self.history.get(inp.cluster, History())
-        decision = rebalance_decide(
-            RebalanceInput(
-                cluster=inp.cluster,
-                now=inp.now,
-                window=window,
-                instances=views,
-                threshold=inp.threshold,
-                guards=self.guards,
-                history=history,
-            ),
-            FleetPlanner(self.fleet, inp.cluster, threshold_step=self.threshold_step),
-        )
-        self.decisions.append((inp.now, inp.cluster, decision))
-        applied = decision.action == "propose"
-        self.history[inp.cluster] = history_after(history, decision, inp.now, applied=applied)
-        if not applied:
-            return None
-        assert decision.proposed is not None
-        return Replan(
-            threshold=decision.proposed.setting.threshold,
-            flips=tuple((c.instance, c.to_role) for c in decision.role_changes),
-        )

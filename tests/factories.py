@@ -170,7 +170,9 @@ def api_token(
     )
     token = issued.token
     if expired:
-        ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+        ApiToken.objects.filter(pk=token.pk).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
     if revoked:
         ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
     token.refresh_from_db()

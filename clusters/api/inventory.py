@@ -7,7 +7,7 @@ A stale version gets 409 naming the current one.
 """
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router
+from ninja import Query, Router, Status
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from clusters import selectors, services
@@ -89,8 +89,10 @@ def site_get(request: HttpRequest, site_id: int) -> Site:
 
 
 @router.post("/sites", response={201: SiteOut}, auth=ADMIN)
-def site_create(request: HttpRequest, payload: SiteIn) -> tuple[int, Site]:
-    return 201, services.site_create(actor=actor_from_request(request), **payload_fields(payload))
+def site_create(request: HttpRequest, payload: SiteIn) -> Status[Site]:
+    return Status(
+        201, services.site_create(actor=actor_from_request(request), **payload_fields(payload))
+    )
 
 
 @router.patch("/sites/{site_id}", response=SiteOut, auth=ADMIN)
@@ -128,9 +130,10 @@ def accelerator_get(request: HttpRequest, accelerator_id: int) -> Accelerator:
 
 
 @router.post("/accelerators", response={201: AcceleratorOut}, auth=ADMIN)
-def accelerator_create(request: HttpRequest, payload: AcceleratorIn) -> tuple[int, Accelerator]:
-    return 201, services.accelerator_create(
-        actor=actor_from_request(request), **payload_fields(payload)
+def accelerator_create(request: HttpRequest, payload: AcceleratorIn) -> Status[Accelerator]:
+    return Status(
+        201,
+        services.accelerator_create(actor=actor_from_request(request), **payload_fields(payload)),
     )
 
 
@@ -173,9 +176,10 @@ def model_profile_get(request: HttpRequest, model_profile_id: int) -> ModelProfi
 
 
 @router.post("/model-profiles", response={201: ModelProfileOut}, auth=ADMIN)
-def model_profile_create(request: HttpRequest, payload: ModelProfileIn) -> tuple[int, ModelProfile]:
-    return 201, services.model_profile_create(
-        actor=actor_from_request(request), **payload_fields(payload)
+def model_profile_create(request: HttpRequest, payload: ModelProfileIn) -> Status[ModelProfile]:
+    return Status(
+        201,
+        services.model_profile_create(actor=actor_from_request(request), **payload_fields(payload)),
     )
 
 
@@ -226,9 +230,12 @@ def performance_profile_get(
 @router.post("/performance-profiles", response={201: PerformanceProfileOut}, auth=ADMIN)
 def performance_profile_create(
     request: HttpRequest, payload: PerformanceProfileIn
-) -> tuple[int, PerformanceProfile]:
-    return 201, services.performance_profile_create(
-        actor=actor_from_request(request), **payload_fields(payload)
+) -> Status[PerformanceProfile]:
+    return Status(
+        201,
+        services.performance_profile_create(
+            actor=actor_from_request(request), **payload_fields(payload)
+        ),
     )
 
 
@@ -282,9 +289,9 @@ def cluster_get(request: HttpRequest, cluster_id: int) -> Cluster:
 
 
 @router.post("/clusters", response={201: ClusterOut}, auth=ADMIN)
-def cluster_create(request: HttpRequest, payload: ClusterIn) -> tuple[int, Cluster]:
-    return 201, services.cluster_create(
-        actor=actor_from_request(request), **payload_fields(payload)
+def cluster_create(request: HttpRequest, payload: ClusterIn) -> Status[Cluster]:
+    return Status(
+        201, services.cluster_create(actor=actor_from_request(request), **payload_fields(payload))
     )
 
 
@@ -331,9 +338,9 @@ def instance_get(request: HttpRequest, instance_id: int) -> Instance:
 
 
 @router.post("/instances", response={201: InstanceOut}, auth=ADMIN)
-def instance_create(request: HttpRequest, payload: InstanceIn) -> tuple[int, Instance]:
-    return 201, services.instance_create(
-        actor=actor_from_request(request), **payload_fields(payload)
+def instance_create(request: HttpRequest, payload: InstanceIn) -> Status[Instance]:
+    return Status(
+        201, services.instance_create(actor=actor_from_request(request), **payload_fields(payload))
     )
 
 
@@ -392,8 +399,10 @@ def link_get(request: HttpRequest, link_id: int) -> Link:
 
 
 @router.post("/links", response={201: LinkOut}, auth=ADMIN)
-def link_create(request: HttpRequest, payload: LinkIn) -> tuple[int, Link]:
-    return 201, services.link_create(actor=actor_from_request(request), **payload_fields(payload))
+def link_create(request: HttpRequest, payload: LinkIn) -> Status[Link]:
+    return Status(
+        201, services.link_create(actor=actor_from_request(request), **payload_fields(payload))
+    )
 
 
 @router.patch("/links/{link_id}", response=LinkOut, auth=ADMIN)

@@ -682,7 +682,7 @@ class RouteRequest:
     prompt_tokens: int
     prefix_matches: tuple[PrefixMatch, ...] = ()
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
-    block_hashes: tuple[str, ...] = ()
+    block_hashes: tuple[int | str, ...] = ()
     request_id: str | None = None
     expected_output_tokens: int | None = None
 

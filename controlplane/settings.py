@@ -173,6 +173,20 @@ if env_bool("PRODUCTION"):
 REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600)
 TELEMETRY_STALE_S = env_int("TELEMETRY_STALE_S", 15)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024)
+# Rebalancer ticks that held (no plan) are kept this long; plans are kept.
+REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30)
+
+# Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
+# within its period is superseded by the next one.
+CELERY_BEAT_SCHEDULE = {
+    "rebalance": {
+        "task": "scheduling.rebalance",
+        "schedule": float(REBALANCE_INTERVAL_S),
+        "options": {"expires": max(1.0, REBALANCE_INTERVAL_S - 5.0)},
+    },
+    "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 60.0},
+    "rebalance-ticks-prune": {"task": "scheduling.rebalance_ticks_prune", "schedule": 86400.0},
+}
 
 LOGGING = {
     "version": 1,

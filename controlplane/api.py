@@ -75,3 +75,7 @@ from controlplane.audit_api import router as audit_router  # noqa: E402
 
 api.add_router("", clusters_router)
 api.add_router("", audit_router)
+
+from scheduling.api import router as scheduling_router  # noqa: E402
+
+api.add_router("", scheduling_router)

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 
 def _request_id(request: HttpRequest) -> str:
@@ -42,4 +43,55 @@ class RequestIdMiddleware:
         request.request_id = _request_id(request)  # type: ignore[attr-defined]
         response: HttpResponse = await self.get_response(request)
         response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
+        return response
+
+
+class BodySizeLimitMiddleware:
+    """Refuse API request bodies over ``settings.API_MAX_BODY_BYTES`` with 413 and the API's
+    error shape, before any view parses them: first by ``Content-Length``, then by the body's
+    actual length (chunked uploads carry no length header)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def _too_large(request: HttpRequest) -> HttpResponse | None:
+        from django.conf import settings
+
+        if not request.path.startswith("/api/"):
+            return None
+        limit = int(settings.API_MAX_BODY_BYTES)
+        declared = request.META.get("CONTENT_LENGTH") or ""
+        too_big = declared.isdigit() and int(declared) > limit
+        if not too_big and request.method in {"POST", "PUT", "PATCH"}:
+            try:
+                too_big = len(request.body) > limit
+            except RequestDataTooBig:
+                too_big = True
+        if not too_big:
+            return None
+        return JsonResponse(
+            {"detail": f"request body over {limit} bytes", "code": "payload_too_large"},
+            status=413,
+        )
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)  # type: ignore[attr-defined]
+        refused = self._too_large(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._too_large(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
         return response

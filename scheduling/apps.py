@@ -6,3 +6,9 @@ class SchedulingConfig(AppConfig):
 
     name = "scheduling"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Inventory writes must reach every web process's routing snapshot.
+        from scheduling.snapshot import inventory_signals_connect
+
+        inventory_signals_connect()

@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-from clusters.live.connection import redis_sync
+from clusters.live.connection import redis_async, redis_sync
 from clusters.live.telemetry import ReservationOutcome
 
 RETENTION_S = 3 * 24 * 3600
@@ -89,14 +89,36 @@ class TrafficRecord:
 
 def traffic_record_queue(pipe: Any, record: TrafficRecord, recent_entry: str | None) -> None:
     """Queue the counters of one decision (and its "recent decisions" entry, if given)."""
-    key = traffic_key(record.origin, record.minute)
-    for name, incr in record.increments():
-        if incr:
-            pipe.hincrby(key, name, incr)
-    pipe.expire(key, RETENTION_S)
+    agg = TrafficAggregate()
+    agg.add(record)
+    agg.queue(pipe)
     if recent_entry:
-        pipe.lpush(RECENT_KEY, recent_entry)
-        pipe.ltrim(RECENT_KEY, 0, RECENT_CAP - 1)
+        recent_queue(pipe, recent_entry)
+
+
+def recent_queue(pipe: Any, entry: str) -> None:
+    """Queue one "recent decisions" entry (the list stays capped)."""
+    pipe.lpush(RECENT_KEY, entry)
+    pipe.ltrim(RECENT_KEY, 0, RECENT_CAP - 1)
+
+
+class TrafficAggregate:
+    """Counters of many decisions summed in process, queued as one HINCRBY per field."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, dict[str, int]] = {}
+
+    def add(self, record: TrafficRecord) -> None:
+        fields = self.fields.setdefault(traffic_key(record.origin, record.minute), {})
+        for name, incr in record.increments():
+            if incr:
+                fields[name] = fields.get(name, 0) + incr
+
+    def queue(self, pipe: Any) -> None:
+        for key, fields in self.fields.items():
+            for name, incr in fields.items():
+                pipe.hincrby(key, name, incr)
+            pipe.expire(key, RETENTION_S)
 
 
 def reservation_outcome(
@@ -104,17 +126,23 @@ def reservation_outcome(
     refused: TrafficRecord,
     admitted_entry: str = "",
     refused_entry: str = "",
+    extra_admitted: Sequence[tuple[str, str, int, int]] = (),
+    extra_refused: Sequence[tuple[str, str, int, int]] = (),
 ) -> ReservationOutcome:
-    """What to count for a decision whose offload waits on a link reservation."""
+    """What to count for a decision whose offload waits on a link reservation (``extra_*``:
+    further counters of each branch, e.g. metrics)."""
+
+    def incr(rec: TrafficRecord) -> list[tuple[str, str, int, int]]:
+        key = traffic_key(rec.origin, rec.minute)
+        return [(key, k, v, RETENTION_S) for k, v in rec.increments() if v]
+
     return ReservationOutcome(
-        hash_key=traffic_key(admitted.origin, admitted.minute),
         list_key=RECENT_KEY,
-        admitted_incr=[(k, v) for k, v in admitted.increments() if v],
-        refused_incr=[(k, v) for k, v in refused.increments() if v],
+        admitted_incr=incr(admitted) + list(extra_admitted),
+        refused_incr=incr(refused) + list(extra_refused),
         admitted_entry=admitted_entry,
         refused_entry=refused_entry,
         list_cap=RECENT_CAP,
-        hash_ttl_s=RETENTION_S,
     )
 
 
@@ -196,4 +224,9 @@ def recent_decisions_read(
     """The latest decisions with their inputs, newest first."""
     r = client or redis_sync()
     raw: Sequence[bytes] = r.lrange(RECENT_KEY, 0, max(0, limit - 1))  # type: ignore[assignment]
+    return [json.loads(x) for x in raw]
+
+
+async def recent_decisions_read_async(limit: int = 50) -> list[dict[str, Any]]:
+    raw = await redis_async().lrange(RECENT_KEY, 0, max(0, limit - 1))
     return [json.loads(x) for x in raw]

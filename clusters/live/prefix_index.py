@@ -287,6 +287,20 @@ async def kv_batch_apply_async(
     return _result(raw)
 
 
+async def kv_batches_apply_async(
+    instance: str,
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
+    cap: int = DEFAULT_CAP_PER_INSTANCE,
+    client: aioredis.Redis | None = None,
+) -> list[BatchResult]:
+    """Apply several batches of one instance in order, in one round trip."""
+    pipe = (client or redis_async()).pipeline(transaction=False)
+    now = time.time()
+    for seq, events in batches:
+        pipe.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, now))
+    return [_result(raw) for raw in await pipe.execute()]
+
+
 def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None) -> None:
     """Forget everything about an instance (removed from inventory, or operator reset)."""
     r = client or redis_sync()
@@ -299,59 +313,94 @@ def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None
 
 
 def prefix_match_queue(pipe: Any, chain: Sequence[str], hybrid: bool) -> None:
-    """Queue the lookup of one chain: ``len(chain) * (2 if hybrid else 1) + 1`` commands."""
-    for h in chain:
+    """Queue the lookup of one chain (see :func:`prefix_holders_queue`)."""
+    prefix_holders_queue(pipe, chain, hybrid)
+
+
+def prefix_holders_queue(pipe: Any, hashes: Sequence[str], hybrid: bool) -> None:
+    """Queue the holders of ``hashes`` (distinct; a batch's chains share prefixes):
+    :func:`prefix_holders_commands` commands, read back by :func:`prefix_holders_parse`."""
+    for h in hashes:
         pipe.smembers(f"pfx:b:{h}")
     if hybrid:
-        for h in chain:
+        for h in hashes:
             pipe.smembers(f"pfx:l:{h}")
         pipe.smembers("pfx:linear")
     pipe.smembers("pfx:degraded")
 
 
+def prefix_holders_commands(n_hashes: int, hybrid: bool) -> int:
+    """How many pipeline results :func:`prefix_holders_queue` adds."""
+    return n_hashes * 2 + 2 if hybrid else n_hashes + 1
+
+
 def prefix_match_commands(chain: Sequence[str], hybrid: bool) -> int:
-    """How many pipeline results :func:`prefix_match_queue` adds."""
-    return len(chain) * 2 + 2 if hybrid else len(chain) + 1
+    return prefix_holders_commands(len(chain), hybrid)
 
 
 def _decode_set(raw: Any) -> set[str]:
     return {m.decode() if isinstance(m, bytes) else str(m) for m in raw or ()}
 
 
+@dataclass(frozen=True)
+class Holders:
+    """Who holds each looked-up hash: full blocks, linear checkpoints, and index health."""
+
+    blocks: Mapping[str, set[str]]
+    checkpoints: Mapping[str, set[str]]
+    reports_linear: frozenset[str]
+    degraded: frozenset[str]
+
+    def match(self, chain: Sequence[str], block_size: int, hybrid: bool) -> PrefixMatch:
+        """Longest usable prefix per instance for ``chain``.
+
+        Full-attention models reuse the longest run of held blocks. Hybrid models also need
+        the linear state at exactly that length, so their usable prefix ends at the last
+        checkpoint inside the run of full blocks (engines that never report checkpoints: the
+        run itself).
+        """
+        full_blocks: dict[str, int] = {}
+        alive: set[str] | None = None
+        empty: set[str] = set()
+        for i, h in enumerate(chain):
+            holders = self.blocks.get(h, empty)
+            alive = set(holders) if alive is None else alive & holders
+            if not alive:
+                break
+            for inst in alive:
+                full_blocks[inst] = i + 1
+        if hybrid:
+            linear = self.reports_linear
+            usable = {i: b for i, b in full_blocks.items() if i not in linear}
+            for i, h in enumerate(chain):
+                for inst in self.checkpoints.get(h, empty):
+                    if inst in linear and full_blocks.get(inst, 0) >= i + 1:
+                        usable[inst] = max(usable.get(inst, 0), i + 1)
+            blocks = usable
+        else:
+            blocks = full_blocks
+        return PrefixMatch(
+            tokens_by_instance={inst: b * block_size for inst, b in blocks.items() if b > 0},
+            degraded=self.degraded,
+        )
+
+
+def prefix_holders_parse(hashes: Sequence[str], raw: Sequence[Any], hybrid: bool) -> Holders:
+    n = len(hashes)
+    blocks = {h: _decode_set(raw[i]) for i, h in enumerate(hashes)}
+    checkpoints: dict[str, set[str]] = {}
+    reports_linear: frozenset[str] = frozenset()
+    if hybrid:
+        checkpoints = {h: _decode_set(raw[n + i]) for i, h in enumerate(hashes)}
+        reports_linear = frozenset(_decode_set(raw[2 * n]))
+    return Holders(blocks, checkpoints, reports_linear, frozenset(_decode_set(raw[-1])))
+
+
 def prefix_match_parse(
     chain: Sequence[str], raw: Sequence[Any], block_size: int, hybrid: bool
 ) -> PrefixMatch:
-    """Longest usable prefix per instance from the results of :func:`prefix_match_queue`.
-
-    Full-attention models reuse the longest run of held blocks. Hybrid models also need the
-    linear state at exactly that length, so their usable prefix ends at the last checkpoint
-    inside the run of full blocks (engines that never report checkpoints: the run itself).
-    """
-    n = len(chain)
-    full_blocks: dict[str, int] = {}
-    alive: set[str] | None = None
-    for i in range(n):
-        holders = _decode_set(raw[i])
-        alive = holders if alive is None else alive & holders
-        if not alive:
-            break
-        for inst in alive:
-            full_blocks[inst] = i + 1
-    if hybrid:
-        reports_linear = _decode_set(raw[2 * n])
-        usable = {i: b for i, b in full_blocks.items() if i not in reports_linear}
-        for i in range(n):
-            for inst in _decode_set(raw[n + i]):
-                if inst in reports_linear and full_blocks.get(inst, 0) >= i + 1:
-                    usable[inst] = max(usable.get(inst, 0), i + 1)
-        blocks = usable
-    else:
-        blocks = full_blocks
-    degraded = frozenset(_decode_set(raw[-1]))
-    return PrefixMatch(
-        tokens_by_instance={inst: b * block_size for inst, b in blocks.items() if b > 0},
-        degraded=degraded,
-    )
+    """Longest usable prefix per instance from the results of :func:`prefix_match_queue`."""
+    return prefix_holders_parse(chain, raw, hybrid).match(chain, block_size, hybrid)
 
 
 def prefix_match(

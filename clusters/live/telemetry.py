@@ -27,8 +27,9 @@ workers) can never reserve more than the budget together.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,12 +303,14 @@ def link_bandwidth_series(
 
 # --- reservations ---------------------------------------------------------------------------
 
-# KEYS: zset, bytes hash, sum, [then-hash, then-list]
+# KEYS: zset, bytes hash, sum, [list]
 # ARGV: now, id, bytes, end, budget, ttl,
-#       n_ok, (field, incr) * n_ok, n_fail, (field, incr) * n_fail, ok_entry, fail_entry, list_cap
+#       n_ok, (key, field, incr, ttl) * n_ok, n_fail, (key, field, incr, ttl) * n_fail,
+#       ok_entry, fail_entry, list_cap
 # Returns {admitted (0/1), reserved bytes after}.
-# The optional "then" part lets one call also record what happened (counters in a hash and an
-# entry in a capped list) for whichever branch ran, in the same atomic step.
+# The optional part lets one call also record what happened (hash counters, and an entry in a
+# capped list) for whichever branch ran, in the same atomic step. The counter keys travel in
+# ARGV, so like the prefix index this needs a single Redis, not Redis Cluster.
 _RESERVE_LUA = """
 local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
@@ -325,31 +328,33 @@ local want = tonumber(ARGV[3])
 local budget = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local admitted = 0
-if used + want <= budget then
+if used + want <= budget and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
   admitted = 1
   redis.call('ZADD', KEYS[1], tonumber(ARGV[4]), ARGV[2])
   redis.call('HSET', KEYS[2], ARGV[2], want)
   used = redis.call('INCRBY', KEYS[3], want)
 end
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
-if #KEYS >= 5 then
+if #KEYS >= 4 then
   local pos = 7
   local n_ok = tonumber(ARGV[pos])
   local ok_start = pos + 1
-  pos = ok_start + 2 * n_ok
+  pos = ok_start + 4 * n_ok
   local n_fail = tonumber(ARGV[pos])
   local fail_start = pos + 1
-  pos = fail_start + 2 * n_fail
+  pos = fail_start + 4 * n_fail
   local start, n = ok_start, n_ok
   local entry = ARGV[pos]
   if admitted == 0 then start, n, entry = fail_start, n_fail, ARGV[pos + 1] end
   for i = 0, n - 1 do
-    redis.call('HINCRBY', KEYS[4], ARGV[start + 2 * i], tonumber(ARGV[start + 2 * i + 1]))
+    local at = start + 4 * i
+    redis.call('HINCRBY', ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]))
+    local kttl = tonumber(ARGV[at + 3])
+    if kttl > 0 then redis.call('EXPIRE', ARGV[at], kttl) end
   end
-  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[pos + 3]))
   if entry ~= '' then
-    redis.call('LPUSH', KEYS[5], entry)
-    redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[pos + 2]) - 1)
+    redis.call('LPUSH', KEYS[4], entry)
+    redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[pos + 2]) - 1)
   end
 end
 return {admitted, used}
@@ -368,16 +373,15 @@ return tonumber(b)
 
 @dataclass(frozen=True)
 class ReservationOutcome:
-    """What the recording part of a reservation writes for each branch (may be empty)."""
+    """What to record for each branch of a reservation: hash increments
+    ``(key, field, incr, ttl_s or 0)`` and an entry for a capped list (empty: none)."""
 
-    hash_key: str
     list_key: str
-    admitted_incr: Sequence[tuple[str, int]]
-    refused_incr: Sequence[tuple[str, int]]
+    admitted_incr: Sequence[tuple[str, str, int, int]]
+    refused_incr: Sequence[tuple[str, str, int, int]]
     admitted_entry: str
     refused_entry: str
     list_cap: int
-    hash_ttl_s: int
 
 
 def _reserve_args(
@@ -399,19 +403,12 @@ def _reserve_args(
         RESERVATION_KEY_TTL_S,
     ]
     if outcome is not None:
-        keys += [outcome.hash_key, outcome.list_key]
-        args.append(len(outcome.admitted_incr))
-        for field, incr in outcome.admitted_incr:
-            args += [field, int(incr)]
-        args.append(len(outcome.refused_incr))
-        for field, incr in outcome.refused_incr:
-            args += [field, int(incr)]
-        args += [
-            outcome.admitted_entry,
-            outcome.refused_entry,
-            outcome.list_cap,
-            outcome.hash_ttl_s,
-        ]
+        keys.append(outcome.list_key)
+        for incrs in (outcome.admitted_incr, outcome.refused_incr):
+            args.append(len(incrs))
+            for key, name, incr, ttl in incrs:
+                args += [key, name, int(incr), int(ttl)]
+        args += [outcome.admitted_entry, outcome.refused_entry, outcome.list_cap]
     return keys, args
 
 
@@ -510,3 +507,44 @@ def link_reserved_bytes(link: str, client: redis.Redis | None = None) -> int:
         return 0
     values = r.hmget(keys[1], list(live))  # type: ignore[arg-type]
     return sum(int(v) for v in values if v is not None)
+
+
+# --- short-term control state -----------------------------------------------------------------
+
+CONTROL_KEY = "live:control"
+
+
+def control_states_queue(pipe: Any) -> None:
+    """One command: the stored control state of every PD cluster (``live:control`` HASH,
+    cluster -> JSON object of the router's ControlState fields)."""
+    pipe.hgetall(CONTROL_KEY)
+
+
+def control_states_parse(raw: Mapping[Any, Any] | None) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for k, v in (raw or {}).items():
+        try:
+            value = json.loads(v)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out[k.decode() if isinstance(k, bytes) else str(k)] = value
+    return out
+
+
+async def control_states_write_async(
+    states: Mapping[str, Mapping[str, Any]], client: aioredis.Redis | None = None
+) -> None:
+    if not states:
+        return
+    r = client or redis_async()
+    await r.hset(CONTROL_KEY, mapping={k: json.dumps(dict(v)) for k, v in states.items()})
+
+
+def control_states_write(
+    states: Mapping[str, Mapping[str, Any]], client: redis.Redis | None = None
+) -> None:
+    if not states:
+        return
+    r = client or redis_sync()
+    r.hset(CONTROL_KEY, mapping={k: json.dumps(dict(v)) for k, v in states.items()})

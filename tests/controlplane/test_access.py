@@ -65,6 +65,15 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/topology"): "admin",
     # audit
     ("GET", "/api/v1/audit"): "read",
+    # routing (hot path) and the policy snapshot routers cache
+    ("POST", "/api/v1/route"): "router",
+    ("POST", "/api/v1/route/batch"): "router",
+    ("GET", "/api/v1/policy"): "router",
+    ("GET", "/api/v1/decisions/recent"): "read",
+    # live state: agents post, the index health is readable
+    ("POST", "/api/v1/telemetry"): "agent",
+    ("POST", "/api/v1/kv-events"): "agent",
+    ("GET", "/api/v1/prefix-index"): "read",
 }
 
 CALLERS = [*Scope.values, "no-token", "malformed-header", "unknown-token", "expired", "revoked"]

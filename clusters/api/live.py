@@ -1,0 +1,131 @@
+"""Live-state API: agents post telemetry and KV events (``agent`` scope); the prefix index's
+health per instance is readable (``read`` scope), so a sequence gap is visible."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+from pydantic import StringConstraints
+
+from clusters.live import ingest, prefix_index
+from clusters.live.telemetry import InstanceSample
+from controlplane.auth import require_scope
+from scheduling.snapshot import snapshot_refresh
+
+router = Router(tags=["live"])
+
+AGENT = require_scope("agent", asynchronous=True)
+READ = require_scope("read")
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=150)]
+Count = Annotated[int, Field(ge=0, le=10**9)]
+UnixTime = Annotated[float, Field(ge=0, allow_inf_nan=False, description="unix seconds")]
+
+
+class InstanceSampleIn(Schema):
+    instance: Name
+    ts: UnixTime
+    queue_depth: Count = 0
+    running: Count = 0
+    waiting: Count = 0
+    kv_usage: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    queued_prefill_tokens: Annotated[int, Field(ge=0, le=10**12)] = 0
+
+
+class LinkSampleIn(Schema):
+    source: Name = Field(description="prfaas cluster")
+    target: Name = Field(description="pd cluster")
+    ts: UnixTime
+    bytes_sent: Annotated[int, Field(ge=0, le=10**16)]
+    interval_s: float = Field(gt=0, le=3600, allow_inf_nan=False)
+    retransmits: Count = 0
+
+
+class TelemetryIn(Schema):
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] = Field(
+        description="a batch sent again with the same key is acknowledged but stored once"
+    )
+    instances: list[InstanceSampleIn] = Field(default_factory=list, max_length=10_000)
+    links: list[LinkSampleIn] = Field(default_factory=list, max_length=1_000)
+
+
+class TelemetryOut(Schema):
+    stored: bool = Field(description="false: this idempotency key was seen before")
+    instances: int
+    links: int
+
+
+class KvBatchIn(Schema):
+    seq: int | None = Field(None, ge=0, le=(1 << 64) - 1, description="publisher sequence")
+    batch: list[Any] | dict[str, Any] = Field(
+        description="vLLM KVEventBatch, array [ts, events] or map {ts, events}"
+    )
+
+
+class KvEventsIn(Schema):
+    instance: Name
+    batches: list[KvBatchIn] = Field(min_length=1, max_length=1_000)
+
+
+class KvEventsOut(Schema):
+    instance: str
+    batches: int
+    applied: int
+    duplicates: int
+    restarts: int
+    missed_batches: int
+    evicted: int
+    state: str = Field(description="exact | degraded (a sequence gap was seen)")
+
+
+class IndexStateOut(Schema):
+    instance: str
+    state: str
+    last_seq: int | None
+    gaps: int
+    missed_batches: int
+    last_gap_at: float | None
+    blocks: int
+    checkpoints: int
+
+
+class ErrorOut(Schema):
+    detail: str
+    code: str
+
+
+ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+
+
+@router.post("/telemetry", auth=AGENT, response={200: TelemetryOut, **ERRORS})
+async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.TelemetryResult:
+    """A batch of instance samples (load) and link samples (bytes sent in an interval)."""
+    return await ingest.telemetry_ingest_async(
+        payload.idempotency_key,
+        [InstanceSample(**s.dict()) for s in payload.instances],
+        [
+            ingest.link_sample(s.source, s.target, s.ts, s.bytes_sent, s.interval_s, s.retransmits)
+            for s in payload.links
+        ],
+    )
+
+
+@router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **ERRORS})
+async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
+    """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
+    return await ingest.kv_events_ingest_async(
+        payload.instance, [(b.seq, b.batch) for b in payload.batches]
+    )
+
+
+@router.get(
+    "/prefix-index",
+    auth=READ,
+    response={200: list[IndexStateOut], 401: ErrorOut, 403: ErrorOut},
+)
+def prefix_index_get(request: HttpRequest) -> list[prefix_index.InstanceIndexState]:
+    """Per instance: ``exact`` or ``degraded`` (sequence gap), gaps seen, entries held."""
+    snap = snapshot_refresh()
+    return prefix_index.prefix_index_states(list(snap.instance_names))

@@ -1,0 +1,119 @@
+"""Telemetry and KV-event ingestion: check names against the snapshot, store, tick control.
+
+No ORM query: instance and link names are checked against the in-process routing snapshot
+(refreshed once when a name is unknown, so a just-added instance is accepted).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clusters.live import kv_events, prefix_index, telemetry
+from clusters.live.telemetry import InstanceSample, LinkSample
+from controlplane.errors import Invalid, NotFound
+from scheduling.snapshot import Snapshot, link_key, snapshot_get_async, snapshot_refresh_async
+
+# Samples stamped further ahead than this are refused (clock skew larger than any agent's).
+MAX_FUTURE_S = 300.0
+
+
+async def _snapshot_knowing(names: Sequence[str], kind: str) -> Snapshot:
+    snap = await snapshot_get_async()
+    known = set(snap.instance_names) if kind == "instance" else set(snap.link_keys)
+    if all(n in known for n in names):
+        return snap
+    snap = await snapshot_refresh_async()
+    known = set(snap.instance_names) if kind == "instance" else set(snap.link_keys)
+    for i, n in enumerate(names):
+        if n not in known:
+            raise Invalid(f"{kind}s[{i}]: unknown {kind} {n!r}", code=f"unknown_{kind}")
+    return snap
+
+
+def _ts_check(ts: float, path: str, now: float) -> None:
+    if not math.isfinite(ts) or ts < 0:
+        raise Invalid(f"{path}: must be a unix time in seconds")
+    if ts > now + MAX_FUTURE_S:
+        raise Invalid(f"{path}: {ts} is more than {MAX_FUTURE_S:.0f} s in the future")
+
+
+@dataclass(frozen=True)
+class TelemetryResult:
+    stored: bool
+    instances: int
+    links: int
+
+
+async def telemetry_ingest_async(
+    idempotency_key: str, instances: Sequence[InstanceSample], links: Sequence[LinkSample]
+) -> TelemetryResult:
+    """Store one agent batch once (a repeated key is acknowledged, not stored again)."""
+    now = time.time()
+    for i, s in enumerate(instances):
+        _ts_check(s.ts, f"instances[{i}].ts", now)
+    for i, ls in enumerate(links):
+        _ts_check(ls.ts, f"links[{i}].ts", now)
+    if instances:
+        await _snapshot_knowing([s.instance for s in instances], "instance")
+    if links:
+        await _snapshot_knowing([ls.link for ls in links], "link")
+    stored = await telemetry.telemetry_batch_store_async(instances, links, idempotency_key)
+    if stored:
+        from scheduling.decisions import control_tick_async
+
+        await control_tick_async()
+    return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
+
+
+def link_sample(
+    source: str, target: str, ts: float, bytes_sent: int, interval_s: float, retransmits: int
+) -> LinkSample:
+    return LinkSample(link_key(source, target), ts, bytes_sent, interval_s, retransmits)
+
+
+@dataclass(frozen=True)
+class KvIngestResult:
+    instance: str
+    batches: int
+    applied: int
+    duplicates: int
+    restarts: int
+    missed_batches: int
+    evicted: int
+    state: str
+
+
+async def kv_events_ingest_async(
+    instance: str, batches: Sequence[tuple[int | None, Any]]
+) -> KvIngestResult:
+    """Apply an instance's batches in order; sequence gaps mark its index ``degraded``."""
+    snap = await snapshot_get_async()
+    if instance not in snap.cluster_of:
+        snap = await snapshot_refresh_async()
+        if instance not in snap.cluster_of:
+            raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
+    decoded = []
+    for i, (seq, batch) in enumerate(batches):
+        try:
+            _, events = kv_events.kv_batch_decode(batch, f"batches[{i}].batch")
+        except kv_events.KvEventFormatError as exc:
+            raise Invalid(str(exc), code="invalid_kv_event") from None
+        decoded.append((seq, events))
+    applied = duplicates = restarts = missed = evicted = 0
+    state = "exact"
+    for result in await prefix_index.kv_batches_apply_async(instance, decoded):
+        state = result.state
+        evicted += result.evicted
+        missed += result.gap
+        if result.status == "duplicate":
+            duplicates += 1
+        else:
+            applied += 1
+            restarts += result.status == "restart"
+    return KvIngestResult(
+        instance, len(decoded), applied, duplicates, restarts, missed, evicted, state
+    )

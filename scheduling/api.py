@@ -1,0 +1,213 @@
+"""Routing API: per-request decisions, the policy snapshot routers cache, recent decisions.
+
+``POST /route`` and ``POST /route/batch`` are the hot path: async, no ORM query, at most two
+Redis round trips (:mod:`scheduling.decisions`). ``GET /policy`` serves the in-process snapshot
+with an ETag. Prompts are described by token counts and block hashes only, never text.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Query, Router, Schema
+from pydantic import StringConstraints, field_validator, model_validator
+
+from clusters.live.prefix_index import BlockHashError, block_hash_key
+from controlplane.auth import require_scope
+from scheduling import traffic
+from scheduling.decisions import RouteInput, route_decide_async
+from scheduling.snapshot import snapshot_get_async
+
+router = Router(tags=["routing"])
+
+ROUTER = require_scope("router", asynchronous=True)
+READ = require_scope("read", asynchronous=True)
+
+# Far beyond any context window: a larger count is a bug in the caller, not a long prompt.
+MAX_PROMPT_TOKENS = 10_000_000
+MAX_OUTPUT_TOKENS = 10_000_000
+MAX_BLOCK_HASHES = 20_000
+MAX_BATCH = 1000
+
+BlockHash = (
+    Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1)]
+    | Annotated[str, StringConstraints(pattern=r"^(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{64})$")]
+)
+ClusterName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+TokenCount = Annotated[int, Field(ge=0, le=MAX_PROMPT_TOKENS)]
+
+
+class RouteIn(Schema):
+    """One LLM request, described by token counts and its prefix-block chain."""
+
+    origin: ClusterName = Field(description="PD cluster where the request arrived")
+    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS)
+    block_hashes: list[BlockHash] = Field(
+        default_factory=list,
+        max_length=MAX_BLOCK_HASHES,
+        description="prefix block chain: vLLM block hashes (64-bit ints, or 16/64 hex digits)",
+    )
+    cached_tokens: dict[ClusterName, TokenCount] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="router-known cached prefix tokens per cluster",
+    )
+    request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
+    expected_output_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS)
+
+    @field_validator("block_hashes", mode="after")
+    @classmethod
+    def _fold(cls, value: list[int | str]) -> list[int | str]:
+        out: list[int | str] = []
+        for i, h in enumerate(value):
+            try:
+                out.append(block_hash_key(h))
+            except BlockHashError as exc:
+                raise ValueError(f"block_hashes[{i}]: {exc}") from None
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouteIn:
+        for cluster, tokens in self.cached_tokens.items():
+            if tokens > self.prompt_tokens:
+                raise ValueError(
+                    f"cached_tokens.{cluster}: {tokens} cached tokens exceed prompt_tokens "
+                    f"({self.prompt_tokens})"
+                )
+        return self
+
+    def to_input(self) -> RouteInput:
+        return RouteInput(
+            origin=self.origin,
+            prompt_tokens=self.prompt_tokens,
+            chain=tuple(str(h) for h in self.block_hashes),
+            cached_tokens=self.cached_tokens,
+            request_id=self.request_id,
+            expected_output_tokens=self.expected_output_tokens,
+        )
+
+
+class RouteBatchIn(Schema):
+    requests: list[RouteIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class PlacementOut(Schema):
+    cluster: str
+    instance: str
+    endpoint: str
+
+
+class TtftOut(Schema):
+    local: float | None = Field(description="seconds; null when unbounded")
+    prfaas: float | None = Field(description="seconds; null when no PrfaaS cluster is usable")
+
+
+class CacheTransferOut(Schema):
+    source_cluster: str
+    source_instance: str | None
+    target_cluster: str
+    target_instance: str
+    tokens: int
+    bytes: int
+
+
+class ReservationOut(Schema):
+    source: str
+    target: str
+    bytes: int
+
+
+class RouteOut(Schema):
+    """The decision: where prefill and decode run, and why (``reason``)."""
+
+    request_id: str | None
+    route: str = Field(description="local | prfaas")
+    prefill: PlacementOut
+    decode: PlacementOut
+    incremental_tokens: int
+    cached_tokens: int
+    threshold: float | None = Field(description="effective threshold; null = never offload")
+    policy_version: int
+    reason: str
+    ttft_estimate_s: TtftOut
+    cache_transfer: CacheTransferOut | None
+    reservation: ReservationOut | None
+    kv_bytes: int
+    stale: bool
+
+
+class RouteBatchOut(Schema):
+    decisions: list[RouteOut]
+
+
+class ErrorOut(Schema):
+    detail: str
+    code: str
+
+
+ERRORS: dict[int, Any] = {
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+    503: ErrorOut,
+}
+
+
+def _json(data: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
+
+
+@router.post("/route", auth=ROUTER, response={200: RouteOut, **ERRORS})
+async def route(request: HttpRequest, payload: RouteIn) -> HttpResponse:
+    """Decide where one request's prefill and decode run."""
+    decisions = await route_decide_async([payload.to_input()], batch=False)
+    return _json(decisions[0])
+
+
+@router.post("/route/batch", auth=ROUTER, response={200: RouteBatchOut, **ERRORS})
+async def route_batch(request: HttpRequest, payload: RouteBatchIn) -> HttpResponse:
+    """Decide up to 1,000 requests against one live snapshot, in order."""
+    decisions = await route_decide_async([r.to_input() for r in payload.requests], batch=True)
+    return _json({"decisions": decisions})
+
+
+@router.get(
+    "/policy",
+    auth=ROUTER,
+    response={200: dict[str, Any], 304: None, 401: ErrorOut, 403: ErrorOut, 503: ErrorOut},
+)
+async def policy(request: HttpRequest) -> HttpResponse:
+    """Everything a router needs to decide locally: thresholds, guards, clusters, instances
+    and endpoints, links and their budgets (``scheduling.router.policy_snapshot_from_dict``
+    reads it). Send ``If-None-Match`` with the last ETag to get 304 when nothing changed."""
+    snap = await snapshot_get_async()
+    etags = {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}
+    if snap.etag in etags or "*" in etags:
+        response = HttpResponse(status=304)
+    else:
+        response = HttpResponse(snap.body, content_type="application/json")
+    response["ETag"] = snap.etag
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+class RecentDecisionOut(Schema):
+    ts: float
+    inputs: dict[str, Any]
+    decision: dict[str, Any]
+
+
+@router.get(
+    "/decisions/recent",
+    auth=READ,
+    response={200: list[RecentDecisionOut], 401: ErrorOut, 403: ErrorOut, 422: ErrorOut},
+)
+async def decisions_recent(
+    request: HttpRequest, limit: int = Query(50, ge=1, le=traffic.RECENT_CAP)
+) -> HttpResponse:
+    """The latest decisions with their inputs, newest first ("why was this offloaded?")."""
+    return _json(await traffic.recent_decisions_read_async(limit))

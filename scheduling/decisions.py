@@ -1,0 +1,378 @@
+"""The route service: live state in, decisions out, with at most two Redis round trips.
+
+Per API call (one request or a batch):
+
+1. the in-process snapshot (topology, policy; no ORM);
+2. ONE pipelined Redis read: snapshot version, control state, every instance's and link's
+   latest sample, the links' in-flight bytes, and the prefix-index holders of every distinct
+   block hash of the call;
+3. the pure decision (:func:`scheduling.router.route_decide_many`);
+4. ONE write pipeline: the atomic link reservation of each offload (which also records the
+   branch it took in the traffic store), the traffic counters of the others, metrics.
+
+A decision whose reservation Redis refuses becomes the router's local fallback
+(:func:`scheduling.router.route_fallback_local`, ``link_congested``). When Redis is slow or
+down, the read gives up after ``REDIS_DEADLINE_S``; the call is decided from the snapshot with
+stale live state (``telemetry_stale``: the policy's static rule, no cache transfer, no
+reservation) and Redis is left alone for ``REDIS_BACKOFF_S`` so no call waits on it; the first
+call after that tries again, so the service recovers by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusters.live import prefix_index, telemetry
+from clusters.live.connection import redis_async
+from controlplane.errors import ApiError, Invalid
+from scheduling import metrics, router, traffic
+from scheduling.snapshot import (
+    SNAPSHOT_VERSION_KEY,
+    Snapshot,
+    link_key,
+    parse_version,
+    snapshot_get_async,
+    snapshot_needs_refresh,
+    snapshot_refresh_async,
+)
+
+log = logging.getLogger(__name__)
+
+REDIS_DEADLINE_S = 0.2
+REDIS_BACKOFF_S = 1.0
+# Decisions of a batch kept in the "recent decisions" list (all of a single call).
+RECENT_PER_BATCH = 16
+
+_redis_skip_until = 0.0
+
+
+class RouteUnavailableError(ApiError):
+    status = 503
+    code = "unavailable"
+
+
+@dataclass(frozen=True)
+class RouteInput:
+    """One request as the API validated it (block hashes already folded to 64-bit keys)."""
+
+    origin: str
+    prompt_tokens: int
+    chain: tuple[str, ...] = ()
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    request_id: str | None = None
+    expected_output_tokens: int | None = None
+
+
+def _redis_available() -> bool:
+    return time.monotonic() >= _redis_skip_until
+
+
+def _redis_failed(exc: BaseException) -> None:
+    global _redis_skip_until
+    _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
+    log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
+
+
+@dataclass
+class _Read:
+    version: int
+    live: router.LiveState
+    holders: prefix_index.Holders | None
+
+
+async def _read(snap: Snapshot, hashes: list[str], now: float) -> _Read:
+    r = redis_async()
+    pipe = r.pipeline(transaction=False)
+    pipe.get(SNAPSHOT_VERSION_KEY)
+    telemetry.control_states_queue(pipe)
+    telemetry.instance_states_queue(pipe, snap.instance_names)
+    telemetry.link_states_queue(pipe, snap.link_keys, now)
+    if hashes:
+        prefix_index.prefix_holders_queue(pipe, hashes, snap.hybrid)
+    raw = await pipe.execute()
+    version = parse_version(raw[0])
+    control_raw = telemetry.control_states_parse(raw[1])
+    inst = telemetry.instance_states_parse(snap.instance_names, raw[2])
+    n_links = len(snap.link_keys)
+    links = telemetry.link_states_parse(snap.link_keys, raw[3 : 4 + n_links])
+    holders = None
+    if hashes:
+        holders = prefix_index.prefix_holders_parse(hashes, raw[4 + n_links :], snap.hybrid)
+    newest: float | None = None
+    loads: dict[str, router.InstanceLoad] = {}
+    for name, s in inst.items():
+        loads[name] = router.InstanceLoad(
+            queue_depth=s.queue_depth,
+            queued_prefill_tokens=s.queued_prefill_tokens,
+            running=s.running,
+            waiting=s.waiting,
+            kv_usage=s.kv_usage,
+            updated_at=s.ts,
+        )
+        newest = s.ts if newest is None else max(newest, s.ts)
+    link_loads: dict[tuple[str, str], router.LinkLoad] = {}
+    for pair, key in zip(snap.link_pairs, snap.link_keys, strict=True):
+        ls = links.get(key)
+        if ls is None:
+            continue
+        link_loads[pair] = router.LinkLoad(
+            egress_gbps=ls.gbps, inflight_bytes=ls.reserved_bytes, updated_at=ls.ts or None
+        )
+        if ls.ts:
+            newest = ls.ts if newest is None else max(newest, ls.ts)
+    control: dict[str, router.ControlState] = {}
+    for cluster, fields in control_raw.items():
+        try:
+            control[cluster] = router.ControlState(**fields)
+        except TypeError:
+            continue
+    live = router.LiveState(
+        now=now,
+        instances=loads,
+        links=link_loads,
+        control=control,
+        stale=newest is None,
+        telemetry_at=newest,
+    )
+    if not live.stale:
+        # Advance each PD cluster's control state to now (pure; the telemetry path persists it).
+        guards = snap.policy.guards
+        advanced = {
+            pd: router.control_update(
+                control.get(pd) or router.control_initial(),
+                router.control_signals(pd, snap.topology, live),
+                guards,
+                now,
+            )
+            for pd in snap.pd_clusters
+        }
+        live = router.LiveState(
+            now=now,
+            instances=loads,
+            links=link_loads,
+            control=advanced,
+            stale=False,
+            telemetry_at=newest,
+        )
+    return _Read(version=version, live=live, holders=holders)
+
+
+def _requests(
+    snap: Snapshot, inputs: Sequence[RouteInput], holders: prefix_index.Holders | None
+) -> list[router.RouteRequest]:
+    out = []
+    cluster_of = snap.cluster_of
+    for item in inputs:
+        matches: tuple[router.PrefixMatch, ...] = ()
+        if holders is not None and item.chain:
+            found = holders.match(item.chain, snap.block_tokens, snap.hybrid)
+            matches = tuple(
+                router.PrefixMatch(
+                    cluster=cluster_of[inst],
+                    tokens=tokens,
+                    instance=inst,
+                    exact=inst not in found.degraded,
+                )
+                for inst, tokens in found.tokens_by_instance.items()
+                if inst in cluster_of
+            )
+        out.append(
+            router.RouteRequest(
+                origin=item.origin,
+                prompt_tokens=item.prompt_tokens,
+                prefix_matches=matches,
+                cached_tokens=dict(item.cached_tokens),
+                block_hashes=item.chain,
+                request_id=item.request_id,
+                expected_output_tokens=item.expected_output_tokens,
+            )
+        )
+    return out
+
+
+def _record(item: RouteInput, d: router.Decision, now: float) -> traffic.TrafficRecord:
+    return traffic.TrafficRecord(
+        origin=item.origin,
+        ts=now,
+        route=d.route,
+        reason=d.reason,
+        incremental_tokens=d.incremental_tokens,
+        cached_tokens=d.cached_tokens,
+        output_tokens=item.expected_output_tokens,
+    )
+
+
+def _recent_entry(item: RouteInput, d: router.Decision, now: float) -> str:
+    return json.dumps(
+        {
+            "ts": now,
+            "inputs": {
+                "origin": item.origin,
+                "prompt_tokens": item.prompt_tokens,
+                "block_hashes": len(item.chain),
+                "cached_tokens": dict(item.cached_tokens),
+                "request_id": item.request_id,
+            },
+            "decision": router.decision_to_dict(d),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _transfer_end(snap: Snapshot, d: router.Decision, now: float) -> float:
+    """Predicted end of the decision's transfers: when its reservation expires by itself."""
+    rv = d.reservation
+    assert rv is not None
+    link = snap.topology.link_by_pair.get((rv.source, rv.target))
+    rate = link.gbps * 1e9 / 8 if link is not None and link.gbps > 0 else 1.0
+    rtt = link.rtt_ms / 1000 if link is not None else 0.0
+    ttft = d.ttft_estimate_s.prfaas
+    head = ttft if ttft is not None and math.isfinite(ttft) else 0.0
+    return now + head + rv.bytes / rate + rtt
+
+
+def _error(exc: router.RouteError, batch: bool) -> ApiError:
+    where = f"requests[{exc.index}]: " if batch and exc.index is not None else ""
+    if isinstance(exc, router.RouteUnavailable):
+        return RouteUnavailableError(where + exc.detail, code=exc.code)
+    status = 404 if exc.code == "unknown_origin" else 422
+    return Invalid(where + exc.detail, code=exc.code, status=status)
+
+
+async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> list[dict[str, Any]]:
+    """Decide ``inputs`` (one API call) and return the response dicts, in order."""
+    started = time.perf_counter()
+    now = time.time()
+    snap = await snapshot_get_async()
+    hashes = list(dict.fromkeys(h for item in inputs for h in item.chain))
+    read: _Read | None = None
+    if _redis_available():
+        try:
+            read = await asyncio.wait_for(_read(snap, hashes, now), REDIS_DEADLINE_S)
+            if snapshot_needs_refresh(snap, read.version):
+                fresh = await snapshot_refresh_async(read.version)
+                if fresh is not snap:
+                    snap = fresh
+                    # Rare (inventory or policy changed): read again against the new fleet.
+                    read = await asyncio.wait_for(_read(snap, hashes, now), REDIS_DEADLINE_S)
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041 - both on 3.11
+            if isinstance(exc, ApiError):
+                raise
+            _redis_failed(exc)
+            read = None
+    live = read.live if read is not None else router.LiveState(now=now, stale=True)
+    requests = _requests(snap, inputs, read.holders if read is not None else None)
+    try:
+        decisions = router.route_decide_many(requests, snap.policy, snap.topology, live)
+    except router.RouteError as exc:
+        if read is not None:
+            await metrics.route_error_count_async(exc.code, REDIS_DEADLINE_S)
+        raise _error(exc, batch) from None
+
+    # Offloads (and cache transfers) need their link bytes reserved atomically; precompute
+    # the local fallback of each, so the write pipeline can record whichever branch happens.
+    fallbacks: dict[int, router.Decision] = {}
+    for i, d in enumerate(decisions):
+        if d.reservation is not None and d.reservation.bytes > 0:
+            try:
+                fallbacks[i] = router.route_fallback_local(
+                    requests[i], snap.policy, snap.topology, live, original=d
+                )
+            except router.RouteError as exc:
+                exc.index = i
+                raise _error(exc, batch) from None
+    elapsed = time.perf_counter() - started
+
+    if read is not None:
+        try:
+            admitted = await asyncio.wait_for(
+                _write(snap, inputs, decisions, fallbacks, now, elapsed, batch), REDIS_DEADLINE_S
+            )
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
+            _redis_failed(exc)
+            # Reservations unknown: keep the budget safe, send every offload local.
+            admitted = {i: False for i in fallbacks}
+        for i, ok in admitted.items():
+            if not ok:
+                decisions[i] = fallbacks[i]
+    else:
+        for i in fallbacks:  # stale live state reserves nothing; the router should not ask
+            decisions[i] = fallbacks[i]
+    return [router.decision_to_dict(d) for d in decisions]
+
+
+async def _write(
+    snap: Snapshot,
+    inputs: Sequence[RouteInput],
+    decisions: Sequence[router.Decision],
+    fallbacks: Mapping[int, router.Decision],
+    now: float,
+    elapsed: float,
+    batch: bool,
+) -> dict[int, bool]:
+    pipe = redis_async().pipeline(transaction=False)
+    plain = traffic.TrafficAggregate()
+    counts: dict[tuple[str, str], int] = {}
+    recent_left = RECENT_PER_BATCH if batch else len(decisions)
+    at: dict[int, int] = {}
+    for i, d in enumerate(decisions):
+        item = inputs[i]
+        keep_recent = recent_left > 0
+        recent_left -= 1
+        fb = fallbacks.get(i)
+        if fb is None:
+            plain.add(_record(item, d, now))
+            counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
+            if keep_recent:
+                traffic.recent_queue(pipe, _recent_entry(item, d, now))
+            continue
+        rv = d.reservation
+        assert rv is not None
+        outcome = traffic.reservation_outcome(
+            _record(item, d, now),
+            _record(item, fb, now),
+            _recent_entry(item, d, now) if keep_recent else "",
+            _recent_entry(item, fb, now) if keep_recent else "",
+            extra_admitted=[metrics.decision_increment(d.route, d.reason)],
+            extra_refused=[metrics.decision_increment(fb.route, fb.reason)],
+        )
+        at[i] = len(pipe)
+        telemetry.link_reserve_queue(
+            pipe,
+            link=link_key(rv.source, rv.target),
+            reservation_id=uuid.uuid4().hex,
+            nbytes=rv.bytes,
+            end_ts=_transfer_end(snap, d, now),
+            budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget_bytes,
+            now=now,
+            outcome=outcome,
+        )
+    plain.queue(pipe)
+    metrics.decisions_queue(pipe, counts)
+    metrics.latency_queue(pipe, "batch" if batch else "single", elapsed)
+    raw = await pipe.execute()
+    return {i: bool(int(raw[k][0])) for i, k in at.items()}
+
+
+async def control_tick_async() -> dict[str, router.ControlState]:
+    """Advance and store every PD cluster's control state from the live state now (called
+    after telemetry arrives, so congestion raises thresholds without waiting for a route)."""
+    snap = await snapshot_get_async()
+    now = time.time()
+    read = await asyncio.wait_for(_read(snap, [], now), REDIS_DEADLINE_S * 5)
+    if read.live.stale:
+        return {}
+    states = dict(read.live.control)
+    await telemetry.control_states_write_async(
+        {k: dataclasses.asdict(v) for k, v in states.items()}
+    )
+    return states

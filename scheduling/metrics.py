@@ -1,0 +1,203 @@
+"""``GET /metrics``: Prometheus text for decisions, decision latency, links and the prefix index.
+
+Counters live in Redis, not in process memory, so the numbers are right with any number of
+web workers (each worker adds to the same hashes in its write pipeline; any worker renders).
+
+Key layout:
+
+``metrics:decisions``         HASH  ``{route}|{reason}`` -> decisions
+``metrics:latency:{mode}``    HASH  ``b{i}`` -> API calls whose decision latency fell in
+                                    bucket ``i`` of ``LATENCY_BUCKETS_S`` (not cumulative),
+                                    ``sum`` (seconds), ``count``; ``mode`` is single|batch
+``metrics:route_errors``      HASH  error code -> refused route calls
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from clusters.live import prefix_index, telemetry
+from clusters.live.connection import redis_async, redis_sync
+
+DECISIONS_KEY = "metrics:decisions"
+ROUTE_ERRORS_KEY = "metrics:route_errors"
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+MODES = ("single", "batch")
+
+
+def latency_key(mode: str) -> str:
+    return f"metrics:latency:{mode}"
+
+
+def decisions_queue(pipe: Any, counts: Mapping[tuple[str, str], int]) -> None:
+    """Queue decision counts by ``(route, reason)``."""
+    for (route, reason), n in counts.items():
+        pipe.hincrby(DECISIONS_KEY, f"{route}|{reason}", n)
+
+
+def decision_increment(route: str, reason: str) -> tuple[str, str, int, int]:
+    """The decision counter of one branch of a link reservation (see ReservationOutcome)."""
+    return (DECISIONS_KEY, f"{route}|{reason}", 1, 0)
+
+
+def latency_queue(pipe: Any, mode: str, seconds: float) -> None:
+    """Queue one observation of an API call's decision latency."""
+    key = latency_key(mode)
+    bucket = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
+    pipe.hincrby(key, f"b{bucket}", 1)
+    pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.hincrby(key, "count", 1)
+
+
+async def route_error_count_async(code: str, timeout_s: float) -> None:
+    """Count a refused route call (best effort: metrics never fail a request)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(redis_async().hincrby(ROUTE_ERRORS_KEY, code, 1), timeout_s)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class LiveCollector:
+    """Reads the counters and live state from Redis at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        from scheduling.snapshot import snapshot_cached, snapshot_refresh
+
+        r = redis_sync()
+        decisions = CounterMetricFamily(
+            "prfaas_decisions", "Routing decisions by route and reason", labels=["route", "reason"]
+        )
+        for field, value in sorted(r.hgetall(DECISIONS_KEY).items()):
+            route, _, reason = _text(field).partition("|")
+            decisions.add_metric([route, reason], float(value))
+        yield decisions
+
+        errors = CounterMetricFamily(
+            "prfaas_route_errors", "Route calls refused, by error code", labels=["code"]
+        )
+        for field, value in sorted(r.hgetall(ROUTE_ERRORS_KEY).items()):
+            errors.add_metric([_text(field)], float(value))
+        yield errors
+
+        latency = HistogramMetricFamily(
+            "prfaas_decision_latency_seconds",
+            "Time from request arrival to decision, per API call",
+            labels=["mode"],
+        )
+        for mode in MODES:
+            raw = {_text(k): v for k, v in r.hgetall(latency_key(mode)).items()}
+            cumulative = 0.0
+            buckets: list[tuple[str, float]] = []
+            for i, bound in enumerate(LATENCY_BUCKETS_S):
+                cumulative += float(raw.get(f"b{i}", 0))
+                buckets.append((repr(bound), cumulative))
+            cumulative += float(raw.get(f"b{len(LATENCY_BUCKETS_S)}", 0))
+            buckets.append(("+Inf", cumulative))
+            latency.add_metric([mode], buckets, sum_value=float(raw.get("sum", 0)))
+        yield latency
+
+        snap = snapshot_cached()
+        if snap is None:
+            try:
+                snap = snapshot_refresh()
+            except Exception:
+                snap = None
+        util = GaugeMetricFamily(
+            "prfaas_link_utilisation",
+            "Latest link egress over capacity (0..1+)",
+            labels=["source", "target"],
+        )
+        egress = GaugeMetricFamily(
+            "prfaas_link_egress_gbps", "Latest link egress, Gbps", labels=["source", "target"]
+        )
+        inflight = GaugeMetricFamily(
+            "prfaas_link_inflight_bytes",
+            "KV bytes reserved in flight on the link",
+            labels=["source", "target"],
+        )
+        budget = GaugeMetricFamily(
+            "prfaas_link_inflight_budget_bytes",
+            "In-flight KV budget of the link",
+            labels=["source", "target"],
+        )
+        if snap is not None and snap.link_keys:
+            pipe = r.pipeline(transaction=False)
+            telemetry.link_states_queue(pipe, snap.link_keys, time.time())
+            states = telemetry.link_states_parse(snap.link_keys, pipe.execute())
+            for (source, target), key in zip(snap.link_pairs, snap.link_keys, strict=True):
+                spec = snap.topology.link_by_pair[(source, target)]
+                state = states.get(key)
+                gbps = state.gbps if state else 0.0
+                util.add_metric([source, target], gbps / spec.gbps if spec.gbps > 0 else 0.0)
+                egress.add_metric([source, target], gbps)
+                inflight.add_metric([source, target], float(state.reserved_bytes if state else 0))
+                budget.add_metric([source, target], float(spec.budget_bytes))
+        yield util
+        yield egress
+        yield inflight
+        yield budget
+
+        size = GaugeMetricFamily(
+            "prfaas_prefix_index_entries",
+            "Prefix-index entries (blocks and linear checkpoints) per instance",
+            labels=["instance", "state"],
+        )
+        total = 0
+        degraded = 0
+        for st in prefix_index.prefix_index_states(client=r):
+            size.add_metric([st.instance, st.state], float(st.blocks + st.checkpoints))
+            total += st.blocks + st.checkpoints
+            degraded += st.state == "degraded"
+        yield size
+        yield GaugeMetricFamily(
+            "prfaas_prefix_index_entries_total", "Prefix-index entries, all instances", value=total
+        )
+        yield GaugeMetricFamily(
+            "prfaas_prefix_index_degraded_instances",
+            "Instances whose KV-event stream showed a sequence gap",
+            value=degraded,
+        )
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus exposition of the control plane's live numbers (no secrets; no auth)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LiveCollector())
+    try:
+        body = generate_latest(registry)
+    except Exception as exc:  # Redis down: say so rather than a 500 page
+        return HttpResponse(
+            f"# live state unavailable: {type(exc).__name__}\n",
+            status=503,
+            content_type=CONTENT_TYPE_LATEST,
+        )
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

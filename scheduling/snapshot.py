@@ -1,0 +1,319 @@
+"""The in-process topology and policy snapshot the request path decides with.
+
+The route endpoint must not query the database per request, so each web process builds the
+pure :class:`scheduling.router.Topology` and :class:`scheduling.router.Policy` from the
+database once and keeps them in memory, together with the serialised ``GET /api/v1/policy``
+body and its ETag.
+
+When to rebuild: inventory and policy writes bump the Redis counter ``snapshot:version``
+after commit (policy service; ``post_save``/``post_delete`` of inventory models, wired in
+:func:`inventory_signals_connect`). The request path reads that counter in its one pipelined
+Redis read and rebuilds when it moved. As a safety net a snapshot older than
+``SNAPSHOT_MAX_AGE_S`` is rebuilt too. When the database is unreachable the last snapshot
+keeps serving (rebuilds are retried at most every ``DB_RETRY_S``).
+
+With no policy in the database, every PD cluster gets ``DEFAULT_THRESHOLD_TOKENS`` and the
+policy version is 0. The rebalancer replaces it with a threshold solved from traffic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from clusters.live.connection import redis_sync
+from clusters.models import (
+    Accelerator,
+    Cluster,
+    ClusterKind,
+    Instance,
+    Link,
+    ModelProfile,
+    PerformanceProfile,
+    Site,
+)
+from scheduling import router
+from scheduling.models import Policy
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION_KEY = "snapshot:version"
+# No policy yet: a moderate threshold (tokens). Long prompts offload, short ones stay local;
+# the rebalancer's first plan replaces it with the threshold solved from observed traffic.
+DEFAULT_THRESHOLD_TOKENS = 8192
+SNAPSHOT_MAX_AGE_S = 60.0
+DB_RETRY_S = 10.0
+
+
+class SnapshotUnavailable(RuntimeError):
+    """No snapshot could be built and none was built before (database down at start)."""
+
+
+def link_key(source: str, target: str) -> str:
+    """The id of a link in live state: ``source>target`` (cluster names)."""
+    return f"{source}>{target}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the request path needs that changes only with inventory or policy."""
+
+    policy: router.Policy
+    topology: router.Topology
+    redis_version: int | None
+    built_at: float
+    body: bytes
+    etag: str
+    cluster_of: dict[str, str]
+    instance_names: tuple[str, ...]
+    link_pairs: tuple[tuple[str, str], ...]
+    link_keys: tuple[str, ...]
+    pd_clusters: tuple[str, ...]
+    hybrid: bool
+    block_tokens: int
+    skipped: tuple[str, ...] = ()
+
+
+def _model_spec(model: ModelProfile) -> router.ModelSpec:
+    return router.ModelSpec(
+        name=model.name,
+        block_tokens=model.block_tokens,
+        kv_cache_mib=tuple((float(x), float(y)) for x, y in model.kv_cache_mib),
+        linear_state_mib=model.linear_state_mib,
+    )
+
+
+def _choose_model(clusters: list[Cluster]) -> ModelProfile | None:
+    """The served model: the one most PD clusters serve (one model per deployment)."""
+    counts: dict[int, tuple[int, ModelProfile]] = {}
+    for c in clusters:
+        n, _ = counts.get(c.model_id, (0, c.model))
+        counts[c.model_id] = (n + (2 if c.kind == ClusterKind.PD else 1), c.model)
+    if not counts:
+        return None
+    return max(counts.values(), key=lambda item: (item[0], -item[1].pk))[1]
+
+
+def snapshot_build(redis_version: int | None = None) -> Snapshot:
+    """Read inventory and the current policy from the database into a new snapshot.
+
+    Parts the pure router cannot use are left out and listed in ``skipped`` (a cluster with
+    no performance profile for its accelerator and model, a cluster serving another model, a
+    link of 0 Gbps, which is down: requests then stay local).
+    """
+    clusters = list(Cluster.objects.select_related("model", "accelerator", "site"))
+    profiles = {(p.accelerator_id, p.model_id): p for p in PerformanceProfile.objects.all()}
+    model = _choose_model(clusters)
+    skipped: list[str] = []
+    specs: list[router.ClusterSpec] = []
+    for c in clusters:
+        if model is None or c.model_id != model.pk:
+            skipped.append(f"cluster {c.name}: serves another model")
+            continue
+        prof = profiles.get((c.accelerator_id, c.model_id))
+        if prof is None:
+            skipped.append(f"cluster {c.name}: no performance profile")
+            continue
+        decode = None
+        if prof.decode_max_batch is not None and prof.decode_step_seconds is not None:
+            decode = router.DecodeProfile(prof.decode_max_batch, prof.decode_step_seconds)
+        specs.append(
+            router.ClusterSpec(
+                name=c.name,
+                kind=c.kind,
+                prefill_seconds=tuple((float(x), float(y)) for x, y in prof.prefill_seconds),
+                accelerator=c.accelerator.name,
+                site=c.site.name,
+                decode=decode,
+            )
+        )
+    kept = {s.name for s in specs}
+    instances = tuple(
+        router.InstanceSpec(
+            name=i.name, cluster=i.cluster.name, role=i.role, state=i.state, endpoint=i.endpoint
+        )
+        for i in Instance.objects.select_related("cluster")
+        if i.cluster.name in kept
+    )
+    links: list[router.LinkSpec] = []
+    for lk in Link.objects.select_related("source", "target"):
+        if lk.source.name not in kept or lk.target.name not in kept:
+            continue
+        if lk.gbps <= 0:
+            skipped.append(f"link {lk.source.name}->{lk.target.name}: 0 Gbps (down)")
+            continue
+        links.append(
+            router.LinkSpec(
+                source=lk.source.name,
+                target=lk.target.name,
+                gbps=lk.gbps,
+                rtt_ms=lk.rtt_ms,
+                inflight_budget_bytes=lk.kv_budget_bytes,
+            )
+        )
+    if model is None:
+        model_spec = router.ModelSpec(name="", block_tokens=16, kv_cache_mib=((1.0, 0.0),))
+    else:
+        model_spec = _model_spec(model)
+    topology = router.Topology(
+        model=model_spec, clusters=tuple(specs), instances=instances, links=tuple(links)
+    )
+    pd_clusters = tuple(s.name for s in specs if s.kind == ClusterKind.PD)
+    current = Policy.objects.order_by("-version").first()
+    if current is None:
+        policy = router.Policy(
+            version=0, thresholds={name: DEFAULT_THRESHOLD_TOKENS for name in pd_clusters}
+        )
+    else:
+        from scheduling.policies import guards_from_json
+
+        policy = router.Policy(
+            version=current.version,
+            thresholds={k: int(v) for k, v in current.thresholds.items()},
+            guards=guards_from_json(current.guards),
+        )
+    data = router.policy_snapshot_to_dict(router.PolicySnapshot(policy=policy, topology=topology))
+    body = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    return Snapshot(
+        policy=policy,
+        topology=topology,
+        redis_version=redis_version,
+        built_at=time.monotonic(),
+        body=body,
+        etag='"' + hashlib.sha256(body).hexdigest()[:32] + '"',
+        cluster_of={i.name: i.cluster for i in instances},
+        instance_names=tuple(i.name for i in instances),
+        link_pairs=tuple(lk.key for lk in links),
+        link_keys=tuple(link_key(*lk.key) for lk in links),
+        pd_clusters=pd_clusters,
+        hybrid=topology.linear_state_bytes > 0,
+        block_tokens=model_spec.block_tokens,
+        skipped=tuple(skipped),
+    )
+
+
+# --- the process's snapshot ----------------------------------------------------------------
+
+_lock = threading.Lock()
+_current: Snapshot | None = None
+_dirty = False
+_last_failure = 0.0
+
+
+def snapshot_cached() -> Snapshot | None:
+    """The snapshot in memory, without any I/O (None before the first build)."""
+    return _current
+
+
+def snapshot_needs_refresh(snap: Snapshot | None, redis_version: int | None) -> bool:
+    """Whether ``snap`` is out of date given the version counter just read from Redis."""
+    if snap is None or _dirty:
+        return True
+    if redis_version is not None and redis_version != snap.redis_version:
+        return True
+    return time.monotonic() - snap.built_at > SNAPSHOT_MAX_AGE_S
+
+
+def snapshot_refresh(redis_version: int | None = None, *, force: bool = False) -> Snapshot:
+    """Rebuild the process's snapshot (sync; database access).
+
+    On a database error the previous snapshot is kept and returned, and no rebuild is tried
+    again for ``DB_RETRY_S``; with no previous snapshot, :class:`SnapshotUnavailable`.
+    """
+    global _current, _dirty, _last_failure
+    if redis_version is None:
+        redis_version = _redis_version_or_none()
+    with _lock:
+        snap = _current
+        if not force and snap is not None and not snapshot_needs_refresh(snap, redis_version):
+            return snap
+        if snap is not None and not force and time.monotonic() - _last_failure < DB_RETRY_S:
+            return snap
+        try:
+            _dirty = False
+            snap = snapshot_build(redis_version)
+        except Exception as exc:
+            _last_failure = time.monotonic()
+            if _current is None:
+                raise SnapshotUnavailable(f"cannot build the routing snapshot: {exc}") from exc
+            log.warning("snapshot rebuild failed, serving the last one: %s", exc)
+            return _current
+        _current = snap
+        return snap
+
+
+async def snapshot_refresh_async(redis_version: int | None = None) -> Snapshot:
+    return await sync_to_async(snapshot_refresh, thread_sensitive=True)(redis_version)
+
+
+async def snapshot_get_async() -> Snapshot:
+    """The cached snapshot, building it first if this process has none."""
+    snap = _current
+    if snap is None:
+        snap = await snapshot_refresh_async()
+    return snap
+
+
+def snapshot_reset() -> None:
+    """Forget the process's snapshot (tests; after a database reset)."""
+    global _current, _dirty, _last_failure
+    with _lock:
+        _current = None
+        _dirty = False
+        _last_failure = 0.0
+
+
+def _redis_version_or_none() -> int | None:
+    try:
+        raw = redis_sync().get(SNAPSHOT_VERSION_KEY)
+    except Exception:
+        return None
+    return int(raw) if raw is not None else 0
+
+
+def parse_version(raw: Any) -> int:
+    return int(raw) if raw is not None else 0
+
+
+def snapshot_version_bump() -> None:
+    """Tell every process that inventory or policy changed (call after commit)."""
+    global _dirty
+    _dirty = True
+    try:
+        redis_sync().incr(SNAPSHOT_VERSION_KEY)
+    except Exception as exc:  # the write committed; other processes catch up by age
+        log.warning("could not bump %s: %s", SNAPSHOT_VERSION_KEY, exc)
+
+
+def _on_inventory_change(sender: Any, **kwargs: Any) -> None:
+    transaction.on_commit(snapshot_version_bump)
+
+
+INVENTORY_MODELS: Iterable[type] = (
+    Site,
+    Accelerator,
+    ModelProfile,
+    PerformanceProfile,
+    Cluster,
+    Instance,
+    Link,
+)
+
+
+def inventory_signals_connect() -> None:
+    """Bump the snapshot version after any inventory write commits (from AppConfig.ready)."""
+    for model in INVENTORY_MODELS:
+        post_save.connect(_on_inventory_change, sender=model, dispatch_uid=f"snap-{model.__name__}")
+        post_delete.connect(
+            _on_inventory_change, sender=model, dispatch_uid=f"snap-del-{model.__name__}"
+        )

@@ -235,10 +235,10 @@ class DiscreteLengths:
     def _above(self, t: ArrayLike, f: FloatArray) -> FloatArray:
         # Suffix sums of the raw weights, so that P(L > t) is exactly 1 below the shortest
         # length and exactly 0 at or above the longest.
-        raw = np.asarray(self.weights, dtype=float)
+        total = np.cumsum(np.asarray(self.weights, dtype=float)[::-1])[-1]
         suffix = np.concatenate((np.cumsum(f[::-1])[::-1], [0.0]))
         idx = np.searchsorted(self._x, np.asarray(t, dtype=float), side="right")
-        return np.asarray(suffix[idx] / raw.sum())
+        return np.asarray(suffix[idx] / total)
 
     def tail(self, t: ArrayLike) -> FloatArray:
         return self._above(t, np.asarray(self.weights, dtype=float))
@@ -286,6 +286,8 @@ def length_split(lengths: LengthDistribution, thresholds: ArrayLike) -> LengthSp
     conditioning event has probability zero)."""
     t = np.atleast_1d(np.asarray(thresholds, dtype=float))
     p = lengths.tail(t)
+    # Snap rounding dust so that "everything" and "nothing" offloaded are exact.
+    p = np.where(p <= 1e-12, 0.0, np.where(p >= 1 - 1e-12, 1.0, p))
     above = lengths.partial_mean_above(t)
     mean = lengths.mean
     lo, hi = lengths.support

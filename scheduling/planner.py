@@ -403,6 +403,9 @@ def evaluate(
         prfaas_bound, _ = _prfaas_lp(fleet, demand)
         bounds["prfaas"] = prfaas_bound
 
+    broken = [k for k, v in bounds.items() if math.isnan(v)]
+    if broken:
+        raise ValueError(f"the model is undefined at this setting ({', '.join(broken)})")
     throughput = min(bounds.values(), default=INF)
     if not math.isfinite(throughput):
         raise ValueError("the model is unbounded: no traffic share, or zero output tokens")

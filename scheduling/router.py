@@ -345,6 +345,12 @@ class Topology:
     )
     link_by_pair: dict[tuple[str, str], LinkSpec] = field(init=False, repr=False, compare=False)
     links_into: dict[str, tuple[LinkSpec, ...]] = field(init=False, repr=False, compare=False)
+    prefill_rows: dict[str, tuple[tuple[str, InstanceSpec, bool], ...]] = field(
+        init=False, repr=False, compare=False
+    )
+    decode_rows: dict[str, tuple[tuple[str, InstanceSpec, bool], ...]] = field(
+        init=False, repr=False, compare=False
+    )
     prefill_curve: dict[str, PiecewiseLinear] = field(init=False, repr=False, compare=False)
     kv_curve: PiecewiseLinear = field(init=False, repr=False, compare=False)
     linear_state_bytes: float = field(init=False, repr=False, compare=False)
@@ -423,6 +429,17 @@ class Topology:
         set_(self, "instance_by_name", instances)
         set_(self, "prefill_by_cluster", {k: tuple(v) for k, v in prefill.items()})
         set_(self, "decode_by_cluster", {k: tuple(v) for k, v in decode.items()})
+        # (name, instance, active in the inventory): what the per-request loops read.
+        set_(
+            self,
+            "prefill_rows",
+            {k: tuple((i.name, i, i.state == "active") for i in v) for k, v in prefill.items()},
+        )
+        set_(
+            self,
+            "decode_rows",
+            {k: tuple((i.name, i, i.state == "active") for i in v) for k, v in decode.items()},
+        )
         set_(self, "link_by_pair", pairs)
         set_(
             self,
@@ -857,19 +874,23 @@ def _prefill_pool(topology: Topology, live: LiveState, cluster: str) -> list[lis
         return pool
     xs, ys, slopes = curve._xs, curve._ys, curve._slopes
     last = len(slopes) - 1
-    for inst in topology.prefill_by_cluster.get(cluster, ()):
-        load = loads.get(inst.name)
+    append = pool.append
+    for name, inst, active in topology.prefill_rows.get(cluster, ()):
+        load = loads.get(name)
         if load is None:
-            if inst.state == "active":
-                pool.append([inst, 0.0])
+            if active:
+                append([inst, 0.0])
             continue
-        if (load.state or inst.state) != "active":
+        state = load.state
+        if (state != "active") if state is not None else not active:
             continue
         q = load.queued_prefill_s
         if q is None:
             tokens = load.queued_prefill_tokens
             if tokens > 0:
-                depth = load.queue_depth if load.queue_depth > 1 else 1
+                depth = load.queue_depth
+                if depth < 1:
+                    depth = 1
                 x = tokens / depth
                 i = bisect_right(xs, x) - 1
                 if i < 0:
@@ -883,7 +904,7 @@ def _prefill_pool(topology: Topology, live: LiveState, cluster: str) -> list[lis
                 q = 0.0
         elif q < 0.0:
             q = 0.0
-        pool.append([inst, q])
+        append([inst, q])
     return pool
 
 
@@ -915,13 +936,16 @@ class _Context:
         if got is None:
             loads = self.live.instances
             got = []
-            for inst in self.topology.decode_by_cluster.get(cluster, ()):
-                load = loads.get(inst.name)
+            append = got.append
+            for name, inst, active in self.topology.decode_rows.get(cluster, ()):
+                load = loads.get(name)
                 if load is None:
-                    if inst.state == "active":
-                        got.append([inst, 0, 0.0])
-                elif (load.state or inst.state) == "active":
-                    got.append([inst, load.running + load.waiting, load.kv_usage])
+                    if active:
+                        append([inst, 0, 0.0])
+                    continue
+                state = load.state
+                if (state == "active") if state is not None else active:
+                    append([inst, load.running + load.waiting, load.kv_usage])
             self.decode[cluster] = got
         return got
 

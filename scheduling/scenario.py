@@ -312,7 +312,7 @@ def scenario_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str
         elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = scenario_merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = _strip_nulls(value)
     return out
 
 

@@ -433,3 +433,21 @@ def test_empirical_from_lengths_refuses_no_data_and_negative_lengths() -> None:
         empirical_from_lengths([])
     with pytest.raises(ValueError, match="non-negative"):
         empirical_from_lengths([3, -1])
+
+
+def test_a_null_inside_a_new_mapping_also_means_absent(scenarios_dir: Path, tmp_path: Path) -> None:
+    child = {
+        "extends": str(scenarios_dir / "paper-case-study.yaml"),
+        "workload": {
+            "input_tokens": None,
+            "output_tokens": None,
+            "trace": {
+                "path": str(scenarios_dir.parent / "traces/mooncake/conversation_trace.jsonl"),
+                "format": "mooncake",
+                "dequantize": None,
+            },
+        },
+    }
+    s = scenario_load(write(tmp_path, child))
+    assert s.workload is not None and s.workload.trace is not None
+    assert s.workload.trace.dequantize == "none"

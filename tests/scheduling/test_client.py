@@ -4,26 +4,38 @@ The server here is a tiny ``http.server`` in a thread that speaks the route API'
 (bearer token, ``POST /api/v1/route``, ``/route/batch``, ``GET /api/v1/policy`` with ETag)
 and answers with the same pure router the control plane uses, so its answers are realistic.
 Tests stop it, slow it down or make it fail to check the client's retries and fallback.
+
+The last test runs the real control plane under uvicorn (test database, real Redis), takes
+decisions from it, kills it mid-run and checks that decisions continue from the cached
+policy, marked ``telemetry_stale``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import redis
 
+from clusters.models import InstanceRole
+from controlplane.audit import CLI_ACTOR
 from scheduling.client import (
     RouterApiError,
     RouterClient,
     RouterUnavailableError,
     route_request_to_dict,
 )
+from scheduling.policies import policy_create
 from scheduling.router import (
     ClusterSpec,
     DecodeProfile,
@@ -40,6 +52,16 @@ from scheduling.router import (
     decision_to_dict,
     policy_snapshot_to_dict,
     route_decide,
+)
+from tests.factories import (
+    AcceleratorFactory,
+    ClusterFactory,
+    InstanceFactory,
+    LinkFactory,
+    ModelProfileFactory,
+    PerformanceProfileFactory,
+    PrfaasClusterFactory,
+    api_token,
 )
 
 TOKEN = "router-test-token"
@@ -366,3 +388,136 @@ def test_decide_locally_uses_the_cached_policy_with_stale_live_state(
 def test_bad_client_settings_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RouterClient("http://127.0.0.1:1", TOKEN, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# End to end: the real app under uvicorn, on the test database and real Redis
+# --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _real_fleet() -> tuple[str, str]:
+    """pd-e (H20: 2 prefill, 2 decode) <- 100 Gbps <- prfaas-e (H200: 2 prefill), a policy
+    with t = 19,400, and (router secret, agent secret)."""
+    model = ModelProfileFactory(block_tokens=512)
+    h20 = AcceleratorFactory(name="H20")
+    h200 = AcceleratorFactory(name="H200")
+    PerformanceProfileFactory(
+        accelerator=h20,
+        model=model,
+        prefill_seconds=[[1024, 0.6], [32768, 5.0], [131072, 22.5]],
+    )
+    PerformanceProfileFactory(
+        accelerator=h200, model=model, decode_max_batch=None, decode_step_seconds=None
+    )
+    pd = ClusterFactory(name="pd-e", accelerator=h20, model=model)
+    pf = PrfaasClusterFactory(name="prfaas-e", accelerator=h200, model=model)
+    for i in range(2):
+        InstanceFactory(cluster=pd, name=f"pd-e-p{i}", role=InstanceRole.PREFILL)
+        InstanceFactory(cluster=pd, name=f"pd-e-d{i}", role=InstanceRole.DECODE)
+        InstanceFactory(cluster=pf, name=f"prfaas-e-p{i}", role=InstanceRole.PREFILL)
+    LinkFactory(source=pf, target=pd, gbps=100.0, rtt_ms=10.0)
+    policy_create(actor=CLI_ACTOR, thresholds={"pd-e": T})
+    return api_token("router")[1], api_token("agent")[1]
+
+
+@pytest.fixture
+def real_app(
+    transactional_db: None, redis_client: redis.Redis, settings: Any
+) -> Iterator[tuple[str, str, str, subprocess.Popen[bytes]]]:
+    """The real control plane under uvicorn (one worker) on the test database."""
+    from django.db import connection
+
+    router_secret, agent_secret = _real_fleet()
+    port = _free_port()
+    db = connection.settings_dict
+    env = {
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "PATH": "/usr/bin:/bin",
+        "LOG_LEVEL": "WARNING",
+    }
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [
+            str(root / ".venv/bin/uvicorn"),
+            "controlplane.asgi:application",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail(
+                f"uvicorn did not start: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        yield base, router_secret, agent_secret, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=20)
+
+
+def test_with_the_real_control_plane_stopped_mid_run_decisions_continue_locally(
+    real_app: tuple[str, str, str, subprocess.Popen[bytes]],
+) -> None:
+    base, router_secret, agent_secret, proc = real_app
+    ts = time.time()
+    telemetry = {
+        "idempotency_key": "client-e2e",
+        "instances": [
+            {"instance": name, "ts": ts}
+            for name in ("pd-e-p0", "pd-e-p1", "pd-e-d0", "pd-e-d1", "prfaas-e-p0", "prfaas-e-p1")
+        ],
+    }
+    posted = httpx.post(
+        f"{base}/api/v1/telemetry",
+        json=telemetry,
+        headers={"Authorization": f"Bearer {agent_secret}"},
+        timeout=10,
+    )
+    assert posted.status_code == 200, posted.text
+
+    client = RouterClient(base, router_secret, timeout_s=5.0, retries=1, backoff_s=0.05)
+    remote = [client.route("pd-e", n, request_id=f"up-{n}") for n in (1000, 30000)]
+    assert [(d.route, d.reason, d.stale) for d in remote] == [
+        ("local", Reason.BELOW_THRESHOLD, False),
+        ("prfaas", Reason.ABOVE_THRESHOLD, False),
+    ]
+    assert client.remote_decisions == 2
+    snapshot = client.policy_snapshot
+    assert snapshot is not None and snapshot.policy.version == remote[0].policy_version
+    assert client.refresh_policy() is False  # ETag: nothing changed
+
+    proc.kill()
+    proc.wait(timeout=20)
+    after = [client.route("pd-e", n, request_id=f"down-{n}") for n in (1000, 30000, 90000)]
+    assert [d.request_id for d in after] == ["down-1000", "down-30000", "down-90000"]
+    assert all(d.stale and d.reason == Reason.TELEMETRY_STALE for d in after)
+    # The policy's static rule from the cached snapshot: short local, long offloaded.
+    assert [d.route for d in after] == ["local", "prfaas", "prfaas"]
+    assert all(d.cache_transfer is None for d in after)
+    assert all(d.decode.cluster == "pd-e" for d in after)
+    assert client.local_decisions == 3
+    client.close()

@@ -217,6 +217,7 @@ def test_the_data_migration_created_the_three_groups() -> None:
 @pytest.mark.django_db(transaction=True)
 async def test_async_auth_accepts_a_scoped_token_and_refuses_others() -> None:
     from asgiref.sync import sync_to_async
+    from django.db import connections
 
     _, secret = await sync_to_async(api_token)("router")
     _, read_secret = await sync_to_async(api_token)("read")
@@ -228,3 +229,5 @@ async def test_async_auth_accepts_a_scoped_token_and_refuses_others() -> None:
         await guard(rf.post("/x", headers=bearer(read_secret)))
     assert await guard(rf.post("/x", headers=bearer("prfaas_wrong"))) is None
     assert await guard(rf.post("/x", headers={"Authorization": "Basic abc"})) is None
+    # The ORM ran in asgiref's worker thread: close its connection so the test DB can be dropped.
+    await sync_to_async(connections.close_all)()

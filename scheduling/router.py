@@ -36,6 +36,7 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 __all__ = [
@@ -665,7 +666,8 @@ class LiveState:
     telemetry_at: float | None = None
 
 
-_EMPTY_LIVE_STALE = LiveState(stale=True)
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 # --------------------------------------------------------------------------------------
@@ -912,7 +914,7 @@ class _Context:
     """Per-snapshot work shared by every request decided against one live state: active
     pools, backlogs and link loads, plus what this batch itself has already placed."""
 
-    __slots__ = ("decode", "extra_decode", "extra_inflight", "live", "policy", "pools", "topology")
+    __slots__ = ("decode", "extra_inflight", "live", "policy", "pool_index", "pools", "topology")
 
     def __init__(self, policy: Policy, topology: Topology, live: LiveState) -> None:
         self.policy = policy
@@ -922,7 +924,8 @@ class _Context:
         self.pools: dict[str, list[list[Any]]] = {}
         self.decode: dict[str, list[list[Any]]] = {}
         self.extra_inflight: dict[tuple[str, str], int] = {}
-        self.extra_decode: dict[str, int] = {}
+        # cluster -> {instance name: pool entry}, built only when a request has hits there
+        self.pool_index: dict[str, dict[str, list[Any]]] = {}
 
     def prefill_pool(self, cluster: str) -> list[list[Any]]:
         got = self.pools.get(cluster)
@@ -932,21 +935,37 @@ class _Context:
         return got
 
     def decode_pool(self, cluster: str) -> list[list[Any]]:
+        """Active decode instances of ``cluster`` as ``[score, instance]``: the ordering key
+        (has KV room, active requests, KV usage) folded into one number, so that picking is
+        one C-level ``min``; a batch adds 1 per request it places there."""
         got = self.decode.get(cluster)
         if got is None:
             loads = self.live.instances
+            cap = self.policy.guards.decode_kv_usage_max
             got = []
             append = got.append
             for name, inst, active in self.topology.decode_rows.get(cluster, ()):
                 load = loads.get(name)
                 if load is None:
                     if active:
-                        append([inst, 0, 0.0])
+                        append([0.0, inst])
                     continue
                 state = load.state
                 if (state == "active") if state is not None else active:
-                    append([inst, load.running + load.waiting, load.kv_usage])
+                    kv = load.kv_usage
+                    # kv is within [0, 1]: half of it never outweighs one request.
+                    score = load.running + load.waiting + 0.5 * kv
+                    if kv >= cap:
+                        score += 1e12
+                    append([score, inst])
             self.decode[cluster] = got
+        return got
+
+    def index_of(self, cluster: str) -> dict[str, list[Any]]:
+        got = self.pool_index.get(cluster)
+        if got is None:
+            got = {e[0].name: e for e in self.prefill_pool(cluster)}
+            self.pool_index[cluster] = got
         return got
 
     def link_inflight(self, link: LinkSpec) -> int:
@@ -958,13 +977,14 @@ class _Context:
 class _Hits:
     """The request's usable cached prefixes, per cluster and per instance."""
 
-    __slots__ = ("best", "by_instance", "pool")
+    __slots__ = ("best", "by_cluster", "by_instance", "pool")
 
     def __init__(self) -> None:
         # cluster -> (tokens, instance or None, exact)
         self.best: dict[str, tuple[int, str | None, bool]] = {}
-        # instance -> tokens
+        # instance -> tokens, and the same per cluster
         self.by_instance: dict[str, int] = {}
+        self.by_cluster: dict[str, dict[str, int]] = {}
         # cluster -> tokens in the cluster-wide pool
         self.pool: dict[str, int] = {}
 
@@ -1001,6 +1021,7 @@ def _collect_hits(request: RouteRequest, topology: Topology, guards: Guards) -> 
                 continue
             if tokens > hits.by_instance.get(m.instance, 0):
                 hits.by_instance[m.instance] = tokens
+                hits.by_cluster.setdefault(m.cluster, {})[m.instance] = tokens
         elif tokens > hits.pool.get(m.cluster, 0):
             hits.pool[m.cluster] = tokens
         prev = hits.best.get(m.cluster)
@@ -1037,12 +1058,12 @@ def _pick_prefill(
     base_cached = hits.pool.get(cluster, 0)
     if extra_cached > base_cached:
         base_cached = extra_cached
-    by_instance = hits.by_instance
+    own = hits.by_cluster.get(cluster)
     if not use_load:
         longest = base_cached
         ties: list[list[Any]] = []
         for entry in pool:
-            c = by_instance.get(entry[0].name, 0) if by_instance else 0
+            c = own.get(entry[0].name, 0) if own else 0
             if c < base_cached:
                 c = base_cached
             if c > longest:
@@ -1050,31 +1071,34 @@ def _pick_prefill(
             elif c == longest:
                 ties.append(entry)
         return ties[_spread_key(request) % len(ties)], longest
+    # The least backlogged instance, or one holding a longer prefix: any other instance
+    # has at least that backlog and no better prefix, so it cannot finish first.
     topology = ctx.topology
-    t_base = topology.prefill_seconds(cluster, prompt - base_cached)
-    best: list[Any] = pool[0]
-    best_cost = math.inf
+    best = min(pool, key=_second)
     best_cached = base_cached
-    for entry in pool:
-        cached = base_cached
-        if by_instance:
-            own = by_instance.get(entry[0].name, 0)
-            if own > cached:
-                cached = own
-        if cached == base_cached:
-            cost = entry[1] + t_base
-        else:
+    if own:
+        c = own.get(best[0].name, 0)
+        if c > best_cached:
+            best_cached = c
+    best_cost = best[1] + topology.prefill_seconds(cluster, prompt - best_cached)
+    if own:
+        index = ctx.index_of(cluster)
+        for name, tokens in own.items():
+            held = index.get(name)
+            if held is None or held is best:
+                continue
+            entry = held
+            cached = tokens if tokens > base_cached else base_cached
             cost = entry[1] + topology.prefill_seconds(cluster, prompt - cached)
-        if cost < best_cost:
-            best, best_cost, best_cached = entry, cost, cached
+            if cost < best_cost:
+                best, best_cost, best_cached = entry, cost, cached
     return best, best_cached
 
 
-def _pick_decode(
-    ctx: _Context, request: RouteRequest, guards: Guards, use_load: bool
-) -> InstanceSpec:
+def _pick_decode(ctx: _Context, request: RouteRequest, guards: Guards, use_load: bool) -> list[Any]:
     """Least loaded active decode instance of the origin with KV room (any active one when
-    none has room); raises RouteUnavailable when the origin has no active decode."""
+    none has room), as its pool entry ``[score, instance]``; raises RouteUnavailable when
+    the origin has no active decode instance."""
     origin = request.origin
     pool = ctx.decode_pool(origin)
     if not pool:
@@ -1083,24 +1107,8 @@ def _pick_decode(
         )
     if not use_load:
         # No trustworthy load: spread requests by a hash instead of piling onto one.
-        return pool[_spread_key(request) % len(pool)][0]
-    best = pool[0]
-    best_score = math.inf
-    extra = ctx.extra_decode
-    cap = guards.decode_kv_usage_max
-    for entry in pool:
-        inst, active, kv = entry
-        if extra:
-            active += extra.get(inst.name, 0)
-        # Lexicographic (has KV room, active requests, KV usage) folded into one number:
-        # kv is within [0, 1], so half of it never outweighs one request.
-        score = active + 0.5 * kv
-        if kv >= cap:
-            score += 1e12
-        if score < best_score:
-            best, best_score = entry, score
-    inst_: InstanceSpec = best[0]
-    return inst_
+        return pool[_spread_key(request) % len(pool)]
+    return min(pool, key=_first)
 
 
 class _Option:
@@ -1245,15 +1253,15 @@ def _book_link(ctx: _Context, reservation: LinkReservation | None) -> None:
         ctx.extra_inflight[key] = ctx.extra_inflight.get(key, 0) + reservation.bytes
 
 
-def _book_decode(ctx: _Context, inst: InstanceSpec) -> None:
-    ctx.extra_decode[inst.name] = ctx.extra_decode.get(inst.name, 0) + 1
+def _book_decode(ctx: _Context, entry: list[Any]) -> None:
+    entry[0] += 1.0
 
 
 def _local_decision(
     ctx: _Context,
     request: RouteRequest,
     hits: _Hits,
-    decode: InstanceSpec,
+    decode: list[Any],
     t_eff: float,
     reason: str,
     ttft_prfaas: float | None,
@@ -1286,7 +1294,7 @@ def _local_decision(
     return Decision(
         route="local",
         prefill=_placement(inst),
-        decode=_placement(decode),
+        decode=_placement(decode[1]),
         incremental_tokens=prompt - cached,
         cached_tokens=cached,
         threshold=t_eff,
@@ -1305,7 +1313,7 @@ def _prfaas_decision(
     ctx: _Context,
     request: RouteRequest,
     opt: _Option,
-    decode: InstanceSpec,
+    decode: list[Any],
     t_eff: float,
     reason: str,
     ttft_local: float | None,
@@ -1326,7 +1334,7 @@ def _prfaas_decision(
     return Decision(
         route="prfaas",
         prefill=_placement(inst),
-        decode=_placement(decode),
+        decode=_placement(decode[1]),
         incremental_tokens=prompt - opt.cached,
         cached_tokens=opt.cached,
         threshold=t_eff,

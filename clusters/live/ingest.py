@@ -63,9 +63,11 @@ async def telemetry_ingest_async(
         await _snapshot_knowing([ls.link for ls in links], "link")
     stored = await telemetry.telemetry_batch_store_async(instances, links, idempotency_key)
     if stored:
+        from controlplane.dashboard import telemetry_frames_apublish
         from scheduling.decisions import control_tick_async
 
         await control_tick_async()
+        await telemetry_frames_apublish(instances, links)
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
 
 

@@ -205,7 +205,13 @@ class PerformanceProfile(Versioned):
             models.CheckConstraint(
                 condition=(
                     Q(decode_max_batch__isnull=True, decode_step_seconds__isnull=True)
-                    | Q(decode_max_batch__gt=0, decode_step_seconds__gt=0)
+                    # isnull=False spelt out: a comparison with NULL passes a CHECK.
+                    | Q(
+                        decode_max_batch__isnull=False,
+                        decode_step_seconds__isnull=False,
+                        decode_max_batch__gt=0,
+                        decode_step_seconds__gt=0,
+                    )
                 ),
                 name="performanceprofile_decode_complete_and_positive",
             ),

@@ -1,26 +1,31 @@
-"""Selectors of the operator pages' live data: what a snapshot of each live group contains.
+"""Selectors and publishers of the overview's live data.
 
-They compose the inventory (PostgreSQL) with the live state in Redis, through those stores'
-own selectors; nothing here writes. ``live_snapshot`` is what the websocket consumer sends on
-connect and on resync; the pages render their first paint from the same functions.
+Reads compose the inventory (PostgreSQL) with the live stores in Redis through those stores'
+own functions; nothing here writes to them. ``live_snapshot`` is what the websocket consumer
+sends on connect and on resync; the pages render their first paint from the same functions.
+The publishers turn what just happened into frames: ``telemetry_frames_publish`` right after a
+telemetry batch is stored, ``overview_tick_publish`` periodically (decision mix, alerts, policy).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from django.conf import settings
-
-from clusters.live import telemetry
-from clusters.models import Cluster, Instance, Link
+from clusters.live import prefix_index, telemetry
+from clusters.live.connection import redis_sync
+from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
+from scheduling.policies import guards_from_json, policy_current
+from scheduling.router import Guards
+from scheduling.traffic import traffic_window_read
 
 # The window of the time-series charts.
 CHART_WINDOW_S = 15 * 60
-# Share of capacity above which a link is shown as congested when the policy says nothing.
-LINK_CONGESTED_UTILISATION = 0.9
+# The window of the decision mix and offload rate.
+MIX_WINDOW_S = 5 * 60
 
 
 def link_label(link: Link) -> str:
@@ -32,32 +37,41 @@ def link_live_key(link: Link) -> str:
     return f"{link.source.name}>{link.target.name}"
 
 
+def guards_current() -> tuple[int | None, dict[str, Any], Guards]:
+    """The current policy's version, thresholds and guards (defaults before any policy)."""
+    policy = policy_current()
+    if policy is None:
+        return None, {}, Guards()
+    return policy.version, dict(policy.thresholds), guards_from_json(policy.guards)
+
+
 def links_overview(
-    now: float | None = None, window_s: int = CHART_WINDOW_S
+    guards: Guards, now: float | None = None, window_s: int = CHART_WINDOW_S
 ) -> list[dict[str, Any]]:
-    """Every link with its capacity, latest egress and 1 s bandwidth history."""
+    """Every link with its capacity, congestion budget, latest egress and 1 s history."""
     now = time.time() if now is None else now
     links = list(Link.objects.select_related("source", "target"))
     keys = {link.pk: link_live_key(link) for link in links}
     states = telemetry.link_states_read(list(keys.values())) if links else {}
     out = []
     for link in links:
-        state = states.get(keys[link.pk])
-        series = telemetry.link_bandwidth_series(keys[link.pk], now - window_s, now)
+        key = keys[link.pk]
+        state = states.get(key)
+        series = telemetry.link_bandwidth_series(key, now - window_s, now)
         gbps = state.gbps if state else 0.0
-        budget = link.gbps * LINK_CONGESTED_UTILISATION
         out.append(
             {
                 "id": link.pk,
+                "key": key,
                 "label": link_label(link),
                 "source": link.source.name,
                 "target": link.target.name,
                 "capacity_gbps": link.gbps,
-                "budget_gbps": budget,
+                "budget_gbps": link.gbps * guards.scarce_utilisation,
                 "rtt_ms": link.rtt_ms,
                 "gbps": gbps,
                 "utilisation": gbps / link.gbps if link.gbps > 0 else 0.0,
-                "ts": state.ts if state else None,
+                "ts": state.ts if state and state.ts else None,
                 "reserved_bytes": state.reserved_bytes if state else 0,
                 "series": [[ts, value] for ts, value in series],
             }
@@ -66,13 +80,28 @@ def links_overview(
 
 
 def clusters_overview() -> list[dict[str, Any]]:
-    """Every cluster with its instances by role and state and its summed live queue."""
-    clusters = list(Cluster.objects.select_related("site", "accelerator"))
-    instances = list(Instance.objects.all())
+    """Every cluster with its instances (role, state, live load) and summed queue."""
+    clusters = list(Cluster.objects.select_related("site", "accelerator").order_by("name"))
+    instances = list(Instance.objects.order_by("name"))
     samples = telemetry.instance_states_read([i.name for i in instances]) if instances else {}
     out = []
     for cluster in clusters:
         mine = [i for i in instances if i.cluster_id == cluster.pk]
+        rows = []
+        for inst in mine:
+            s = samples.get(inst.name)
+            rows.append(
+                {
+                    "id": inst.pk,
+                    "name": inst.name,
+                    "role": inst.role,
+                    "state": inst.state,
+                    "queued": s.queue_depth if s else None,
+                    "running": s.running if s else None,
+                    "kv_usage": s.kv_usage if s else None,
+                    "ts": s.ts if s else None,
+                }
+            )
         loads = [samples[i.name] for i in mine if i.name in samples]
         out.append(
             {
@@ -81,58 +110,113 @@ def clusters_overview() -> list[dict[str, Any]]:
                 "kind": cluster.kind,
                 "site": cluster.site.name,
                 "accelerator": cluster.accelerator.name,
-                "instances": len(mine),
                 "prefill": sum(1 for i in mine if i.role == "prefill"),
                 "decode": sum(1 for i in mine if i.role == "decode"),
-                "active": sum(1 for i in mine if i.state == "active"),
+                "active": sum(1 for i in mine if i.state == InstanceState.ACTIVE),
                 "queued": sum(s.queue_depth for s in loads),
                 "running": sum(s.running for s in loads),
                 "last_sample_ts": max((s.ts for s in loads), default=None),
+                "instances": rows,
             }
         )
     return out
 
 
-def alerts_current(
-    links: list[dict[str, Any]], clusters: list[dict[str, Any]], now: float | None = None
-) -> list[dict[str, Any]]:
-    """Conditions operators should see now: stale telemetry and congested links."""
+def decision_mix(
+    thresholds: dict[str, Any], now: float | None = None, window_s: int = MIX_WINDOW_S
+) -> list[live.DecisionMix]:
+    """Per pd cluster: arrivals, offloads and reason counts over the last ``window_s``."""
     now = time.time() if now is None else now
-    stale_s = settings.TELEMETRY_STALE_S
+    pd = list(Cluster.objects.filter(kind=ClusterKind.PD).order_by("name"))
+    pipe = redis_sync().pipeline(transaction=False)
+    telemetry.control_states_queue(pipe)
+    controls = telemetry.control_states_parse(pipe.execute()[0])
+    out = []
+    for cluster in pd:
+        window = traffic_window_read(cluster.name, now - window_s, now)
+        t = thresholds.get(cluster.name)
+        factor = float(controls.get(cluster.name, {}).get("threshold_factor", 1.0) or 1.0)
+        out.append(
+            live.DecisionMix(
+                cluster=cluster.name,
+                ts=now,
+                window_s=window_s,
+                arrivals=window.arrivals,
+                offloads=window.offloads,
+                reasons=dict(window.reasons),
+                threshold=float(t) if t is not None else None,
+                effective_threshold=float(t) * factor if t is not None else None,
+            )
+        )
+    return out
+
+
+def alerts_current(
+    links: list[dict[str, Any]],
+    clusters: list[dict[str, Any]],
+    guards: Guards,
+    now: float | None = None,
+) -> list[live.Alert]:
+    """Conditions operators should see now: stale telemetry, degraded prefix index, congestion."""
+    now = time.time() if now is None else now
+    stale_s = guards.stale_after_s
     alerts: list[live.Alert] = []
     for c in clusters:
-        if c["active"] and (c["last_sample_ts"] is None or now - c["last_sample_ts"] > stale_s):
+        last = c["last_sample_ts"]
+        if c["active"] and (last is None or now - last > stale_s):
+            age = "ever" if last is None else f"{now - last:.0f} s"
             alerts.append(
                 live.Alert(
                     code="telemetry_stale",
                     subject=c["name"],
-                    message=f"no telemetry from {c['name']} for more than {stale_s} s",
+                    message=f"no telemetry from {c['name']} for {age} (stale after {stale_s:g} s)",
                     ts=now,
                 )
             )
+    degraded = [s.instance for s in prefix_index.prefix_index_states() if s.state == "degraded"]
+    if degraded:
+        alerts.append(
+            live.Alert(
+                code="prefix_index_degraded",
+                subject=", ".join(degraded[:5]),
+                message=f"prefix index degraded for {len(degraded)} instance(s): "
+                + ", ".join(degraded[:5])
+                + ("…" if len(degraded) > 5 else ""),
+                ts=now,
+            )
+        )
     for link in links:
-        if link["capacity_gbps"] > 0 and link["gbps"] > link["budget_gbps"]:
+        if link["capacity_gbps"] > 0 and link["utilisation"] >= guards.scarce_utilisation:
             alerts.append(
                 live.Alert(
                     code="link_congested",
                     subject=link["label"],
-                    message=f"{link['label']} carries {link['gbps']:.1f} of {link['capacity_gbps']:.0f} Gbps",
+                    message=(
+                        f"{link['label']} carries {link['gbps']:.1f} of "
+                        f"{link['capacity_gbps']:g} Gbps (congested at "
+                        f"{guards.scarce_utilisation:.0%})"
+                    ),
                     ts=now,
                 )
             )
-    return [asdict(a) for a in alerts]
+    return alerts
 
 
 def overview_snapshot() -> dict[str, Any]:
+    """Everything the overview shows: topology, links, queues, mix, policy, alerts."""
     now = time.time()
-    links = links_overview(now)
+    version, thresholds, guards = guards_current()
+    links = links_overview(guards, now)
     clusters = clusters_overview()
     return {
         "ts": now,
         "window_s": CHART_WINDOW_S,
+        "mix_window_s": MIX_WINDOW_S,
+        "policy": {"version": version, "thresholds": thresholds, "guards": asdict(guards)},
         "links": links,
         "clusters": clusters,
-        "alerts": alerts_current(links, clusters, now),
+        "decision_mix": [live.message_data(m) for m in decision_mix(thresholds, now)],
+        "alerts": [asdict(a) for a in alerts_current(links, clusters, guards, now)],
     }
 
 
@@ -140,4 +224,114 @@ def live_snapshot(group: str, user: Any = None) -> dict[str, Any]:
     """The full state a client of ``group`` needs (sync: reads the database)."""
     if group == live.OVERVIEW:
         return overview_snapshot()
+    if group.startswith(live.WHATIF_PREFIX):
+        from scheduling.views.whatif import whatif_snapshot
+
+        return whatif_snapshot(int(group.removeprefix(live.WHATIF_PREFIX)))
     return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Publishers
+
+
+def telemetry_frames(
+    instances: Sequence[telemetry.InstanceSample], links: Sequence[telemetry.LinkSample]
+) -> list[live.LiveMessage]:
+    """The overview frames a stored telemetry batch makes: one per link, one for the queues."""
+    frames: list[live.LiveMessage] = [
+        live.LinkSample(link=s.link, ts=s.ts, gbps=s.gbps) for s in links
+    ]
+    if instances:
+        frames.append(
+            live.QueueDepths(
+                ts=max(s.ts for s in instances),
+                instances=tuple(
+                    live.InstanceQueue(instance=s.instance, queued=s.queue_depth, running=s.running)
+                    for s in instances
+                ),
+            )
+        )
+    return frames
+
+
+def telemetry_frames_publish(
+    instances: Sequence[telemetry.InstanceSample], links: Sequence[telemetry.LinkSample]
+) -> None:
+    """Call after a telemetry batch is stored (sync callers; after commit)."""
+    for message in telemetry_frames(instances, links):
+        live.live_publish(live.OVERVIEW, message)
+
+
+async def telemetry_frames_apublish(
+    instances: Sequence[telemetry.InstanceSample], links: Sequence[telemetry.LinkSample]
+) -> None:
+    """Async twin of :func:`telemetry_frames_publish` (no database, no transaction)."""
+    for message in telemetry_frames(instances, links):
+        try:
+            await live.live_apublish(live.OVERVIEW, message)
+        except Exception:  # a screen missing a point must never fail the ingest
+            live.logger.warning("live publish of telemetry failed", exc_info=True)
+
+
+def overview_tick_publish() -> int:
+    """Publish the slow-moving overview state: decision mix, alerts and policy. Returns frames."""
+    now = time.time()
+    version, thresholds, guards = guards_current()
+    messages: list[live.LiveMessage] = list(decision_mix(thresholds, now))
+    links = links_overview(guards, now, window_s=0)
+    alerts = alerts_current(links, clusters_overview(), guards, now)
+    messages.append(live.AlertSet(ts=now, alerts=tuple(alerts)))
+    if version is not None:
+        messages.append(live.PolicyEvent(version=version, ts=now, thresholds=thresholds))
+    for message in messages:
+        live.live_publish(live.OVERVIEW, message)
+    return len(messages)
+
+
+# ---------------------------------------------------------------------------------------------
+# One link's page
+
+
+def congestion_events(
+    series: Sequence[tuple[int, float]], budget_gbps: float
+) -> list[dict[str, float]]:
+    """Spans of consecutive seconds at or above the budget: start, end (inclusive), peak Gbps."""
+    events: list[dict[str, float]] = []
+    for second, gbps in series:
+        if budget_gbps <= 0 or gbps < budget_gbps:
+            continue
+        if events and second - events[-1]["end"] <= 1:
+            events[-1]["end"] = second
+            events[-1]["peak_gbps"] = max(events[-1]["peak_gbps"], gbps)
+        else:
+            events.append({"start": second, "end": second, "peak_gbps": gbps})
+    for e in events:
+        e["duration_s"] = e["end"] - e["start"] + 1
+    return events
+
+
+def link_history(
+    link: Link, window_s: int = telemetry.BANDWIDTH_RETENTION_S - 60
+) -> dict[str, Any]:
+    """A link's bandwidth history (as long as the store keeps it), budget and congestion."""
+    now = time.time()
+    _, _, guards = guards_current()
+    key = link_live_key(link)
+    series = telemetry.link_bandwidth_series(key, now - window_s, now)
+    budget = link.gbps * guards.scarce_utilisation
+    state = telemetry.link_states_read([key]).get(key)
+    return {
+        "id": link.pk,
+        "key": key,
+        "label": link_label(link),
+        "capacity_gbps": link.gbps,
+        "budget_gbps": budget,
+        "rtt_ms": link.rtt_ms,
+        "kv_budget_bytes": link.kv_budget_bytes,
+        "gbps": state.gbps if state else 0.0,
+        "reserved_bytes": state.reserved_bytes if state else 0,
+        "window_s": window_s,
+        "series": [[s, v] for s, v in series],
+        "congestion": congestion_events(series, budget),
+    }

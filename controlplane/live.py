@@ -68,31 +68,28 @@ FrameType = Literal[
     "decision_mix",
     "plan_event",
     "policy_event",
-    "alert",
+    "alerts",
     "whatif_progress",
 ]
 
 
 @dataclass(frozen=True)
 class LinkSample:
-    """Egress of one prfaas->pd link over the last second, against its capacity and budget."""
+    """Egress of one prfaas->pd link (live-state key ``source>target``) at ``ts``, in Gbps.
 
-    link_id: int
+    Capacity and budget are in the snapshot: a frame carries only what changes.
+    """
+
+    link: str
     ts: float
     gbps: float
-    capacity_gbps: float
-    budget_gbps: float
-
-    @property
-    def utilisation(self) -> float:
-        return self.gbps / self.capacity_gbps if self.capacity_gbps > 0 else 0.0
 
 
 @dataclass(frozen=True)
-class ClusterQueue:
-    """Requests waiting and running in one cluster, summed over its active instances."""
+class InstanceQueue:
+    """Requests waiting and running on one instance (by name) as its last sample said."""
 
-    cluster_id: int
+    instance: str
     queued: int
     running: int
 
@@ -100,22 +97,25 @@ class ClusterQueue:
 @dataclass(frozen=True)
 class QueueDepths:
     ts: float
-    clusters: tuple[ClusterQueue, ...]
+    instances: tuple[InstanceQueue, ...]
 
 
 @dataclass(frozen=True)
 class DecisionMix:
-    """Where recent requests went and why: counts per reason code over ``window_s``."""
+    """Where recent requests arriving at one pd cluster went and why, over ``window_s``."""
 
+    cluster: str
     ts: float
     window_s: int
-    total: int
-    offloaded: int
+    arrivals: int
+    offloads: int
     reasons: dict[str, int]
+    threshold: float | None = None
+    effective_threshold: float | None = None
 
     @property
     def offload_rate(self) -> float:
-        return self.offloaded / self.total if self.total else 0.0
+        return self.offloads / self.arrivals if self.arrivals else 0.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,14 @@ class Alert:
 
 
 @dataclass(frozen=True)
+class AlertSet:
+    """Every alert active now; replaces the previous set on screen."""
+
+    ts: float
+    alerts: tuple[Alert, ...]
+
+
+@dataclass(frozen=True)
 class WhatIfProgress:
     """How far a what-if simulation run is; ``state`` ends in ``finished`` or ``failed``."""
 
@@ -163,7 +171,7 @@ class WhatIfProgress:
 
 
 LiveMessage = (
-    LinkSample | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | Alert | WhatIfProgress
+    LinkSample | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | AlertSet | WhatIfProgress
 )
 
 _TYPE_OF: dict[type, FrameType] = {
@@ -172,7 +180,7 @@ _TYPE_OF: dict[type, FrameType] = {
     DecisionMix: "decision_mix",
     PlanEvent: "plan_event",
     PolicyEvent: "policy_event",
-    Alert: "alert",
+    AlertSet: "alerts",
     WhatIfProgress: "whatif_progress",
 }
 
@@ -190,8 +198,6 @@ class Frame(TypedDict):
 def message_data(message: LiveMessage) -> dict[str, Any]:
     """A message as JSON-ready data, derived properties included (the page shows them)."""
     data = asdict(message) if is_dataclass(message) else dict(message)
-    if isinstance(message, LinkSample):
-        data["utilisation"] = message.utilisation
     if isinstance(message, DecisionMix):
         data["offload_rate"] = message.offload_rate
     return data

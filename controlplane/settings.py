@@ -187,6 +187,12 @@ CELERY_BEAT_SCHEDULE = {
     },
     "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 60.0},
     "rebalance-ticks-prune": {"task": "scheduling.rebalance_ticks_prune", "schedule": 86400.0},
+    # The overview's decision mix, alerts and policy frames (telemetry frames need no beat).
+    "live-overview-tick": {
+        "task": "controlplane.live_overview_tick",
+        "schedule": 2.0,
+        "options": {"expires": 2.0},
+    },
 }
 
 LOGGING = {

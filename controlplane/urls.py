@@ -1,9 +1,10 @@
 """URL map: pages, admin, the versioned API and its docs."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
+from controlplane import views as pages
 from controlplane.api import api
 from scheduling.metrics import metrics_view
 
@@ -12,4 +13,13 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("metrics", metrics_view, name="metrics"),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+    # Operator pages.
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("", pages.overview, name="overview"),
+    path("audit/", pages.audit_list, name="audit-list"),
+    path("tokens/", pages.token_list_page, name="token-list"),
+    path("tokens/new/", pages.token_create_page, name="token-create"),
+    path("tokens/<str:name>/revoke/", pages.token_revoke_page, name="token-revoke"),
+    path("", include("clusters.urls")),
+    path("", include("scheduling.urls")),
 ]

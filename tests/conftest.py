@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -35,3 +36,15 @@ def redis_client() -> Iterator[redis.Redis]:
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def client_as(client: Any) -> Callable[..., Any]:
+    """The Django test client, logged in as a new user in the given access groups."""
+    from tests.factories import UserFactory
+
+    def login(*groups: str) -> Any:
+        client.force_login(UserFactory(groups=list(groups)))
+        return client
+
+    return login

@@ -1,0 +1,80 @@
+"""Pages of the control plane app: overview, audit log, API tokens."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane import dashboard, live
+from controlplane.audit import actor_from_request
+from controlplane.errors import ApiError
+from controlplane.forms import AuditFilterForm, TokenForm, service_error_add
+from controlplane.models import Scope
+from controlplane.roles import scope_required
+from controlplane.selectors import change_record_list, token_list
+from controlplane.services import IssuedToken, token_create, token_revoke
+
+AUDIT_PAGE_SIZE = 50
+
+
+@scope_required(Scope.READ)
+def overview(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "controlplane/overview.html",
+        {"snapshot": dashboard.overview_snapshot(), "group": live.OVERVIEW},
+    )
+
+
+@scope_required(Scope.READ)
+def audit_list(request: HttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET or None)
+    filters = {k: v for k, v in form.cleaned_data.items() if v} if form.is_valid() else {}
+    page = Paginator(change_record_list(**filters), AUDIT_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    return render(request, "controlplane/audit_list.html", {"form": form, "page": page})
+
+
+@scope_required(Scope.READ)
+def token_list_page(request: HttpRequest) -> HttpResponse:
+    return _tokens_render(request, TokenForm())
+
+
+@scope_required(Scope.ADMIN)
+@require_POST
+def token_create_page(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST)
+    if form.is_valid():
+        try:
+            issued = token_create(
+                **form.cleaned_data,
+                actor=actor_from_request(request, source="ui"),
+                created_by=request.user,  # type: ignore[arg-type]
+            )
+        except ApiError as exc:
+            service_error_add(form, exc)
+        else:
+            return _tokens_render(request, TokenForm(), issued=issued, status=201)
+    return _tokens_render(request, form, status=422)
+
+
+@scope_required(Scope.ADMIN)
+@require_POST
+def token_revoke_page(request: HttpRequest, name: str) -> HttpResponse:
+    try:
+        token_revoke(name=name, actor=actor_from_request(request, source="ui"))
+        messages.success(request, f"Token {name} revoked.")
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+    return redirect("token-list")
+
+
+def _tokens_render(
+    request: HttpRequest, form: TokenForm, issued: IssuedToken | None = None, status: int = 200
+) -> HttpResponse:
+    context = {"form": form, "tokens": token_list(), "issued": issued}
+    return render(request, "controlplane/token_list.html", context, status=status)

@@ -1,0 +1,43 @@
+/* What-if results: TTFT, link and queue charts of the current plan against the what-if. */
+(function () {
+  "use strict";
+  var CUR = "#7d8da1", WHAT = "#1f4f8a";
+
+  function width(el) { return Math.max(280, el.clientWidth || 600); }
+
+  function draw() {
+    var node = document.getElementById("whatif-result-data");
+    if (!node || node.dataset.drawn) return;
+    node.dataset.drawn = "1";
+    var r = JSON.parse(node.textContent), c = r.current, w = r.whatif;
+
+    var ttft = document.getElementById("chart-ttft");
+    var labels = ["mean", "p50", "p90", "p99"];
+    new uPlot({
+      width: width(ttft), height: 220,
+      scales: { x: { time: false } },
+      axes: [{ values: function (u, ticks) { return ticks.map(function (t) { return labels[t] || ""; }); } }, { label: "s", size: 50 }],
+      series: [{}, { label: "current plan", stroke: CUR, width: 2, points: { size: 8 } }, { label: "what-if", stroke: WHAT, width: 2, points: { size: 8 } }]
+    }, [[0, 1, 2, 3], labels.map(function (k) { return c.ttft[k]; }), labels.map(function (k) { return w.ttft[k]; })], ttft);
+
+    var links = document.getElementById("chart-links");
+    var n = 0, series = [{}], cols = [];
+    c.links.concat(w.links).forEach(function (l) { n = Math.max(n, l.series_gbps.length); });
+    var xs = []; for (var i = 0; i < n; i++) xs.push(i);
+    function pad(a) { var out = a.slice(); while (out.length < n) out.push(null); return out; }
+    c.links.forEach(function (l) { series.push({ label: l.key + " (current)", stroke: CUR, width: 1.5 }); cols.push(pad(l.series_gbps)); });
+    w.links.forEach(function (l) { series.push({ label: l.key + " (what-if)", stroke: WHAT, width: 1.5 }); cols.push(pad(l.series_gbps)); });
+    new uPlot({ width: width(links), height: 220, scales: { x: { time: false } }, axes: [{ label: "sample" }, { label: "Gbps", size: 50 }], series: series }, [xs].concat(cols), links);
+
+    var queue = document.getElementById("chart-queue");
+    var qn = Math.max(c.queue.t.length, w.queue.t.length), qx = [];
+    for (var j = 0; j < qn; j++) qx.push(j);
+    function qpad(a) { var out = a.slice(); while (out.length < qn) out.push(null); return out; }
+    new uPlot({ width: width(queue), height: 200, scales: { x: { time: false } }, axes: [{ label: "sample" }, { label: "requests", size: 50 }],
+      series: [{}, { label: "current plan", stroke: CUR, width: 1.5 }, { label: "what-if", stroke: WHAT, width: 1.5 }] },
+      [qx, qpad(c.queue.in_system), qpad(w.queue.in_system)], queue);
+  }
+
+  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("htmx:afterSwap", draw);
+})();

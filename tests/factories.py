@@ -110,14 +110,18 @@ class LinkFactory(factory.django.DjangoModelFactory):
 
 
 class UserFactory(factory.django.DjangoModelFactory):
-    """A user; ``UserFactory(groups=["operator"])`` puts it in those access groups."""
+    """A user; ``UserFactory(groups=["operator"])`` puts it in those access groups.
+
+    No usable password by default (hashing one costs most of a second): log in with
+    ``client.force_login(user)``, or call ``user.set_password(...)`` where a test needs one.
+    """
 
     class Meta:
         model = User
         skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "correct horse battery")
+    password = factory.PostGenerationMethodCall("set_unusable_password")
 
     @factory.post_generation
     def groups(self, create: bool, extracted: Any, **kwargs: Any) -> None:

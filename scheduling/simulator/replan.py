@@ -1,0 +1,152 @@
+"""The long-term loop of ``prfaas-dual`` on the simulated clock.
+
+:class:`PlannerReplanner` is the default :class:`~scheduling.simulator.routing.Replanner`: at
+every tick it hands the rebalancer's pure decision (:func:`scheduling.rebalancer.rebalance_decide`,
+with its guards: dead band, bounded steps, persistence, cool-down, reversal limit) the traffic
+window the simulated route path observed, and a planner port that evaluates settings with the
+project's planner (:func:`scheduling.planner.evaluate` / :func:`scheduling.planner.plan_fleet`)
+on the window's empirical incremental-length distribution. Its answer (new threshold, roles to
+flip) is applied through drain-then-flip by the engine.
+
+With several PD clusters each is planned on its own (the PrfaaS pools in full), a
+simplification of the joint plan that the per-request controller corrects at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from scheduling import rebalancer
+from scheduling.performance import DiscreteLengths
+from scheduling.planner import Evaluation, FleetSpec, evaluate, fleet_from_scenario, plan_fleet
+from scheduling.scenario import Scenario, empirical_from_lengths
+from scheduling.simulator.routing import FleetPlan, Replan, ReplanInput
+
+
+@dataclass(frozen=True)
+class _WindowPlanner:
+    """The rebalancer's PlannerPort over one PD cluster of the simulated fleet."""
+
+    fleet: FleetSpec
+    cluster: str
+
+    def _fleet(self, n_total: int) -> FleetSpec:
+        pool = replace(self.fleet.pd_pool(self.cluster), instances=n_total, share=1.0)
+        links = tuple(link for link in self.fleet.links if link.target == self.cluster)
+        return FleetSpec(self.fleet.kv_mib, self.fleet.prfaas, (pool,), links)
+
+    def _prediction(
+        self, window: rebalancer.TrafficWindow, ev: Evaluation
+    ) -> rebalancer.Prediction:
+        c = ev.cluster(self.cluster)
+        setting = rebalancer.Setting(threshold=c.threshold_tokens, n_p=c.n_p, n_d=c.n_d)
+        return rebalancer.Prediction(
+            setting=setting,
+            capacity_rps=ev.throughput_rps,
+            throughput_rps=min(ev.throughput_rps, window.arrival_rate),
+            offload_fraction=c.offload_fraction,
+            ttft_mean_s=c.ttft_mean_s,
+            ttft_p90_s=c.ttft_p90_s,
+            egress_gbps=c.egress_gbps,
+            bottleneck=ev.bottleneck,
+        )
+
+    @staticmethod
+    def _lengths(window: rebalancer.TrafficWindow) -> DiscreteLengths:
+        return DiscreteLengths.from_points(window.incremental_tokens)
+
+    def evaluate(
+        self, window: rebalancer.TrafficWindow, setting: rebalancer.Setting
+    ) -> rebalancer.Prediction:
+        fleet = self._fleet(setting.n_p + setting.n_d)
+        ev = evaluate(
+            fleet,
+            self._lengths(window),
+            window.output_tokens_mean or 1.0,
+            {self.cluster: setting.threshold},
+            {self.cluster: setting.n_p},
+        )
+        return self._prediction(window, ev)
+
+    def best(
+        self, window: rebalancer.TrafficWindow, n_total: int, n_p_range: tuple[int, int]
+    ) -> rebalancer.Prediction:
+        ev = plan_fleet(
+            self._fleet(n_total),
+            self._lengths(window),
+            window.output_tokens_mean or 1.0,
+            split_bounds={self.cluster: n_p_range},
+        )
+        return self._prediction(window, ev)
+
+
+@dataclass(eq=False)
+class PlannerReplanner:
+    """Re-plans each PD cluster from the observed window with the rebalancer's decision."""
+
+    scenario: Scenario
+    plan: FleetPlan
+    guards: rebalancer.Guards = field(default_factory=rebalancer.Guards)
+    histogram_bin_tokens: float = 256.0
+    history: dict[str, rebalancer.History] = field(default_factory=dict)
+    decisions: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._fleet = fleet_from_scenario(self.scenario)
+
+    def window(self, inp: ReplanInput) -> rebalancer.TrafficWindow:
+        requests = inp.requests
+        lengths = [r.incremental_tokens or r.input_tokens for r in requests if r.route]
+        points = (
+            empirical_from_lengths(lengths, bin_tokens=self.histogram_bin_tokens).points
+            if lengths
+            else ()
+        )
+        outputs = [r.output_tokens for r in requests]
+        duration = max(inp.now - inp.window_start_s, 1e-9)
+        return rebalancer.TrafficWindow(
+            start_s=inp.window_start_s,
+            end_s=inp.now,
+            arrivals=len(requests),
+            offloads=sum(1 for r in requests if r.route == "prfaas"),
+            incremental_tokens=tuple(points),
+            output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
+            cache_hit_tokens=float(sum(r.cached_tokens for r in requests)),
+            prompt_tokens=float(sum(r.input_tokens for r in requests)),
+            samples=max(1, int(duration // 60)),
+            bucket_s=60.0,
+            recorder_seen_at=inp.now,
+        )
+
+    def replan(self, inp: ReplanInput) -> Replan | None:
+        instances = tuple(
+            rebalancer.InstanceView(name, "prefill", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now)
+            for name in inp.prefill
+        ) + tuple(
+            rebalancer.InstanceView(name, "decode", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now)
+            for name in inp.decode
+        )
+        history = self.history.get(inp.cluster, rebalancer.History())
+        threshold = inp.threshold if math.isfinite(inp.threshold) else 0.0
+        decision = rebalancer.rebalance_decide(
+            rebalancer.RebalanceInput(
+                cluster=inp.cluster,
+                now=inp.now,
+                window=self.window(inp),
+                instances=instances,
+                threshold=threshold,
+                guards=self.guards,
+                history=history,
+            ),
+            _WindowPlanner(self._fleet, inp.cluster),
+        )
+        applied = decision.action == "propose"
+        self.history[inp.cluster] = rebalancer.history_after(history, decision, inp.now, applied)
+        self.decisions.append((inp.now, inp.cluster, decision.reason))
+        if not applied or decision.proposed is None:
+            return None
+        return Replan(
+            threshold=decision.proposed.setting.threshold,
+            flips=tuple((c.instance, c.to_role) for c in decision.role_changes),
+        )

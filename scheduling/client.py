@@ -13,7 +13,9 @@ not pay a timeout, and goes back to it by itself afterwards.
 
 Errors the server attributes to the caller (4xx other than 408/429: bad input, bad token,
 oversized body) are raised as :class:`RouterApiError`, never answered locally: a local
-answer would hide a bug in the caller.
+answer would hide a bug in the caller. So is a 503 saying the origin has no decode or
+prefill capacity (codes ``no_decode_capacity``, ``origin_unavailable``): that is the
+server's knowledge of the fleet, which a stale local decision would ignore.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from scheduling.router import (
     Decision,
     LiveState,
     PolicySnapshot,
+    Reason,
     RouteRequest,
     SnapshotFormatError,
     decision_from_dict,
@@ -54,6 +57,10 @@ POLICY_PATH = "/api/v1/policy"
 
 # Statuses that mean "the control plane cannot answer now", worth a retry and a fallback.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# A 503 with one of these codes is the control plane's answer about the fleet (the origin
+# has no decode or no prefill capacity), not its own failure: deciding locally from a stale
+# snapshot would send the request to instances the server knows are gone.
+_FLEET_CODES = frozenset({Reason.NO_DECODE_CAPACITY, Reason.ORIGIN_UNAVAILABLE})
 
 
 class RouterApiError(Exception):
@@ -105,7 +112,8 @@ class RouterClient:
     ``base_url``: the control plane (``https://cp.example``); ``token``: a ``router`` API
     token; ``timeout_s``: per HTTP attempt; ``retries``: extra attempts after the first
     (with ``backoff_s`` doubling between them); ``cooldown_s``: how long to decide locally
-    without trying the server after it failed. Thread-safe; one instance per process.
+    without trying the server after it failed. One instance per process can be shared by
+    threads (the counters are then approximate).
 
     Counters ``remote_decisions`` and ``local_decisions`` say how each answer was made.
     """
@@ -304,11 +312,14 @@ class RouterClient:
                 delay *= 2
             try:
                 response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:  # connect errors, timeouts, protocol errors
+            except httpx.RequestError as exc:  # connect errors, timeouts, protocol errors
                 last = exc
                 continue
             if response.status_code in _RETRYABLE_STATUS:
-                last = _error_of(response)
+                error = _error_of(response)
+                if error.code in _FLEET_CODES:
+                    raise error
+                last = error
                 continue
             if response.status_code >= 400:
                 raise _error_of(response)

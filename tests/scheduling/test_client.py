@@ -91,7 +91,7 @@ class FakeControlPlane:
 
     def __init__(self) -> None:
         self.snapshot = make_snapshot()
-        self.mode = "ok"  # ok | fail500 | slow | garbage | reject422
+        self.mode = "ok"  # ok | fail500 | slow | garbage | reject422 | no_decode
         self.slow_s = 1.0
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -178,6 +178,10 @@ class FakeControlPlane:
                     return
                 if plane.mode == "reject422":
                     self._reply(422, {"detail": "prompt_tokens: too large", "code": "invalid"})
+                    return
+                if plane.mode == "no_decode":
+                    detail = "pd cluster 'pd-h20' has no active decode instance"
+                    self._reply(503, {"detail": detail, "code": "no_decode_capacity"})
                     return
                 if self.path == "/api/v1/route":
                     self._reply(200, plane._decide(self._body))
@@ -337,6 +341,21 @@ def test_a_refused_request_raises_the_servers_error_instead_of_deciding_locally(
     assert (err.value.status, err.value.code) == (422, "invalid")
     assert "too large" in err.value.detail
     assert client.local_decisions == 0
+
+
+def test_a_fleet_without_decode_capacity_is_reported_not_answered_from_the_snapshot(
+    plane: FakeControlPlane,
+) -> None:
+    with make_client(plane.url, retries=2) as client:
+        client.refresh_policy()
+        plane.mode = "no_decode"
+        with pytest.raises(RouterApiError) as err:
+            client.route(PD, 1000)
+        plane.mode = "ok"
+        after = client.route(PD, 1000)
+    assert (err.value.status, err.value.code) == (503, Reason.NO_DECODE_CAPACITY)
+    assert plane.count("/api/v1/route") == 2  # no retry of a definitive answer, no cooldown
+    assert client.local_decisions == 0 and not after.stale
 
 
 def test_a_wrong_token_raises_unauthorized(plane: FakeControlPlane) -> None:

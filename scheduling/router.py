@@ -87,6 +87,7 @@ __all__ = [
     "route_decide",
     "route_decide_many",
     "route_fallback_local",
+    "route_fallback_local_many",
 ]
 
 CLUSTER_KINDS = ("prfaas", "pd")
@@ -635,7 +636,9 @@ class ControlState:
     cause: str | None = None
 
     def effective_threshold(self, base_threshold: float) -> float:
-        return base_threshold * self.threshold_factor
+        # Never below the policy's t: control only ever raises it.
+        factor = self.threshold_factor
+        return base_threshold * factor if factor > 1.0 else base_threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -1544,6 +1547,55 @@ def route_fallback_local(
     t_eff = t0 if control is None else control.effective_threshold(t0)
     ttft_prfaas = original.ttft_estimate_s.prfaas if original is not None else None
     return _local_decision(ctx, request, hits, decode, t_eff, reason, ttft_prfaas, stale)
+
+
+def route_fallback_local_many(
+    requests: Sequence[RouteRequest],
+    originals: Sequence[Decision | None],
+    policy: Policy,
+    topology: Topology,
+    live: LiveState,
+    *,
+    reason: str = Reason.LINK_CONGESTED,
+) -> list[Decision | None]:
+    """:func:`route_fallback_local` for a batch, sharing one pass over the live state.
+
+    ``originals[i]``: the decision whose reservation might fail (None: no fallback needed,
+    answered None). The fallbacks book their own work on each other, as if all of them
+    happened. An item whose origin has no active prefill instance gets None: if its
+    reservation fails it cannot be served.
+    """
+    if len(requests) != len(originals):
+        raise ValueError("requests and originals must have the same length")
+    ctx = _Context(policy, topology, live)
+    stale = live_is_stale(live, policy.guards)
+    out: list[Decision | None] = []
+    for request, original in zip(requests, originals, strict=True):
+        if original is None:
+            out.append(None)
+            continue
+        _validate(request, topology)
+        if not ctx.prefill_pool(request.origin):
+            out.append(None)
+            continue
+        hits = _collect_hits(request, topology, policy.guards)
+        decode = _pick_decode(ctx, request, policy.guards, not stale)
+        t0 = policy.threshold(request.origin)
+        control = None if stale else live.control.get(request.origin)
+        t_eff = t0 if control is None else control.effective_threshold(t0)
+        out.append(
+            _local_decision(
+                ctx,
+                request,
+                hits,
+                decode,
+                t_eff,
+                reason,
+                original.ttft_estimate_s.prfaas,
+                stale,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------

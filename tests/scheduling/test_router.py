@@ -52,6 +52,7 @@ from scheduling.router import (
     route_decide,
     route_decide_many,
     route_fallback_local,
+    route_fallback_local_many,
 )
 
 H200 = ((1024, 0.44), (8192, 0.72), (32768, 1.84), (131072, 7.40))
@@ -490,6 +491,40 @@ def test_the_local_fallback_keeps_the_prfaas_estimate_and_says_link_congested() 
     assert d.cache_transfer is None and d.reservation is None
     assert d.ttft_estimate_s.prfaas == offload.ttft_estimate_s.prfaas
     assert d.incremental_tokens == 30000
+
+
+def test_batch_fallbacks_are_local_spread_and_none_where_not_needed() -> None:
+    topo, pol = make_topology(), make_policy()
+    requests = [req(30000 + i, request_id=f"r{i}") for i in range(6)] + [req(100)]
+    decisions = route_decide_many(requests, pol, topo, fresh())
+    originals = [d if d.reservation is not None else None for d in decisions]
+    assert originals[-1] is None and all(o is not None for o in originals[:-1])
+    fallbacks = route_fallback_local_many(requests, originals, pol, topo, fresh())
+    assert fallbacks[-1] is None
+    local = [f for f in fallbacks if f is not None]
+    assert len(local) == 6
+    assert all(
+        (f.route, f.reason, f.reservation) == ("local", "link_congested", None) for f in local
+    )
+    assert {f.prefill.instance for f in local} == {"pd-p0", "pd-p1", "pd-p2"}
+    assert [f.request_id for f in local] == [f"r{i}" for i in range(6)]
+
+
+def test_a_batch_fallback_is_none_when_the_origin_has_no_prefill() -> None:
+    topo = make_topology(states={f"pd-p{i}": "down" for i in range(3)})
+    request = req(500)
+    offload = route_decide(request, make_policy(), topo, fresh())
+    assert offload.reason == Reason.ORIGIN_UNAVAILABLE
+    assert route_fallback_local_many([request], [offload], make_policy(), topo, fresh()) == [None]
+    with pytest.raises(RouteUnavailable):
+        route_fallback_local(request, make_policy(), topo, fresh(), original=offload)
+    with pytest.raises(ValueError, match="same length"):
+        route_fallback_local_many([request], [], make_policy(), topo, fresh())
+
+
+def test_a_control_factor_below_one_never_lowers_the_threshold() -> None:
+    assert ControlState(threshold_factor=0.5).effective_threshold(T) == T
+    assert ControlState(threshold_factor=2.0).effective_threshold(T) == 2 * T
 
 
 # --------------------------------------------------------------------------------------

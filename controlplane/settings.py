@@ -148,6 +148,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
+# Pages work without `collectstatic` (demo, tests): WhiteNoise also serves from the finders.
+WHITENOISE_USE_FINDERS = True
 STATIC_ROOT = VAR_DIR / "staticfiles"
 # Only the dist files the pages use are served from node_modules (installed by `make setup`).
 _VENDOR_DIRS = {"vendor/htmx": "htmx.org/dist", "vendor/uplot": "uplot/dist"}

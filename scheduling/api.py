@@ -18,7 +18,7 @@ from clusters.live.prefix_index import BlockHashError, block_hash_key
 from controlplane.auth import require_scope
 from scheduling import traffic
 from scheduling.decisions import RouteInput, route_decide_async
-from scheduling.snapshot import snapshot_get_async
+from scheduling.snapshot import snapshot_current_async
 
 router = Router(tags=["routing"])
 
@@ -184,7 +184,7 @@ async def policy(request: HttpRequest) -> HttpResponse:
     """Everything a router needs to decide locally: thresholds, guards, clusters, instances
     and endpoints, links and their budgets (``scheduling.router.policy_snapshot_from_dict``
     reads it). Send ``If-None-Match`` with the last ETag to get 304 when nothing changed."""
-    snap = await snapshot_get_async()
+    snap = await snapshot_current_async()
     etags = {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}
     if snap.etag in etags or "*" in etags:
         response = HttpResponse(status=304)
@@ -211,3 +211,9 @@ async def decisions_recent(
 ) -> HttpResponse:
     """The latest decisions with their inputs, newest first ("why was this offloaded?")."""
     return _json(await traffic.recent_decisions_read_async(limit))
+
+
+# Plans and the long-term rebalancer: their own module, mounted on this app's one router.
+from scheduling.api_plans import router as plans_router  # noqa: E402
+
+router.add_router("", plans_router)

@@ -13,8 +13,8 @@ Per API call (one request or a batch):
 A decision whose reservation Redis refuses becomes the router's local fallback
 (:func:`scheduling.router.route_fallback_local`, ``link_congested``). When Redis is slow or
 down, the read gives up after ``REDIS_DEADLINE_S``; the call is decided from the snapshot with
-stale live state (``telemetry_stale``: the policy's static rule, no cache transfer, no
-reservation) and Redis is left alone for ``REDIS_BACKOFF_S`` so no call waits on it; the first
+stale live state (``telemetry_stale``: the policy's static rule, no cache transfer; as nothing
+can be reserved, what the rule would offload stays local) and Redis is left alone for ``REDIS_BACKOFF_S`` so no call waits on it; the first
 call after that tries again, so the service recovers by itself.
 """
 
@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
 from clusters.live.connection import redis_async
@@ -47,7 +49,9 @@ from scheduling.snapshot import (
 
 log = logging.getLogger(__name__)
 
-REDIS_DEADLINE_S = 0.2
+# Generous on purpose: under a burst the wait includes this process's own queue, and a
+# refused connection (Redis down) fails at once anyway.
+REDIS_DEADLINE_S = 1.0
 REDIS_BACKOFF_S = 1.0
 # Decisions of a batch kept in the "recent decisions" list (all of a single call).
 RECENT_PER_BATCH = 16
@@ -77,8 +81,11 @@ def _redis_available() -> bool:
 
 
 def _redis_failed(exc: BaseException) -> None:
+    """A timeout may be this process's own load; only a refused connection means Redis is
+    gone, and only then are the next calls spared the attempt."""
     global _redis_skip_until
-    _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
+    if isinstance(exc, ConnectionError | OSError | redis_exceptions.ConnectionError):
+        _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
     log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
 
 
@@ -305,8 +312,18 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
             if not ok:
                 decisions[i] = fallbacks[i]
     else:
-        for i in fallbacks:  # stale live state reserves nothing; the router should not ask
-            decisions[i] = fallbacks[i]
+        # Without Redis nothing can be reserved, and the link budget is never to be exceeded:
+        # what the static rule would offload stays local, still saying telemetry_stale.
+        for i, d in enumerate(decisions):
+            if d.reservation is not None and d.reservation.bytes > 0:
+                decisions[i] = router.route_fallback_local(
+                    requests[i],
+                    snap.policy,
+                    snap.topology,
+                    live,
+                    reason=router.Reason.TELEMETRY_STALE,
+                    original=d,
+                )
     return [router.decision_to_dict(d) for d in decisions]
 
 

@@ -18,6 +18,7 @@ policy version is 0. The rebalancer replaces it with a threshold solved from tra
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
@@ -31,7 +32,7 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from clusters.live.connection import redis_sync
+from clusters.live.connection import redis_async, redis_sync
 from clusters.models import (
     Accelerator,
     Cluster,
@@ -261,6 +262,24 @@ async def snapshot_get_async() -> Snapshot:
     snap = _current
     if snap is None:
         snap = await snapshot_refresh_async()
+    return snap
+
+
+async def snapshot_current_async(timeout_s: float = 0.2) -> Snapshot:
+    """The snapshot, refreshed first if the version counter in Redis moved (one GET).
+
+    For callers off the route path (policy, ingestion); Redis trouble is not an error here:
+    the cached snapshot is served.
+    """
+    version: int | None = None
+    try:
+        raw = await asyncio.wait_for(redis_async().get(SNAPSHOT_VERSION_KEY), timeout_s)
+        version = parse_version(raw)
+    except (Exception, asyncio.TimeoutError):  # noqa: UP041 - distinct on 3.10, same on 3.11
+        version = None
+    snap = _current
+    if snap is None or snapshot_needs_refresh(snap, version):
+        snap = await snapshot_refresh_async(version)
     return snap
 
 

@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 # Seconds; the request path's whole Redis budget is a few of these at most.
-SOCKET_TIMEOUT_S = 0.25
+SOCKET_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 0.25
 
 _sync_lock = threading.Lock()
@@ -36,7 +36,7 @@ def redis_sync() -> redis.Redis:
         if _sync_client is None or _sync_url != url:
             _sync_client = redis.Redis.from_url(
                 url,
-                socket_timeout=SOCKET_TIMEOUT_S * 8,
+                socket_timeout=SOCKET_TIMEOUT_S * 2,
                 socket_connect_timeout=CONNECT_TIMEOUT_S * 4,
                 health_check_interval=30,
             )

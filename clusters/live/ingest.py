@@ -15,14 +15,14 @@ from typing import Any
 from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
 from controlplane.errors import Invalid, NotFound
-from scheduling.snapshot import Snapshot, link_key, snapshot_get_async, snapshot_refresh_async
+from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
 
 # Samples stamped further ahead than this are refused (clock skew larger than any agent's).
 MAX_FUTURE_S = 300.0
 
 
 async def _snapshot_knowing(names: Sequence[str], kind: str) -> Snapshot:
-    snap = await snapshot_get_async()
+    snap = await snapshot_current_async()
     known = set(snap.instance_names) if kind == "instance" else set(snap.link_keys)
     if all(n in known for n in names):
         return snap
@@ -93,7 +93,7 @@ async def kv_events_ingest_async(
     instance: str, batches: Sequence[tuple[int | None, Any]]
 ) -> KvIngestResult:
     """Apply an instance's batches in order; sequence gaps mark its index ``degraded``."""
-    snap = await snapshot_get_async()
+    snap = await snapshot_current_async()
     if instance not in snap.cluster_of:
         snap = await snapshot_refresh_async()
         if instance not in snap.cluster_of:

@@ -33,3 +33,208 @@ class Policy(models.Model):
 
     def __str__(self) -> str:
         return f"policy v{self.version}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Long-term rebalancer: per-cluster settings, ticks (exactly once per period), plans and steps.
+
+
+class RebalanceMode(models.TextChoices):
+    AUTO = "auto", "auto: apply plans that pass the guards"
+    MANUAL = "manual", "manual: wait for an operator to approve"
+
+
+class ActuatorKind(models.TextChoices):
+    RECORD = "record", "record: change only the control plane's state"
+    WEBHOOK = "webhook", "webhook: also POST each step to the operator's automation"
+
+
+class RebalanceSettings(models.Model):
+    """How the long-term rebalancer treats one PD cluster: whether it applies plans by itself
+    or waits for an operator, overrides of the rebalancer's guards (defaults documented in
+    ``scheduling.rebalancer``), how long a drain may take, and the actuator that carries role
+    changes out to the fleet."""
+
+    cluster = models.OneToOneField(
+        "clusters.Cluster", on_delete=models.CASCADE, related_name="rebalance_settings"
+    )
+    enabled = models.BooleanField(default=True)
+    mode = models.CharField(
+        max_length=10, choices=RebalanceMode.choices, default=RebalanceMode.MANUAL
+    )
+    guards = models.JSONField(default=dict, blank=True, help_text="overrides of rebalancer Guards")
+    drain_timeout_s = models.PositiveIntegerField(default=600)
+    drain_poll_s = models.PositiveIntegerField(default=5)
+    default_output_tokens = models.PositiveIntegerField(
+        default=1024, help_text="mean output length used when routers do not report it"
+    )
+    actuator = models.CharField(
+        max_length=10, choices=ActuatorKind.choices, default=ActuatorKind.RECORD
+    )
+    webhook_url = models.URLField(max_length=500, blank=True, default="")
+    webhook_secret = models.CharField(max_length=200, blank=True, default="")
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(mode__in=RebalanceMode.values), name="rebalancesettings_mode_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(actuator=ActuatorKind.RECORD) | ~Q(webhook_url=""),
+                name="rebalancesettings_webhook_has_url",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"rebalance settings of cluster {self.cluster_id}"
+
+
+class RebalanceTick(models.Model):
+    """One run of the rebalancer for one PD cluster and period: exactly one row per
+    ``(cluster, period_start)`` however many beats or retries fire, with what was decided
+    (hold and its reason, or a plan), the inputs it saw and the predictions it made."""
+
+    cluster = models.ForeignKey(
+        "clusters.Cluster", on_delete=models.CASCADE, related_name="rebalance_ticks"
+    )
+    period_start = models.DateTimeField()
+    decided_at = models.DateTimeField(auto_now_add=True)
+    action = models.CharField(max_length=10)  # hold or propose
+    reason = models.CharField(max_length=40)
+    detail = models.TextField(blank=True, default="")
+    gain = models.FloatField(null=True, blank=True)
+    split_direction = models.SmallIntegerField(default=0)
+    threshold_direction = models.SmallIntegerField(default=0)
+    pending_count = models.PositiveSmallIntegerField(default=0)
+    inputs = models.JSONField(default=dict)
+    predictions = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-period_start", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "period_start"], name="rebalancetick_unique_cluster_period"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"tick {self.cluster_id}@{self.period_start:%Y-%m-%d %H:%M}: {self.reason}"
+
+
+class PlanStatus(models.TextChoices):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    APPLYING = "applying"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+
+
+class Plan(models.Model):
+    """A change the rebalancer proposes for one PD cluster: a new threshold and prefill/decode
+    split, the instances to flip, the predicted throughput, TTFT and egress of the current and
+    proposed settings, and its lifecycle ``proposed -> approved -> applying -> applied`` (or
+    ``rejected``, ``superseded``, ``failed``, ``rolling_back -> rolled_back``)."""
+
+    tick = models.OneToOneField(RebalanceTick, on_delete=models.PROTECT, related_name="plan")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="plans")
+    status = models.CharField(
+        max_length=20, choices=PlanStatus.choices, default=PlanStatus.PROPOSED
+    )
+    version = models.PositiveIntegerField(default=1, editable=False)
+    mode = models.CharField(max_length=10, choices=RebalanceMode.choices)
+    threshold_before = models.FloatField()
+    threshold_after = models.FloatField()
+    n_p_before = models.PositiveIntegerField()
+    n_d_before = models.PositiveIntegerField()
+    n_p_after = models.PositiveIntegerField()
+    n_d_after = models.PositiveIntegerField()
+    gain = models.FloatField()
+    role_changes = models.JSONField(default=list, help_text="[{instance, from_role, to_role}]")
+    predictions = models.JSONField(default=dict, help_text="current, proposed, target")
+    inputs = models.JSONField(default=dict, help_text="window, fleet, policy version, guards")
+    policy_version_before = models.PositiveIntegerField(null=True, blank=True)
+    policy_version_after = models.PositiveIntegerField(null=True, blank=True)
+    policy_version_restored = models.PositiveIntegerField(null=True, blank=True)
+    approved_by = models.CharField(max_length=200, blank=True, default="")
+    decided_by = models.CharField(max_length=200, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    proposed_at = models.DateTimeField(auto_now_add=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    applying_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True, help_text="rejected/superseded/failed")
+    rollback_at = models.DateTimeField(null=True, blank=True)
+    rolled_back_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-proposed_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=PlanStatus.values), name="plan_status_valid"
+            ),
+            models.CheckConstraint(condition=Q(version__gte=1), name="plan_version_positive"),
+            # At most one plan per cluster may be changing the fleet at a time.
+            models.UniqueConstraint(
+                fields=["cluster"],
+                condition=Q(status__in=["approved", "applying", "rolling_back"]),
+                name="plan_one_in_flight_per_cluster",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"plan {self.pk} ({self.status})"
+
+
+class PlanStep(models.Model):
+    """One idempotent step of applying or rolling back a plan (drain an instance, wait until
+    it is empty, flip its role, activate it, publish the policy): done exactly once whatever
+    the retries, with its start and end times."""
+
+    class Phase(models.TextChoices):
+        APPLY = "apply"
+        ROLLBACK = "rollback"
+
+    class Action(models.TextChoices):
+        DRAIN = "drain"
+        WAIT = "wait"
+        FLIP = "flip"
+        ACTIVATE = "activate"
+        POLICY = "policy"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="steps")
+    phase = models.CharField(max_length=10, choices=Phase.choices)
+    index = models.PositiveIntegerField()
+    action = models.CharField(max_length=10, choices=Action.choices)
+    instance = models.ForeignKey(
+        "clusters.Instance", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    to_role = models.CharField(max_length=10, blank=True, default="")
+    threshold = models.FloatField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    detail = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["plan_id", "phase", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["plan", "phase", "index"], name="planstep_unique_plan_phase_index"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"plan {self.plan_id} {self.phase} step {self.index}: {self.action}"

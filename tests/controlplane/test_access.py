@@ -74,6 +74,13 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/telemetry"): "agent",
     ("POST", "/api/v1/kv-events"): "agent",
     ("GET", "/api/v1/prefix-index"): "read",
+    # plans and the long-term rebalancer
+    ("GET", "/api/v1/plans"): "read",
+    ("GET", "/api/v1/plans/{plan_id}"): "read",
+    ("POST", "/api/v1/plans/{plan_id}/approve"): "operate",
+    ("POST", "/api/v1/plans/{plan_id}/reject"): "operate",
+    ("POST", "/api/v1/plans/{plan_id}/rollback"): "operate",
+    ("POST", "/api/v1/rebalance"): "operate",
 }
 
 CALLERS = [*Scope.values, "no-token", "malformed-header", "unknown-token", "expired", "revoked"]

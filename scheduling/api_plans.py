@@ -1,0 +1,212 @@
+"""Plans and the rebalancer over HTTP: list and read plans (``read``), approve, reject, roll
+back and run the rebalancer now (``operate``). Illegal transitions answer 409 with the error
+shape and change nothing."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+
+from clusters.models import Cluster, ClusterKind
+from controlplane.audit import actor_from_request
+from controlplane.auth import TokenAuth
+from controlplane.errors import Invalid, NotFound
+from scheduling import plans
+from scheduling.models import Plan, RebalanceTick
+
+router = Router(tags=["plans"])
+
+READ = TokenAuth("read")
+OPERATE = TokenAuth("operate")
+
+
+class PlanStepOut(Schema):
+    phase: str
+    index: int
+    action: str
+    instance: str | None
+    to_role: str
+    threshold: float | None
+    status: str
+    attempts: int
+    detail: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class PlanOut(Schema):
+    id: int
+    cluster: str
+    status: str
+    version: int
+    mode: str
+    tick_period_start: datetime
+    threshold_before: float
+    threshold_after: float
+    n_p_before: int
+    n_d_before: int
+    n_p_after: int
+    n_d_after: int
+    gain: float
+    role_changes: list[dict[str, Any]]
+    predictions: dict[str, Any]
+    policy_version_before: int | None
+    policy_version_after: int | None
+    policy_version_restored: int | None
+    approved_by: str
+    decided_by: str
+    error: str
+    proposed_at: datetime
+    approved_at: datetime | None
+    applying_at: datetime | None
+    applied_at: datetime | None
+    closed_at: datetime | None
+    rollback_at: datetime | None
+    rolled_back_at: datetime | None
+
+
+class PlanDetailOut(PlanOut):
+    inputs: dict[str, Any]
+    steps: list[PlanStepOut]
+
+
+class PlanListOut(Schema):
+    items: list[PlanOut]
+    count: int
+
+
+class TickOut(Schema):
+    id: int
+    cluster: str
+    period_start: datetime
+    action: str
+    reason: str
+    detail: str
+    gain: float | None
+    plan_id: int | None
+
+
+class RebalanceOut(Schema):
+    ticks: list[TickOut]
+
+
+def _plan_out(plan: Plan) -> dict[str, Any]:
+    data = {name: getattr(plan, name) for name in PlanOut.model_fields if hasattr(plan, name)}
+    data["cluster"] = plan.cluster.name
+    data["tick_period_start"] = plan.tick.period_start
+    return data
+
+
+def _plan_detail(plan: Plan) -> dict[str, Any]:
+    data = _plan_out(plan)
+    data["inputs"] = plan.inputs
+    data["steps"] = [
+        {
+            "phase": s.phase,
+            "index": s.index,
+            "action": s.action,
+            "instance": s.instance.name if s.instance else None,
+            "to_role": s.to_role,
+            "threshold": s.threshold,
+            "status": s.status,
+            "attempts": s.attempts,
+            "detail": s.detail,
+            "started_at": s.started_at,
+            "finished_at": s.finished_at,
+        }
+        for s in plans.plan_steps(plan)
+    ]
+    return data
+
+
+def _tick_out(tick: RebalanceTick) -> dict[str, Any]:
+    plan = Plan.objects.filter(tick=tick).values_list("pk", flat=True).first()
+    return {
+        "id": tick.pk,
+        "cluster": tick.cluster.name,
+        "period_start": tick.period_start,
+        "action": "propose" if plan is not None else tick.action,
+        "reason": tick.reason,
+        "detail": tick.detail,
+        "gain": tick.gain,
+        "plan_id": plan,
+    }
+
+
+@router.get("/plans", response=PlanListOut, auth=READ)
+def plans_list(
+    request: HttpRequest,
+    cluster: str | None = None,
+    status: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
+    items = [_plan_out(p) for p in plans.plan_list(cluster=cluster, status=status, limit=limit)]
+    return {"items": items, "count": len(items)}
+
+
+@router.get("/plans/{plan_id}", response=PlanDetailOut, auth=READ)
+def plans_get(request: HttpRequest, plan_id: int) -> dict[str, Any]:
+    return _plan_detail(plans.plan_get(plan_id))
+
+
+@router.post("/plans/{plan_id}/approve", response=PlanDetailOut, auth=OPERATE)
+def plans_approve(
+    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+) -> dict[str, Any]:
+    plan = plans.plan_approve(
+        plan_id=plan_id,
+        actor=actor_from_request(request),
+        version=version,
+    )
+    return _plan_detail(plans.plan_get(plan.pk))
+
+
+@router.post("/plans/{plan_id}/reject", response=PlanDetailOut, auth=OPERATE)
+def plans_reject(
+    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+) -> dict[str, Any]:
+    plan = plans.plan_reject(
+        plan_id=plan_id,
+        actor=actor_from_request(request),
+        version=version,
+    )
+    return _plan_detail(plans.plan_get(plan.pk))
+
+
+@router.post("/plans/{plan_id}/rollback", response=PlanDetailOut, auth=OPERATE)
+def plans_rollback(
+    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+) -> dict[str, Any]:
+    plan = plans.plan_rollback(
+        plan_id=plan_id,
+        actor=actor_from_request(request),
+        version=version,
+    )
+    return _plan_detail(plans.plan_get(plan.pk))
+
+
+@router.post("/rebalance", response=RebalanceOut, auth=OPERATE)
+def rebalance_now(
+    request: HttpRequest,
+    cluster: str | None = Query(None, min_length=1, max_length=100, description="a pd cluster"),
+) -> dict[str, Any]:
+    """Run the rebalancer now: one tick per pd cluster (or the named one), id = now."""
+    name = cluster
+    clusters = Cluster.objects.filter(kind=ClusterKind.PD)
+    if name is not None:
+        found = Cluster.objects.filter(name=name).first()
+        if found is None:
+            raise NotFound(f"cluster {name!r} does not exist")
+        if found.kind != ClusterKind.PD:
+            raise Invalid(f"cluster: {name} is a {found.kind} cluster; only pd clusters rebalance")
+        clusters = clusters.filter(pk=found.pk)
+    ticks = plans.rebalance_run_now(
+        cluster_ids=list(clusters.values_list("pk", flat=True)),
+        actor=actor_from_request(request),
+        now=time.time(),
+    )
+    return {"ticks": [_tick_out(t) for t in ticks]}

@@ -7,7 +7,7 @@ Inventory factories save rows directly (version 1); tests of the services call t
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import factory
 from django.contrib.auth.models import Group, User
@@ -28,18 +28,33 @@ from controlplane.audit import CLI_ACTOR
 from controlplane.models import ApiToken, ChangeRecord
 from controlplane.services import token_create
 
+T = TypeVar("T")
+
+
+class ModelFactory(factory.django.DjangoModelFactory[T]):
+    """Base of the factories below: ``XFactory(...)`` is typed as the model it creates."""
+
+    class Meta:
+        abstract = True
+
+    if TYPE_CHECKING:
+        # factory-boy builds through its metaclass; this only tells mypy what comes out.
+        def __new__(cls, *args: Any, **kwargs: Any) -> T:  # type: ignore[misc]
+            ...
+
+
 KV_CACHE_MIB = [[1024, 190.8], [8192, 308.9], [32768, 701.3], [131072, 2316.3]]
 PREFILL_SECONDS = [[1024, 0.44], [8192, 0.72], [32768, 1.84], [131072, 7.40]]
 
 
-class SiteFactory(factory.django.DjangoModelFactory):
+class SiteFactory(ModelFactory[Site]):
     class Meta:
         model = Site
 
     name = factory.Sequence(lambda n: f"dc-{n}")
 
 
-class AcceleratorFactory(factory.django.DjangoModelFactory):
+class AcceleratorFactory(ModelFactory[Accelerator]):
     class Meta:
         model = Accelerator
 
@@ -47,7 +62,7 @@ class AcceleratorFactory(factory.django.DjangoModelFactory):
     gpu_hour_cost = 1.0
 
 
-class ModelProfileFactory(factory.django.DjangoModelFactory):
+class ModelProfileFactory(ModelFactory[ModelProfile]):
     class Meta:
         model = ModelProfile
 
@@ -58,7 +73,7 @@ class ModelProfileFactory(factory.django.DjangoModelFactory):
     linear_state_mib = None
 
 
-class PerformanceProfileFactory(factory.django.DjangoModelFactory):
+class PerformanceProfileFactory(ModelFactory[PerformanceProfile]):
     class Meta:
         model = PerformanceProfile
 
@@ -70,7 +85,7 @@ class PerformanceProfileFactory(factory.django.DjangoModelFactory):
     decode_step_seconds = 0.025
 
 
-class ClusterFactory(factory.django.DjangoModelFactory):
+class ClusterFactory(ModelFactory[Cluster]):
     """A pd cluster; use ``PrfaasClusterFactory`` for a prefill-only one."""
 
     class Meta:
@@ -88,7 +103,7 @@ class PrfaasClusterFactory(ClusterFactory):
     kind = ClusterKind.PRFAAS
 
 
-class InstanceFactory(factory.django.DjangoModelFactory):
+class InstanceFactory(ModelFactory[Instance]):
     class Meta:
         model = Instance
 
@@ -99,7 +114,7 @@ class InstanceFactory(factory.django.DjangoModelFactory):
     labels = factory.LazyFunction(dict)
 
 
-class LinkFactory(factory.django.DjangoModelFactory):
+class LinkFactory(ModelFactory[Link]):
     class Meta:
         model = Link
 
@@ -109,7 +124,7 @@ class LinkFactory(factory.django.DjangoModelFactory):
     rtt_ms = 10.0
 
 
-class UserFactory(factory.django.DjangoModelFactory):
+class UserFactory(ModelFactory[User]):
     """A user; ``UserFactory(groups=["operator"])`` puts it in those access groups.
 
     No usable password by default (hashing one costs most of a second): log in with
@@ -128,12 +143,12 @@ class UserFactory(factory.django.DjangoModelFactory):
         if create and extracted:
             for name in extracted:
                 group, _ = Group.objects.get_or_create(name=name)
-                self.groups.add(group)  # type: ignore[attr-defined]
+                self.groups.add(group)
         if create:
             self.save()  # type: ignore[attr-defined]
 
 
-class ApiTokenFactory(factory.django.DjangoModelFactory):
+class ApiTokenFactory(ModelFactory[ApiToken]):
     """A token row whose secret nobody knows; use :func:`api_token` to call the API with one."""
 
     class Meta:
@@ -145,7 +160,7 @@ class ApiTokenFactory(factory.django.DjangoModelFactory):
     scopes = factory.LazyFunction(lambda: ["read"])
 
 
-class ChangeRecordFactory(factory.django.DjangoModelFactory):
+class ChangeRecordFactory(ModelFactory[ChangeRecord]):
     class Meta:
         model = ChangeRecord
 

@@ -137,4 +137,5 @@ def test_every_service_write_leaves_a_record_with_the_actor() -> None:
         ("update", "cli"),
         ("delete", "cli"),
     ]
-    assert records[1].before["name"] == "dc-x" and records[1].after["name"] == "dc-y"
+    assert (records[1].before or {})["name"] == "dc-x"
+    assert (records[1].after or {})["name"] == "dc-y"

@@ -995,7 +995,12 @@ class _Hits:
         return self.best.get(cluster, (0, None, True))
 
 
-def _collect_hits(request: RouteRequest, topology: Topology, guards: Guards) -> _Hits:
+def _collect_hits(
+    request: RouteRequest, topology: Topology, guards: Guards, loads: Mapping[str, InstanceLoad]
+) -> _Hits:
+    """The request's prefix matches that can be used: on a known active prefill instance of
+    the named cluster (or a cluster-wide pool), degraded ones discounted, capped below the
+    prompt. A cache on a draining or down instance is not counted anywhere."""
     hits = _Hits()
     if not request.prefix_matches and not request.cached_tokens:
         return hits
@@ -1021,6 +1026,10 @@ def _collect_hits(request: RouteRequest, topology: Topology, guards: Guards) -> 
         if m.instance is not None:
             inst = instances.get(m.instance)
             if inst is None or inst.cluster != m.cluster or inst.role != "prefill":
+                continue
+            load = loads.get(m.instance)
+            state = load.state if load is not None and load.state is not None else inst.state
+            if state != "active":
                 continue
             if tokens > hits.by_instance.get(m.instance, 0):
                 hits.by_instance[m.instance] = tokens
@@ -1379,7 +1388,7 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
     guards = ctx.policy.guards
     origin = request.origin
     prompt = request.prompt_tokens
-    hits = _collect_hits(request, topology, guards)
+    hits = _collect_hits(request, topology, guards, ctx.live.instances)
     t0 = ctx.policy.threshold(origin)
     control = None if stale else ctx.live.control.get(origin)
     t_eff = t0 if control is None else control.effective_threshold(t0)
@@ -1540,7 +1549,7 @@ def route_fallback_local(
     _validate(request, topology)
     ctx = _Context(policy, topology, live)
     stale = live_is_stale(live, policy.guards)
-    hits = _collect_hits(request, topology, policy.guards)
+    hits = _collect_hits(request, topology, policy.guards, live.instances)
     decode = _pick_decode(ctx, request, policy.guards, not stale)
     t0 = policy.threshold(request.origin)
     control = None if stale else live.control.get(request.origin)
@@ -1578,7 +1587,7 @@ def route_fallback_local_many(
         if not ctx.prefill_pool(request.origin):
             out.append(None)
             continue
-        hits = _collect_hits(request, topology, policy.guards)
+        hits = _collect_hits(request, topology, policy.guards, live.instances)
         decode = _pick_decode(ctx, request, policy.guards, not stale)
         t0 = policy.threshold(request.origin)
         control = None if stale else live.control.get(request.origin)

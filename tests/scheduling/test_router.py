@@ -422,6 +422,17 @@ def test_draining_and_down_instances_are_never_chosen_even_when_idle_and_cached(
         assert d.cached_tokens == 0
 
 
+def test_a_prefix_cached_on_a_draining_or_down_instance_does_not_count() -> None:
+    topo = make_topology(states={"pd-p0": "draining"})
+    live = fresh(instances={f"{PF}-p0": InstanceLoad(state="down")}, links=ABUNDANT.links)
+    # Would be local by cache affinity if the draining holder's prefix counted.
+    d = route_decide(req(30000, PrefixMatch(PD, 20480, "pd-p0")), make_policy(), topo, live)
+    assert (d.route, d.reason, d.cached_tokens) == ("prfaas", Reason.ABOVE_THRESHOLD, 0)
+    # A down PrfaaS holder is never the source of a cache transfer.
+    d = route_decide(req(30000, PrefixMatch(PF, 20480, f"{PF}-p0")), make_policy(), topo, live)
+    assert d.route == "prfaas" and d.cache_transfer is None and d.cached_tokens == 0
+
+
 # --------------------------------------------------------------------------------------
 # Link budget and batches
 # --------------------------------------------------------------------------------------
@@ -835,7 +846,10 @@ def fleets(draw: st.DrawFn) -> tuple[Topology, LiveState, RouteRequest, Policy]:
     names += [f"pd-p{i}" for i in range(3)] + [f"pd-d{i}" for i in range(5)]
     states = {n: draw(STATES) for n in names}
     topo = make_topology(
-        n_prfaas=3, prfaas_clusters=(PF, PF2), states=states, budget=draw(st.integers(0, 10**10))
+        n_prfaas=3,
+        prfaas_clusters=(PF, PF2),
+        states=states,
+        budget=draw(st.sampled_from([None, 10**9, 10**11])),
     )
     loads = {
         n: InstanceLoad(
@@ -850,20 +864,25 @@ def fleets(draw: st.DrawFn) -> tuple[Topology, LiveState, RouteRequest, Policy]:
     }
     links = {
         (c, PD): LinkLoad(
-            egress_gbps=draw(st.floats(0, 120)), inflight_bytes=draw(st.integers(0, 10**10))
+            egress_gbps=draw(st.sampled_from([0.0, 5.0, 50.0, 70.0, 90.0, 110.0])),
+            inflight_bytes=draw(st.sampled_from([0, 10**8, 2 * 10**10])),
         )
         for c in (PF, PF2)
     }
     control = {PD: ControlState(threshold_factor=draw(st.floats(1, 4)), scarce=draw(st.booleans()))}
-    live = LiveState(
-        now=100.0, instances=loads, links=links, control=control, stale=draw(st.booleans())
-    )
+    stale = draw(st.sampled_from([False, False, False, True]))
+    live = LiveState(now=100.0, instances=loads, links=links, control=control, stale=stale)
     prompt = draw(st.integers(1, 200000))
+    prefill_names = {
+        PD: [f"pd-p{i}" for i in range(3)],
+        PF: [f"{PF}-p{i}" for i in range(3)],
+        PF2: [f"{PF2}-p{i}" for i in range(3)],
+    }
     matches = tuple(
         PrefixMatch(
             c,
-            draw(st.integers(0, 250000)),
-            draw(st.one_of(st.none(), st.sampled_from(names))),
+            512 * draw(st.integers(0, prompt // 512 + 2)),
+            draw(st.one_of(st.none(), st.sampled_from(prefill_names[c] + ["pd-d0"]))),
             draw(st.booleans()),
         )
         for c in draw(st.lists(st.sampled_from(MATCH_TARGETS), max_size=4))
@@ -909,3 +928,9 @@ def test_every_decision_names_active_instances_and_consistent_token_counts(
         assert reservation_fits(d.reservation, topo, live)
     if d.stale:
         assert d.reason == Reason.TELEMETRY_STALE and d.cache_transfer is None
+    ct = d.cache_transfer
+    if ct is not None:
+        assert policy.guards.allow_cache_transfer
+        assert ct.source_cluster != ct.target_cluster == d.prefill.cluster
+        assert ct.target_instance == d.prefill.instance and ct.tokens == d.cached_tokens
+        assert ct.source_instance is None or active(ct.source_instance)

@@ -183,10 +183,12 @@ class RouterDispatcher:
                 kv_usage=min(1.0, decode.running / decode.max_batch) if decode.max_batch else 1.0,
                 state=decode.state,
             )
+        # In flight = transfers under way (a prefill streaming its KV, a prefix moving), as
+        # link telemetry reports it; requests still queued for a PrfaaS prefill hold no bytes.
         links = {
             (link.source, link.target): router.LinkLoad(
                 egress_gbps=sum(f.rate for f in link.flows) * 8 / 1e9,
-                inflight_bytes=int(link.reserved_bytes),
+                inflight_bytes=int(link.in_flight_bytes()),
                 updated_at=now,
             )
             for link in sim.links.values()

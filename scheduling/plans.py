@@ -52,6 +52,7 @@ from scheduling.models import (
 from scheduling.planner import fleet_from_scenario
 from scheduling.policies import policy_create, policy_current
 from scheduling.scenario import ScenarioError
+from scheduling.snapshot import snapshot_version_bump
 from scheduling.traffic import traffic_window_read
 
 SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
@@ -794,6 +795,9 @@ def _step_run(plan: Plan, step: PlanStep, actor: Actor) -> float | None:
         return None
     assert step.instance is not None
     inst = Instance.objects.select_for_update().get(pk=step.instance.pk)
+    # The inventory services write with queryset updates (no post_save), so tell the routers'
+    # snapshots ourselves: a draining instance must stop getting work at once.
+    transaction.on_commit(snapshot_version_bump)
     if step.action == "drain":
         if inst.state == InstanceState.ACTIVE:
             instance_drain(instance_id=inst.pk, actor=actor, version=inst.version)

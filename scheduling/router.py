@@ -193,8 +193,9 @@ class SnapshotFormatError(ValueError):
 class PiecewiseLinear:
     """A ``[[x, y], ...]`` profile table read by linear interpolation.
 
-    Beyond either end the nearest segment is extrapolated (the scenario schema's rule).
-    Scalar ``bisect`` per call: for one value this is several times faster than numpy.
+    Beyond either end the nearest segment is extrapolated (the scenario schema's rule, the
+    same as ``scheduling.performance.Table``, its numpy twin for whole arrays). Scalar
+    ``bisect`` per call: for one value on the request path this is several times faster.
     """
 
     points: tuple[tuple[float, float], ...]
@@ -1454,18 +1455,18 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
         # Staying local. With abundant bandwidth a longer exact prefix held by a PrfaaS
         # cluster is moved here (paper 3.4.3), if the link budget has room for it.
         mover: _Option | None = None
+        move_tokens = 0
         for o in options:
             out = o.move_out
-            if out is not None and (mover is None or out[1] > mover.move_out[1]):  # type: ignore[index]
-                mover = o
-        if mover is not None and mover.move_out[2] > _headroom(ctx, mover.link):  # type: ignore[index]
-            mover = None
+            if out is not None and out[1] > move_tokens and out[2] <= _headroom(ctx, o.link):
+                mover, move_tokens = o, out[1]
         if incr_local > t_eff:
-            # Only a PrfaaS-held prefix keeps it local: it must move, or the link is full.
-            if mover is not None:
+            # Only a PrfaaS-held prefix keeps it local: it moves here, unless the link that
+            # would carry a long enough one is full (then whatever fits still helps).
+            if prompt - move_tokens <= t_eff:
                 return local(Reason.CACHE_AFFINITY, mover)
-            return local(Reason.LINK_CONGESTED)
-        best_tokens = prompt - max(l_pd, mover.move_out[1] if mover is not None else 0)  # type: ignore[index]
+            return local(Reason.LINK_CONGESTED, mover)
+        best_tokens = prompt - max(l_pd, move_tokens)
         if best_tokens > t0:
             return local(_congestion_reason(control, options, guards), mover)
         return local(_why_local(prompt, best_tokens, t0), mover)

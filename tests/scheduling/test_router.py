@@ -329,6 +329,14 @@ def test_abundant_bandwidth_with_a_longer_local_hit_stays_local_without_transfer
     assert d.cache_transfer is None and d.prefill.instance == "pd-p0"
 
 
+def test_a_prfaas_prefix_that_does_not_fit_the_link_budget_stays_put() -> None:
+    topo = make_topology(budget=10**8)  # less than the 20480-token prefix
+    assert topo.prefix_bytes(20480) > 10**8
+    d = route_decide(req(30000, PrefixMatch(PF, 20480, f"{PF}-p2")), make_policy(), topo, ABUNDANT)
+    assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
+    assert d.cache_transfer is None and d.reservation is None and d.cached_tokens == 0
+
+
 def test_a_degraded_prfaas_entry_is_never_transferred() -> None:
     d = route_decide(
         req(30000, PrefixMatch(PF, 20480, f"{PF}-p2", exact=False)),

@@ -105,7 +105,9 @@ def test_an_admin_add_and_delete_are_recorded(browser: Client) -> None:
     delete = reverse("admin:clusters_site_delete", args=[site.pk])
     assert browser.post(delete, {"post": "yes"}).status_code == 302
     assert not Site.objects.filter(pk=site.pk).exists()
-    actions = ChangeRecord.objects.filter(object_id=str(site.pk)).values_list("action", flat=True)
+    actions = ChangeRecord.objects.filter(
+        object_type="clusters.site", object_id=str(site.pk)
+    ).values_list("action", flat=True)
     assert sorted(actions) == ["create", "delete"]
 
 

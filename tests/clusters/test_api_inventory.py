@@ -175,7 +175,9 @@ def test_update_with_the_current_version_bumps_it_and_records_before_and_after(
     assert response.json()["version"] == 2
     for key, value in res.patch.items():
         assert response.json()[key] == value
-    record = ChangeRecord.objects.filter(object_id=str(obj.pk), action="update").get()
+    record = ChangeRecord.objects.filter(
+        object_type=f"clusters.{obj._meta.model_name}", object_id=str(obj.pk), action="update"
+    ).get()
     field = next(iter(res.patch))
     assert (record.after or {})[field] == res.patch[field]
     assert (record.before or {})[field] != res.patch[field]
@@ -287,7 +289,9 @@ def test_delete_with_the_current_version_removes_it_and_records_it(
     response = admin_client.delete(f"{res.path}/{obj.pk}?version=1")
     assert response.status_code == 204
     assert not type(obj).objects.filter(pk=obj.pk).exists()
-    record = ChangeRecord.objects.get(object_id=str(obj.pk), action="delete")
+    record = ChangeRecord.objects.get(
+        object_type=f"clusters.{obj._meta.model_name}", object_id=str(obj.pk), action="delete"
+    )
     assert (record.before or {})["id"] == obj.pk
     assert record.after is None
 
@@ -387,7 +391,9 @@ def test_drain_then_activate_moves_the_instance_and_records_both(admin_client: C
     activated = admin_client.post(f"/api/v1/instances/{instance.pk}/activate?version=2")
     assert activated.status_code == 200 and activated.json()["state"] == "active"
     actions = list(
-        ChangeRecord.objects.filter(object_id=str(instance.pk)).values_list("action", flat=True)
+        ChangeRecord.objects.filter(
+            object_type="clusters.instance", object_id=str(instance.pk)
+        ).values_list("action", flat=True)
     )
     assert sorted(actions) == ["activate", "drain"]
 

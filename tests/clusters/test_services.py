@@ -131,7 +131,9 @@ def test_every_service_write_leaves_a_record_with_the_actor() -> None:
     site = services.site_create(actor=CLI_ACTOR, name="dc-x")
     services.site_update(site_id=site.pk, version=1, changes={"name": "dc-y"}, actor=CLI_ACTOR)
     services.site_delete(site_id=site.pk, version=2, actor=CLI_ACTOR)
-    records = ChangeRecord.objects.filter(object_id=str(site.pk)).order_by("id")
+    records = ChangeRecord.objects.filter(
+        object_type="clusters.site", object_id=str(site.pk)
+    ).order_by("id")
     assert [(r.action, r.actor) for r in records] == [
         ("create", "cli"),
         ("update", "cli"),

@@ -109,3 +109,31 @@ def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
     if plan.policy == "homogeneous":
         return dict.fromkeys(origins, HOMOGENEOUS_CLUSTER)
     return {name: name for name in origins}
+
+
+def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -> FleetPlan:
+    """The fleet exactly as the scenario lists it (its own split), with one static threshold
+    for every PD cluster (``None``: never offload). For what-if runs and fidelity checks."""
+    clusters: list[ClusterPlan] = []
+    thresholds: dict[str, int] = {}
+    for c in scenario.clusters:
+        if c.kind == "prfaas":
+            profile = scenario.profile_for(c.accelerator)
+            clusters.append(
+                ClusterPlan(
+                    c.name, "prfaas", c.accelerator, tuple(profile.prefill_seconds),
+                    c.prefill_instances, cache_gib_per_instance=_cache_gib(scenario, c.name),
+                    site=c.site,
+                )
+            )
+        else:
+            clusters.append(
+                _pd_cluster_plan(
+                    scenario, c.name, c.accelerator, c.prefill_instances, c.decode_instances,
+                    c.name, c.site,
+                )
+            )
+            if threshold is not None:
+                thresholds[c.name] = max(0, round(threshold))
+    links = tuple(LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links)
+    return FleetPlan("prfaas", tuple(clusters), links, thresholds, None)

@@ -137,6 +137,9 @@ class RouterDispatcher:
     replans: list[tuple[float, str, float, int, int]] = field(default_factory=list)
     _window_start: float = 0.0
     _seen: int = 0
+    _load_memo: dict[str, tuple[tuple[object, ...], router.InstanceLoad]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if self.routing_length not in ROUTING_LENGTHS:
@@ -166,23 +169,43 @@ class RouterDispatcher:
         """The fleet as telemetry would report it right now (always fresh in simulation)."""
         now = sim.now
         loads: dict[str, router.InstanceLoad] = {}
+        memo = self._load_memo
         for prefill in sim.prefill_instances:
-            if prefill.state == OFF:
+            state = prefill.state
+            if state == OFF:
                 continue
-            loads[prefill.name] = router.InstanceLoad(
-                queue_depth=prefill.depth(),
-                queued_prefill_s=prefill.backlog_s(now),
-                state=prefill.state,
-            )
+            if prefill.current is None and not prefill.queue:
+                # Idle instances report the same load until they get work: reuse it.
+                key: tuple[object, ...] = (state,)
+                cached = memo.get(prefill.name)
+                if cached is None or cached[0] != key:
+                    cached = (key, router.InstanceLoad(state=state))
+                    memo[prefill.name] = cached
+                loads[prefill.name] = cached[1]
+            else:
+                loads[prefill.name] = router.InstanceLoad(
+                    queue_depth=len(prefill.queue) + 1,
+                    queued_prefill_s=prefill.backlog_s(now),
+                    state=state,
+                )
         for decode in sim.decode_instances:
-            if decode.state == OFF:
+            state = decode.state
+            if state == OFF:
                 continue
-            loads[decode.name] = router.InstanceLoad(
-                running=decode.running,
-                waiting=len(decode.waiting),
-                kv_usage=min(1.0, decode.running / decode.max_batch) if decode.max_batch else 1.0,
-                state=decode.state,
-            )
+            key = (state, decode.running, len(decode.waiting))
+            cached = memo.get(decode.name)
+            if cached is None or cached[0] != key:
+                cached = (
+                    key,
+                    router.InstanceLoad(
+                        running=decode.running,
+                        waiting=len(decode.waiting),
+                        kv_usage=min(1.0, decode.running / decode.max_batch),
+                        state=state,
+                    ),
+                )
+                memo[decode.name] = cached
+            loads[decode.name] = cached[1]
         # In flight = transfers under way (a prefill streaming its KV, a prefix moving), as
         # link telemetry reports it; requests still queued for a PrfaaS prefill hold no bytes.
         links = {

@@ -45,11 +45,22 @@ def topology_post(
     dry_run: bool = False,
     prune: bool = False,
 ) -> dict[str, int]:
-    """Make the inventory match the scenario, in one transaction; 422 names the key path."""
+    """Make the inventory match the scenario, in one transaction; 422 names the key path.
+
+    ``extends`` resolves in the shared scenarios folder and may not leave it: a posted body
+    must not make the server read arbitrary files.
+    """
+    base_dir = scenarios_dir().resolve()
+    extends = scenario.get("extends")
+    if isinstance(extends, str) and not (base_dir / extends).resolve().is_relative_to(base_dir):
+        raise Invalid(
+            f"extends: must name a file in the scenarios folder, got {extends!r}",
+            code="invalid_scenario",
+        )
     try:
         result = topology_apply_mapping(
             scenario,
-            base_dir=scenarios_dir(),
+            base_dir=base_dir,
             actor=actor_from_request(request, source="topology"),
             dry_run=dry_run,
             prune=prune,

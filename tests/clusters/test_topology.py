@@ -422,3 +422,45 @@ def test_api_export_of_an_empty_inventory_is_a_422(admin_client: Client) -> None
     response = admin_client.get("/api/v1/topology")
     assert response.status_code == 422
     assert response.json()["code"] == "not_exportable"
+
+
+@pytest.mark.parametrize("target", ["../secrets.yaml", "/etc/hostname"])
+def test_api_apply_refuses_extends_outside_the_scenarios_folder(
+    admin_client: Client, settings: Any, tmp_path: Path, target: str
+) -> None:
+    settings.SCENARIOS_DIR = tmp_path / "scenarios"
+    response = admin_client.post(
+        "/api/v1/topology",
+        data=json.dumps({"extends": target, "name": "x"}),
+        content_type="application/json",
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("extends: must name a file in the scenarios")
+
+
+def test_api_apply_resolves_extends_in_the_scenarios_folder(admin_client: Client) -> None:
+    body = {"extends": "paper-case-study.yaml", "name": "derived", "expected": None}
+    response = admin_client.post(
+        "/api/v1/topology", data=json.dumps(body), content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    assert Instance.objects.count() == 12
+
+
+def test_an_export_after_a_role_conversion_applies_back_unchanged(
+    case_study: Path, tmp_path: Path
+) -> None:
+    from clusters.services import instance_update
+    from controlplane.audit import CLI_ACTOR
+
+    topology("apply", str(case_study))
+    converted = Instance.objects.get(name="pd-h20-3")
+    instance_update(
+        instance_id=converted.pk, version=1, changes={"role": "decode"}, actor=CLI_ACTOR
+    )
+    exported = tmp_path / "export.yaml"
+    exported.write_text(topology("export"))
+    assert "prefill_instances: 3" in exported.read_text()
+    result = counts(topology("apply", str(exported)))
+    assert result["created"] == result["updated"] == result["deleted"] == 0
+    assert Instance.objects.get(pk=converted.pk).role == "decode"

@@ -39,11 +39,11 @@ def table_errors(value: Any, *, positive_values: bool = True) -> list[str]:
     """Problems with a ``[[tokens, value], ...]`` table, each naming the entry (``[2]``).
 
     Tokens must be positive integers, strictly increasing; values positive numbers (or
-    non-negative when ``positive_values`` is false). An empty table is refused: interpolation
-    needs at least one point.
+    non-negative when ``positive_values`` is false). Interpolation needs a segment, so at least
+    two points (the scenario reader asks the same).
     """
-    if not isinstance(value, list) or not value:
-        return ["must be a non-empty list of [tokens, value] points"]
+    if not isinstance(value, list) or len(value) < 2:
+        return ["must be a list of at least two [tokens, value] points"]
     errors: list[str] = []
     previous: int | None = None
     for i, point in enumerate(value):

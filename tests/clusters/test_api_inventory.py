@@ -355,6 +355,12 @@ def test_an_unsorted_table_is_refused_naming_the_entry(admin_client: Client) -> 
     assert_error(_send(admin_client, "post", "/api/v1/model-profiles", payload), 422, "[1][0]")
 
 
+def test_a_table_of_one_point_is_refused(admin_client: Client) -> None:
+    payload = RESOURCES["model-profiles"].create() | {"kv_cache_mib": [[1024, 1.0]]}
+    response = _send(admin_client, "post", "/api/v1/model-profiles", payload)
+    assert_error(response, 422, "kv_cache_mib", "at least two")
+
+
 def test_a_negative_capacity_is_refused(admin_client: Client) -> None:
     payload = RESOURCES["links"].create() | {"gbps": -1}
     assert_error(_send(admin_client, "post", "/api/v1/links", payload), 422, "gbps")

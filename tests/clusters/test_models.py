@@ -114,17 +114,18 @@ def test_saving_copies_the_cluster_kind_onto_instances_and_links() -> None:
 @pytest.mark.parametrize(
     ("table", "problem"),
     [
-        ([], "non-empty"),
-        ("1024", "non-empty"),
+        ([], "at least two"),
+        ("1024", "at least two"),
+        ([[1024, 1.0]], "at least two"),
         ([[1024, 1.0], [512, 2.0]], "[1][0]: tokens must be strictly increasing"),
         ([[1024, 1.0], [1024, 2.0]], "[1][0]"),
-        ([[0, 1.0]], "[0][0]: tokens must be a positive integer"),
-        ([[10.5, 1.0]], "[0][0]"),
-        ([[1024, -1.0]], "[0][1]: must be positive"),
-        ([[1024, 0]], "[0][1]"),
-        ([[1024]], "[0]: must be a [tokens, value] pair"),
-        ([[1024, "big"]], "[0]"),
-        ([[True, 1.0]], "[0]"),
+        ([[0, 1.0], [8, 2.0]], "[0][0]: tokens must be a positive integer"),
+        ([[10.5, 1.0], [20, 2.0]], "[0][0]"),
+        ([[1024, -1.0], [2048, 1.0]], "[0][1]: must be positive"),
+        ([[1024, 0], [2048, 1.0]], "[0][1]"),
+        ([[1024], [2048, 1.0]], "[0]: must be a [tokens, value] pair"),
+        ([[1024, "big"], [2048, 1.0]], "[0]"),
+        ([[True, 1.0], [2048, 1.0]], "[0]"),
     ],
 )
 def test_table_errors_name_the_bad_entry(table: Any, problem: str) -> None:

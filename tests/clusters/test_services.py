@@ -94,7 +94,7 @@ def test_duplicates_are_conflicts_and_bad_values_are_invalid() -> None:
             accelerator_id=profile.accelerator_id,
             model_id=profile.model_id,
             gpus_per_instance=8,
-            prefill_seconds=[[1024, 1.0]],
+            prefill_seconds=[[1024, 1.0], [2048, 2.0]],
         )
     with pytest.raises(Invalid, match="decode"):
         services.performance_profile_create(
@@ -102,7 +102,7 @@ def test_duplicates_are_conflicts_and_bad_values_are_invalid() -> None:
             accelerator_id=profile.accelerator_id,
             model_id=ModelProfileFactory().pk,
             gpus_per_instance=8,
-            prefill_seconds=[[1024, 1.0]],
+            prefill_seconds=[[1024, 1.0], [2048, 2.0]],
             decode_max_batch=4,
         )
     with pytest.raises(Invalid, match="gpu_hour_cost"):

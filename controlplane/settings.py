@@ -196,6 +196,15 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 2.0},
     },
 }
+# Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off
+# (agents or the fleet emulator post telemetry instead).
+ENGINE_SCRAPE_INTERVAL_S = float(os.environ.get("ENGINE_SCRAPE_INTERVAL_S", "0"))
+if ENGINE_SCRAPE_INTERVAL_S > 0:
+    CELERY_BEAT_SCHEDULE["engines-scrape"] = {
+        "task": "clusters.engines_scrape",
+        "schedule": ENGINE_SCRAPE_INTERVAL_S,
+        "options": {"expires": ENGINE_SCRAPE_INTERVAL_S},
+    }
 
 LOGGING = {
     "version": 1,

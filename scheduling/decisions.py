@@ -108,12 +108,17 @@ async def _read(snap: Snapshot, hashes: list[str], now: float) -> _Read:
     raw = await pipe.execute()
     version = parse_version(raw[0])
     control_raw = telemetry.control_states_parse(raw[1])
-    inst = telemetry.instance_states_parse(snap.instance_names, raw[2])
-    n_links = len(snap.link_keys)
-    links = telemetry.link_states_parse(snap.link_keys, raw[3 : 4 + n_links])
+    at = 2
+    inst: dict[str, telemetry.InstanceSample] = {}
+    if snap.instance_names:
+        inst = telemetry.instance_states_parse(snap.instance_names, raw[at])
+        at += 1
+    n_links = len(snap.link_keys) + 1 if snap.link_keys else 0
+    links = telemetry.link_states_parse(snap.link_keys, raw[at : at + n_links])
+    at += n_links
     holders = None
     if hashes:
-        holders = prefix_index.prefix_holders_parse(hashes, raw[4 + n_links :], snap.hybrid)
+        holders = prefix_index.prefix_holders_parse(hashes, raw[at:], snap.hybrid)
     newest: float | None = None
     loads: dict[str, router.InstanceLoad] = {}
     for name, s in inst.items():

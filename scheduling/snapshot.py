@@ -83,6 +83,9 @@ class Snapshot:
     hybrid: bool
     block_tokens: int
     skipped: tuple[str, ...] = ()
+    # Every instance and link of the inventory, routable or not (telemetry may name them).
+    known_instances: frozenset[str] = frozenset()
+    known_links: frozenset[str] = frozenset()
 
 
 def _model_spec(model: ModelProfile) -> router.ModelSpec:
@@ -139,15 +142,17 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             )
         )
     kept = {s.name for s in specs}
+    all_instances = list(Instance.objects.select_related("cluster"))
     instances = tuple(
         router.InstanceSpec(
             name=i.name, cluster=i.cluster.name, role=i.role, state=i.state, endpoint=i.endpoint
         )
-        for i in Instance.objects.select_related("cluster")
+        for i in all_instances
         if i.cluster.name in kept
     )
     links: list[router.LinkSpec] = []
-    for lk in Link.objects.select_related("source", "target"):
+    all_links = list(Link.objects.select_related("source", "target"))
+    for lk in all_links:
         if lk.source.name not in kept or lk.target.name not in kept:
             continue
         if lk.gbps <= 0:
@@ -200,6 +205,8 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
         hybrid=topology.linear_state_bytes > 0,
         block_tokens=model_spec.block_tokens,
         skipped=tuple(skipped),
+        known_instances=frozenset(i.name for i in all_instances),
+        known_links=frozenset(link_key(lk.source.name, lk.target.name) for lk in all_links),
     )
 
 

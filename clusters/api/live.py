@@ -128,4 +128,4 @@ async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.Kv
 def prefix_index_get(request: HttpRequest) -> list[prefix_index.InstanceIndexState]:
     """Per instance: ``exact`` or ``degraded`` (sequence gap), gaps seen, entries held."""
     snap = snapshot_refresh()
-    return prefix_index.prefix_index_states(list(snap.instance_names))
+    return prefix_index.prefix_index_states(sorted(snap.known_instances))

@@ -16,9 +16,11 @@ from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
-# Seconds; the request path's whole Redis budget is a few of these at most.
+# Seconds. A refused connection (Redis down) fails at once; these bound a hung or blackholed
+# server, and leave room for a burst opening many connections at once.
 SOCKET_TIMEOUT_S = 1.0
-CONNECT_TIMEOUT_S = 0.25
+CONNECT_TIMEOUT_S = 1.0
+ASYNC_POOL_SIZE = 48
 
 _sync_lock = threading.Lock()
 _sync_client: redis.Redis | None = None
@@ -37,7 +39,7 @@ def redis_sync() -> redis.Redis:
             _sync_client = redis.Redis.from_url(
                 url,
                 socket_timeout=SOCKET_TIMEOUT_S * 2,
-                socket_connect_timeout=CONNECT_TIMEOUT_S * 4,
+                socket_connect_timeout=CONNECT_TIMEOUT_S * 2,
                 health_check_interval=30,
             )
             _sync_url = url
@@ -50,14 +52,17 @@ def redis_async() -> aioredis.Redis:
     url = settings.REDIS_URL
     entry = _async_clients.get(loop)
     if entry is None or entry[0] != url:
-        client = aioredis.Redis.from_url(
+        # A bounded pool that waits for a free connection: a burst of requests shares a few
+        # dozen connections instead of opening hundreds at once.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=ASYNC_POOL_SIZE,
+            timeout=SOCKET_TIMEOUT_S,
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
-            max_connections=512,
-            # No retries: the caller's deadline decides, and a stale answer beats a late one.
-            retry=AsyncRetry(NoBackoff(), 0),
         )
+        # No retries: the caller's deadline decides, and a stale answer beats a late one.
+        client = aioredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
         _async_clients[loop] = (url, client)
         return client
     return entry[1]

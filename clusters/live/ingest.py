@@ -6,6 +6,7 @@ No ORM query: instance and link names are checked against the in-process routing
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -17,17 +18,19 @@ from clusters.live.telemetry import InstanceSample, LinkSample
 from controlplane.errors import Invalid, NotFound
 from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
 
+log = logging.getLogger(__name__)
+
 # Samples stamped further ahead than this are refused (clock skew larger than any agent's).
 MAX_FUTURE_S = 300.0
 
 
 async def _snapshot_knowing(names: Sequence[str], kind: str) -> Snapshot:
     snap = await snapshot_current_async()
-    known = set(snap.instance_names) if kind == "instance" else set(snap.link_keys)
+    known = snap.known_instances if kind == "instance" else snap.known_links
     if all(n in known for n in names):
         return snap
     snap = await snapshot_refresh_async()
-    known = set(snap.instance_names) if kind == "instance" else set(snap.link_keys)
+    known = snap.known_instances if kind == "instance" else snap.known_links
     for i, n in enumerate(names):
         if n not in known:
             raise Invalid(f"{kind}s[{i}]: unknown {kind} {n!r}", code=f"unknown_{kind}")
@@ -66,7 +69,10 @@ async def telemetry_ingest_async(
         from controlplane.dashboard import telemetry_frames_apublish
         from scheduling.decisions import control_tick_async
 
-        await control_tick_async()
+        try:
+            await control_tick_async()
+        except Exception as exc:  # stored already; the route path advances control too
+            log.warning("control tick after telemetry failed: %s", exc)
         await telemetry_frames_apublish(instances, links)
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
 
@@ -94,9 +100,9 @@ async def kv_events_ingest_async(
 ) -> KvIngestResult:
     """Apply an instance's batches in order; sequence gaps mark its index ``degraded``."""
     snap = await snapshot_current_async()
-    if instance not in snap.cluster_of:
+    if instance not in snap.known_instances:
         snap = await snapshot_refresh_async()
-        if instance not in snap.cluster_of:
+        if instance not in snap.known_instances:
             raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
     decoded = []
     for i, (seq, batch) in enumerate(batches):

@@ -189,8 +189,9 @@ async def telemetry_batch_store_async(
 
 
 def instance_states_queue(pipe: Any, instances: Sequence[str]) -> None:
-    """One command: the latest sample of each of ``instances``."""
-    pipe.hmget(INSTANCES_KEY, list(instances))
+    """One command (none for no instances): the latest sample of each of ``instances``."""
+    if instances:
+        pipe.hmget(INSTANCES_KEY, list(instances))
 
 
 def instance_states_parse(
@@ -233,7 +234,9 @@ return tonumber(redis.call('GET', KEYS[3]) or '0')
 
 
 def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None) -> None:
-    """``1 + len(links)`` commands: the latest samples and each link's in-flight bytes."""
+    """``1 + len(links)`` commands (none for no links): latest samples, in-flight bytes."""
+    if not links:
+        return
     pipe.hmget(LINKS_KEY, list(links))
     t = repr(time.time() if now is None else now)
     for link in links:
@@ -244,6 +247,8 @@ def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None)
 def link_states_parse(links: Sequence[str], raw: Sequence[Any]) -> dict[str, LinkState]:
     """Link states by link; a link with neither a sample nor reservations is left out."""
     out: dict[str, LinkState] = {}
+    if not links:
+        return out
     samples = raw[0] or [None] * len(links)
     for i, link in enumerate(links):
         packed, reserved = samples[i], int(raw[1 + i] or 0)
@@ -271,6 +276,8 @@ def telemetry_prune(keep_instances: Sequence[str], keep_links: Sequence[str]) ->
 
 
 def instance_states_read(instances: Sequence[str]) -> dict[str, InstanceSample]:
+    if not instances:
+        return {}
     pipe = redis_sync().pipeline(transaction=False)
     instance_states_queue(pipe, instances)
     return instance_states_parse(instances, pipe.execute()[0])

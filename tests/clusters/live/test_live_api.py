@@ -1,0 +1,210 @@
+"""Telemetry and KV-event endpoints with real Redis: idempotency, both vLLM encodings, gaps,
+and every bad input answered with the error shape."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.test import Client
+
+from clusters.live import prefix_index, telemetry
+from clusters.models import InstanceRole
+from controlplane.auth import token_cache_clear
+from scheduling.snapshot import snapshot_reset
+from tests.factories import (
+    ClusterFactory,
+    InstanceFactory,
+    LinkFactory,
+    PrfaasClusterFactory,
+    api_token,
+    bearer,
+)
+
+
+@pytest.fixture
+def agent(db: None, redis_client: redis.Redis) -> Iterator[dict[str, str]]:
+    snapshot_reset()
+    token_cache_clear()
+    pd = ClusterFactory(name="pd-a")
+    pf = PrfaasClusterFactory(name="prfaas-x", model=pd.model)
+    InstanceFactory(cluster=pd, name="pd-a-p0", role=InstanceRole.PREFILL)
+    InstanceFactory(cluster=pd, name="pd-a-d0", role=InstanceRole.DECODE)
+    LinkFactory(source=pf, target=pd)
+    headers = bearer(api_token("agent")[1])
+    yield headers
+    snapshot_reset()
+
+
+def post(path: str, body: Any, headers: dict[str, str]) -> Any:
+    return Client().post(
+        f"/api/v1{path}", data=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> None:
+    now = time.time()
+    first = {
+        "idempotency_key": "agent-7/42",
+        "instances": [{"instance": "pd-a-p0", "ts": now, "queue_depth": 3, "kv_usage": 0.4}],
+        "links": [
+            {
+                "source": "prfaas-x",
+                "target": "pd-a",
+                "ts": now,
+                "bytes_sent": 10**9,
+                "interval_s": 2,
+            }
+        ],
+    }
+    r1 = post("/telemetry", first, agent)
+    assert r1.status_code == 200 and r1.json()["stored"] is True
+    again = {**first, "instances": [{"instance": "pd-a-p0", "ts": now, "queue_depth": 99}]}
+    r2 = post("/telemetry", again, agent)
+    assert r2.status_code == 200 and r2.json()["stored"] is False
+    assert telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].queue_depth == 3
+    assert telemetry.link_states_read(["prfaas-x>pd-a"])["prfaas-x>pd-a"].gbps == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("body", "detail_part"),
+    [
+        ({"instances": []}, "idempotency_key"),
+        ({"idempotency_key": "k", "instances": [{"instance": "ghost", "ts": 1.0}]}, "ghost"),
+        ({"idempotency_key": "k", "instances": [{"instance": "pd-a-p0", "ts": -1}]}, "ts"),
+        ({"idempotency_key": "k", "instances": [{"instance": "pd-a-p0", "ts": 9e12}]}, "future"),
+        (
+            {
+                "idempotency_key": "k",
+                "instances": [{"instance": "pd-a-p0", "ts": 1, "kv_usage": 2}],
+            },
+            "kv_usage",
+        ),
+        (
+            {
+                "idempotency_key": "k",
+                "instances": [{"instance": "pd-a-p0", "ts": 1, "running": -1}],
+            },
+            "running",
+        ),
+        (
+            {
+                "idempotency_key": "k",
+                "links": [
+                    {
+                        "source": "pd-a",
+                        "target": "prfaas-x",
+                        "ts": 1,
+                        "bytes_sent": 1,
+                        "interval_s": 1,
+                    }
+                ],
+            },
+            "unknown link",
+        ),
+        (
+            {
+                "idempotency_key": "k",
+                "links": [
+                    {
+                        "source": "prfaas-x",
+                        "target": "pd-a",
+                        "ts": 1,
+                        "bytes_sent": 1,
+                        "interval_s": 0,
+                    }
+                ],
+            },
+            "interval_s",
+        ),
+    ],
+)
+def test_bad_telemetry_gets_a_clear_error_and_stores_nothing(
+    agent: dict[str, str], body: Any, detail_part: str
+) -> None:
+    response = post("/telemetry", body, agent)
+    assert response.status_code == 422, response.content
+    got = response.json()
+    assert set(got) == {"detail", "code"} and detail_part in got["detail"]
+    assert telemetry.instance_states_read(["pd-a-p0"]) == {}
+
+
+def test_kv_events_in_both_encodings_feed_the_prefix_index(agent: dict[str, str]) -> None:
+    digest = "ab" * 24 + f"{2:016x}"  # a 32-byte digest whose low 64 bits are 2
+    array_form = [time.time(), [["BlockStored", [1, digest], None, [], 16, None, "GPU"]]]
+    map_form = {
+        "ts": time.time(),
+        "events": [{"type": "BlockStored", "block_hashes": [3], "parent_block_hash": 2}],
+    }
+    body = {
+        "instance": "pd-a-p0",
+        "batches": [{"seq": 0, "batch": array_form}, {"seq": 1, "batch": map_form}],
+    }
+    response = post("/kv-events", body, agent)
+    assert response.status_code == 200, response.content
+    assert response.json()["applied"] == 2 and response.json()["state"] == "exact"
+    chain = [prefix_index.block_hash_key(h) for h in (1, 2, 3, 4)]
+    assert prefix_index.prefix_match(chain, 16).tokens_by_instance == {"pd-a-p0": 48}
+
+    removed = {"seq": 2, "batch": [time.time(), [["BlockRemoved", [2]]]]}
+    post("/kv-events", {"instance": "pd-a-p0", "batches": [removed]}, agent)
+    assert prefix_index.prefix_match(chain, 16).tokens_by_instance == {"pd-a-p0": 16}
+
+
+def test_a_sequence_gap_degrades_the_instance_until_cleared(agent: dict[str, str]) -> None:
+    def batch(seq: int, *events: Any) -> dict[str, Any]:
+        return {"seq": seq, "batch": [time.time(), list(events)]}
+
+    post(
+        "/kv-events",
+        {"instance": "pd-a-p0", "batches": [batch(0, ["BlockStored", [1], None, [], 16])]},
+        agent,
+    )
+    gap = post("/kv-events", {"instance": "pd-a-p0", "batches": [batch(3)]}, agent).json()
+    assert (gap["state"], gap["missed_batches"]) == ("degraded", 2)
+    dup = post("/kv-events", {"instance": "pd-a-p0", "batches": [batch(3)]}, agent).json()
+    assert dup["duplicates"] == 1
+    cleared = post(
+        "/kv-events", {"instance": "pd-a-p0", "batches": [batch(4, ["AllBlocksCleared"])]}, agent
+    )
+    assert cleared.json()["state"] == "exact"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "detail_part"),
+    [
+        ({"instance": "ghost", "batches": [{"seq": 0, "batch": [0, []]}]}, 404, "ghost"),
+        ({"instance": "pd-a-p0", "batches": []}, 422, "batches"),
+        ({"instance": "pd-a-p0", "batches": [{"seq": -1, "batch": [0, []]}]}, 422, "seq"),
+        ({"instance": "pd-a-p0", "batches": [{"batch": [0]}]}, 422, "batches[0].batch"),
+        (
+            {"instance": "pd-a-p0", "batches": [{"batch": [0, [["BlockStored", "x"]]]}]},
+            422,
+            "block_hashes",
+        ),
+        (
+            {"instance": "pd-a-p0", "batches": [{"batch": [0, [["BlockStored", ["zz"]]]]}]},
+            422,
+            "block_hashes[0]",
+        ),
+        ({"instance": "pd-a-p0", "batches": [{"batch": [0, [42]]}]}, 422, "events[0]"),
+        ({"instance": "pd-a-p0", "batches": [{"batch": {"ts": "now", "events": []}}]}, 422, "ts"),
+    ],
+)
+def test_bad_kv_events_get_a_clear_error(
+    agent: dict[str, str], body: Any, status: int, detail_part: str
+) -> None:
+    response = post("/kv-events", body, agent)
+    assert response.status_code == status, response.content
+    got = response.json()
+    assert set(got) == {"detail", "code"} and detail_part in got["detail"]
+
+
+def test_unknown_event_types_from_newer_engines_are_skipped(agent: dict[str, str]) -> None:
+    body = {"instance": "pd-a-p0", "batches": [{"seq": 0, "batch": [0, [["BlockPromoted", [1]]]]}]}
+    response = post("/kv-events", body, agent)
+    assert response.status_code == 200 and response.json()["applied"] == 1

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from scheduling.planner import PlanResult, plan_scenario
+from scheduling.planner import PlanResult
 from scheduling.scenario import Scenario
 from scheduling.simulator.policies import fleet_plan
 from scheduling.simulator.routing import FleetPlan
-from scheduling.simulator.run import SimulationConfig, SimulationResult, simulate
+from scheduling.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def capacity_search(
     if config.requests is None and config.duration_s is None:
         config = replace(config, requests=10_000)
     if fleet is None:
-        plan = plan or plan_scenario(scenario)
+        plan = plan or plan_for(scenario, skip_bad=config.skip_bad)
         fleet = fleet_plan(scenario, config.policy, plan, threshold=config.threshold)
     hint = hint_rps or fleet.planned_capacity_rps or 1.0
     probes: list[Probe] = []

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from scheduling import router
-from scheduling.planner import PlanResult, plan_scenario
-from scheduling.scenario import LinkEvent, Scenario, StateEvent
+from scheduling.performance import length_distribution
+from scheduling.planner import PlanResult, fleet_from_scenario, plan_scenario
+from scheduling.planner import plan as planner_plan
+from scheduling.scenario import LinkEvent, Scenario, StateEvent, empirical_from_lengths
 from scheduling.simulator.cache import HybridPrefixCache
 from scheduling.simulator.engine import OFF, FleetEvent, Simulation
 from scheduling.simulator.fleet import ACTIVE, DecodeInstance, PrefillInstance, SimRequest
@@ -27,6 +29,7 @@ from scheduling.simulator.link import FluidLink
 from scheduling.simulator.policies import fleet_plan, origin_map
 from scheduling.simulator.replan import PlannerReplanner
 from scheduling.simulator.routing import FleetPlan, Replanner, RouterDispatcher
+from scheduling.simulator.trace import trace_read
 from scheduling.simulator.workload import Workload, workload_build
 
 GIB = float(1 << 30)
@@ -317,6 +320,23 @@ def simulation_build(
     return sim, dispatcher
 
 
+def plan_for(scenario: Scenario, *, skip_bad: bool = False) -> PlanResult:
+    """The planner's answer for the scenario's traffic. A trace is planned from the rows this
+    simulator's reader accepts (so ``skip_bad`` applies), as an empirical distribution."""
+    workload = scenario.workload
+    if workload is None or workload.trace is None:
+        return plan_scenario(scenario)
+    spec = workload.trace
+    read = trace_read(
+        spec.path, spec.format, skip_bad=skip_bad, block_tokens=scenario.model.block_tokens
+    )
+    lengths = length_distribution(
+        empirical_from_lengths([row.input_tokens for row in read.rows], bin_tokens=16)
+    )
+    output = sum(row.output_tokens for row in read.rows) / len(read.rows)
+    return planner_plan(fleet_from_scenario(scenario), lengths, output)
+
+
 def simulate(
     scenario: Scenario,
     config: SimulationConfig,
@@ -332,7 +352,7 @@ def simulate(
     started = time.perf_counter()
     if fleet is None:
         if plan is None:
-            plan = plan_scenario(scenario)
+            plan = plan_for(scenario, skip_bad=config.skip_bad)
         fleet = fleet_plan(scenario, config.policy, plan, threshold=config.threshold)
     if workload is None:
         workload = workload_build(

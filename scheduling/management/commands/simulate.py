@@ -15,13 +15,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.planner import plan_scenario
 from scheduling.scenario import ScenarioError, scenario_load
 from scheduling.simulator.capacity import CapacityResult, capacity_search
 from scheduling.simulator.policies import POLICIES, PolicyError
 from scheduling.simulator.report import report_write, requests_csv_write
 from scheduling.simulator.routing import ROUTING_LENGTHS
-from scheduling.simulator.run import SimulationConfig, SimulationResult, simulate
+from scheduling.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
 from scheduling.simulator.trace import TraceError
 from scheduling.simulator.workload import WorkloadError
 
@@ -120,7 +119,7 @@ class Command(BaseCommand):
         keep = bool(opts["csv"] or opts["report"])
         capacity: CapacityResult | None = None
         try:
-            plan = plan_scenario(scenario)
+            plan = plan_for(scenario, skip_bad=config.skip_bad)
             if opts["capacity"]:
                 capacity = capacity_search(scenario, config, plan=plan)
                 result = (

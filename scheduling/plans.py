@@ -189,10 +189,6 @@ def _settings_snapshot(row: RebalanceSettings) -> dict[str, Any]:
 # Inputs of a tick
 
 
-def _ts(dt: datetime | None) -> float | None:
-    return dt.timestamp() if dt is not None else None
-
-
 def window_from_traffic(
     raw: Any, *, recorder_seen_at: float | None, default_output_tokens: float
 ) -> rebalancer.TrafficWindow:
@@ -245,25 +241,24 @@ def instance_views(
 
 
 def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:
-    """What earlier ticks and plans of the cluster mean for anti-flapping."""
-    last_applied_at: float | None = None
-    split: rebalancer.Change | None = None
-    threshold: rebalancer.Change | None = None
+    """What earlier ticks and plans of the cluster mean for anti-flapping: the applied (and
+    rolled back) plans replayed in order, and the candidate the previous tick kept pending."""
+    changes: list[tuple[float, int, int]] = []
     done = Plan.objects.filter(
-        cluster=cluster, applied_at__isnull=False, applied_at__lt=period_start + timedelta(days=1)
-    ).order_by("-applied_at")[:20]
+        cluster=cluster, applied_at__isnull=False, applied_at__lt=period_start
+    ).order_by("-applied_at")[:50]
     for plan in done:
-        at = _ts(plan.rolled_back_at) or _ts(plan.applied_at)
-        assert at is not None
-        last_applied_at = at if last_applied_at is None else max(last_applied_at, at)
-        sign = -1 if plan.rolled_back_at else 1
-        if split is None and plan.n_p_after != plan.n_p_before:
-            split = rebalancer.Change(at, sign * (1 if plan.n_p_after > plan.n_p_before else -1))
-        if threshold is None and plan.threshold_after != plan.threshold_before:
-            threshold = rebalancer.Change(
-                at, sign * (1 if plan.threshold_after > plan.threshold_before else -1)
-            )
-    pending = None
+        assert plan.applied_at is not None
+        split = (plan.n_p_after > plan.n_p_before) - (plan.n_p_after < plan.n_p_before)
+        thr = (plan.threshold_after > plan.threshold_before) - (
+            plan.threshold_after < plan.threshold_before
+        )
+        changes.append((plan.applied_at.timestamp(), split, thr))
+        if plan.rolled_back_at is not None and plan.rolled_back_at < period_start:
+            changes.append((plan.rolled_back_at.timestamp(), -split, -thr))
+    history = rebalancer.History()
+    for at, split, thr in sorted(changes):
+        history = rebalancer.history_record_change(history, at, split, thr)
     interval = float(django_settings.REBALANCE_INTERVAL_S)
     previous = (
         RebalanceTick.objects.filter(
@@ -275,18 +270,18 @@ def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:
         .first()
     )
     if previous is not None and previous.reason in PENDING_REASONS and previous.pending_count:
-        pending = rebalancer.Pending(
-            at=previous.period_start.timestamp(),
-            split_direction=previous.split_direction,
-            threshold_direction=previous.threshold_direction,
-            count=previous.pending_count,
+        history = replace(
+            history,
+            pending=rebalancer.Pending(
+                at=previous.period_start.timestamp(),
+                split_direction=previous.split_direction,
+                threshold_direction=rebalancer.threshold_move(
+                    previous.split_direction, previous.threshold_direction
+                ),
+                count=previous.pending_count,
+            ),
         )
-    return rebalancer.History(
-        last_applied_at=last_applied_at,
-        last_split_change=split,
-        last_threshold_change=threshold,
-        pending=pending,
-    )
+    return history
 
 
 def planner_for_cluster(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.FleetPlanner:

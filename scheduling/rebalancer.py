@@ -385,6 +385,13 @@ def choose_role_changes(
     return tuple(RoleChange(i.name, from_role, to_role) for i in eligible[:count])
 
 
+def threshold_move(split_dir: int, thr_dir: int) -> int:
+    """The threshold's own direction for anti-flapping: when the split changes, the threshold
+    is re-solved for the new split, so its direction follows the split and is not a move of
+    its own (counting it would call every split change after a threshold change a reversal)."""
+    return thr_dir if split_dir == 0 else 0
+
+
 def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
@@ -456,10 +463,11 @@ def rebalance_decide(inp: RebalanceInput, planner: PlannerPort) -> Decision:
                 f"last apply {since:.0f} s ago (cool-down {guards.cooldown_s:.0f} s)",
                 **common,
             )
-    reversal = _reversal(inp.history, inp.now, split_dir, thr_dir, gain, guards)
+    thr_move = threshold_move(split_dir, thr_dir)
+    reversal = _reversal(inp.history, inp.now, split_dir, thr_move, gain, guards)
     if reversal:
         return _hold(HOLD_REVERSAL_LIMITED, reversal, **common)
-    if gain < guards.urgent_gain and _persisted(inp.history, split_dir, thr_dir) + 1 < (
+    if gain < guards.urgent_gain and _persisted(inp.history, split_dir, thr_move) + 1 < (
         guards.persist_ticks
     ):
         return _hold(
@@ -549,6 +557,7 @@ def _persisted(history: History, split_dir: int, thr_dir: int) -> int:
 
 def history_record_change(history: History, at: float, split_dir: int, thr_dir: int) -> History:
     """The history once a change going ``split_dir`` / ``thr_dir`` was applied at ``at``."""
+    thr_dir = threshold_move(split_dir, thr_dir)
     reversed_ = any(
         change is not None and direction != 0 and direction == -change.direction
         for change, direction in (
@@ -578,13 +587,14 @@ def history_after(history: History, decision: Decision, now: float, applied: boo
             history, now, decision.split_direction, decision.threshold_direction
         )
     if decision.reason in (HOLD_AWAITING_PERSISTENCE, HOLD_REVERSAL_LIMITED, HOLD_COOLDOWN):
-        seen = _persisted(history, decision.split_direction, decision.threshold_direction)
+        thr_move = threshold_move(decision.split_direction, decision.threshold_direction)
+        seen = _persisted(history, decision.split_direction, thr_move)
         return replace(
             history,
             pending=Pending(
                 at=now,
                 split_direction=decision.split_direction,
-                threshold_direction=decision.threshold_direction,
+                threshold_direction=thr_move,
                 count=seen + 1,
             ),
         )

@@ -326,7 +326,11 @@ def reversals_per_hour(ticks) -> dict[int, int]:
     for now, d, _, _ in ticks:
         if d.action != "propose":
             continue
-        moves = (("split", d.split_direction), ("threshold", d.threshold_direction))
+        # A threshold re-solved for a new split follows the split; only its own moves count.
+        moves = (
+            ("split", d.split_direction),
+            ("threshold", rb.threshold_move(d.split_direction, d.threshold_direction)),
+        )
         if any(direction and last[name] == -direction for name, direction in moves):
             hour = int((now - 1) // 3600)
             out[hour] = out.get(hour, 0) + 1

@@ -43,6 +43,15 @@ def actor_from_request(request: HttpRequest, *, source: str = "api") -> Actor:
             token_id=token_id,
             request_id=request_id,
         )
+    user_id = getattr(principal, "user_id", None)
+    if user_id is not None:
+        # Session caller already resolved by the auth class: no lazy request.user (async-safe).
+        return Actor(
+            label=f"user:{principal.name}",  # type: ignore[union-attr]
+            source=source,
+            user_id=user_id,
+            request_id=request_id,
+        )
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return Actor(

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from controlplane.models import ChangeRecord
-from tests.factories import ChangeRecordFactory, SiteFactory, api_token, bearer
+from tests.factories import ChangeRecordFactory, SiteFactory, UserFactory, api_token, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -78,3 +78,16 @@ def test_the_audit_endpoint_refuses_bad_paging(query: str) -> None:
     response = reader.get(f"/api/v1/audit?{query}")
     assert response.status_code == 422
     assert set(response.json()) == {"detail", "code"}
+
+
+def test_a_session_users_api_write_is_recorded_under_the_users_name() -> None:
+    user = UserFactory(groups=["admin"])
+    client = Client()
+    client.force_login(user)
+    response = client.post(
+        "/api/v1/sites", data=json.dumps({"name": "dc-s"}), content_type="application/json"
+    )
+    assert response.status_code == 201
+    record = ChangeRecord.objects.get(object_type="clusters.site", action="create")
+    assert (record.actor, record.actor_user_id) == (f"user:{user.username}", user.pk)
+    assert record.actor_token_id is None

@@ -84,7 +84,7 @@ class ModelProfileOut(VersionedOut):
     name: str
     attention: dict[str, Any] | None
     block_tokens: int
-    kv_cache_mib: list[list[float]]
+    kv_cache_mib: Table
     linear_state_mib: float | None
 
 
@@ -110,7 +110,7 @@ class PerformanceProfileOut(VersionedOut):
     accelerator_id: int
     model_id: int
     gpus_per_instance: int
-    prefill_seconds: list[list[float]]
+    prefill_seconds: Table
     decode_max_batch: int | None
     decode_step_seconds: float | None
 

@@ -110,6 +110,7 @@ class FluidLink:
                 spare -= flow.cap_bps
             else:
                 flow.rate = share
+                spare -= share
             left -= 1
 
     def next_completion(self) -> float:

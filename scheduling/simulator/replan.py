@@ -21,7 +21,7 @@ from scheduling import rebalancer
 from scheduling.performance import DiscreteLengths
 from scheduling.planner import Evaluation, FleetSpec, evaluate, fleet_from_scenario, plan_fleet
 from scheduling.scenario import Scenario, empirical_from_lengths
-from scheduling.simulator.routing import FleetPlan, Replan, ReplanInput
+from scheduling.simulator.routing import Replan, ReplanInput
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,6 @@ class PlannerReplanner:
     """Re-plans each PD cluster from the observed window with the rebalancer's decision."""
 
     scenario: Scenario
-    plan: FleetPlan
     guards: rebalancer.Guards = field(default_factory=rebalancer.Guards)
     histogram_bin_tokens: float = 256.0
     history: dict[str, rebalancer.History] = field(default_factory=dict)

@@ -230,7 +230,7 @@ def simulation_build(
     dynamic = fleet.policy == "prfaas-dual"
     policy = router.Policy(version=1, thresholds=dict(fleet.thresholds))
     if dynamic and replanner is None:
-        replanner = PlannerReplanner(scenario, fleet)
+        replanner = PlannerReplanner(scenario)
     dispatcher = RouterDispatcher(
         model,
         fleet,

@@ -42,8 +42,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", help="scenario YAML file")
         parser.add_argument("--policy", choices=POLICIES, default="prfaas")
-        load = parser.add_mutually_exclusive_group(required=True)
-        load.add_argument("--rate", type=float, help="arrival rate (req/s) of the first phase")
+        load = parser.add_mutually_exclusive_group()
+        load.add_argument(
+            "--rate", type=float,
+            help="arrival rate (req/s) of the first phase (default: the scenario's own rate, "
+            "or a trace's natural rate)",
+        )
         load.add_argument(
             "--capacity", action="store_true", help="search the largest sustained rate"
         )
@@ -101,6 +105,13 @@ class Command(BaseCommand):
             raise _bad(str(exc)) from None
         if scenario.workload is None:
             raise _bad("workload: required key is missing (the simulator needs traffic)")
+        if (
+            opts["rate"] is None
+            and not opts["capacity"]
+            and scenario.workload.trace is None
+            and scenario.workload.arrival.rate_per_s is None
+        ):
+            raise _bad("the scenario gives no arrival rate: pass --rate R or --capacity")
         requests = opts["requests"]
         if requests is None and opts["duration"] is None and scenario.workload.trace is None:
             requests = DEFAULT_REQUESTS

@@ -33,6 +33,11 @@ def _fails(*args: str) -> str:
 
 
 @pytest.fixture
+def case_study_path(scenarios_dir: Path) -> Path:
+    return scenarios_dir / "paper-case-study.yaml"
+
+
+@pytest.fixture
 def small(write_scenario: Callable[[str, str], Path]) -> Path:
     return write_scenario(ONE_INSTANCE.format(service=0.5, rate=1.0))
 
@@ -129,6 +134,10 @@ def test_a_missing_or_invalid_scenario_file_exits_with_status_2(
     assert "not found" in _fails(str(tmp_path / "absent.yaml"), "--rate", "1")
     broken = write_scenario("version: 1\nname: x\nmodel: 3\n", "broken.yaml")
     assert "accelerators: required key is missing" in _fails(str(broken), "--rate", "1")
+
+
+def test_a_scenario_without_a_rate_needs_rate_or_capacity(case_study_path: Path) -> None:
+    assert "pass --rate R or --capacity" in _fails(str(case_study_path), "--requests", "10")
 
 
 def _manage(*args: str) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,7 @@ from scheduling.simulator.workload import workload_build  # noqa: E402
 class BareDispatcher:
     """The least a dispatcher can do: static threshold on prompt length, round robin."""
 
-    tick_s = None
+    tick_s: float | None = None
 
     def __init__(self, threshold: float, kv_bytes_of: object) -> None:
         self.threshold = threshold
@@ -49,7 +49,9 @@ class BareDispatcher:
         decode = decodes[self.turn % len(decodes)]
         link = sim.link_between.get((prefill.cluster, decode.cluster)) if offload else None
         kv = float(self.kv_bytes_of(request.input_tokens)) if offload else 0.0  # type: ignore[operator]
-        return Assignment("prfaas" if offload else "local", prefill, decode, 0, link=link, kv_bytes=kv)
+        return Assignment(
+            "prfaas" if offload else "local", prefill, decode, 0, link=link, kv_bytes=kv
+        )
 
     def tick(self, sim: Simulation) -> None:
         return None
@@ -67,7 +69,9 @@ def main() -> None:
     plan = plan_scenario(scenario)
     fleet = fleet_plan(scenario, "prfaas", plan)
     rate = 0.8 * plan.prfaas.throughput_rps
-    config = SimulationConfig(policy="prfaas", rate_per_s=rate, requests=args.requests, seed=args.seed)
+    config = SimulationConfig(
+        policy="prfaas", rate_per_s=rate, requests=args.requests, seed=args.seed
+    )
     workload = workload_build(scenario, rate_per_s=rate, seed=args.seed, requests=args.requests)
 
     started = time.perf_counter()
@@ -83,13 +87,17 @@ def main() -> None:
 
     n = args.requests
     print(f"case study, prfaas at {rate:.2f} req/s (80% of the planner's Lambda_max), {n} requests")
-    print(f"  full simulation (router per request): {full_s:6.2f} s  {n / full_s:9.0f} requests/s  "
-          f"(target: <= 60 s)")
+    print(
+        f"  full simulation (router per request): {full_s:6.2f} s  {n / full_s:9.0f} requests/s  "
+        f"(target: <= 60 s)"
+    )
     print(f"  bare event loop (no router):          {bare_s:6.2f} s  {n / bare_s:9.0f} requests/s")
     print(f"  ratio full / bare wall time:          {full_s / bare_s:6.2f}")
-    print(f"  simulated: {result.duration_s:.0f} s, finished {result.finished}, "
-          f"TTFT p90 {result.ttft.p90:.2f} s, offload {result.offload_fraction:.3f}, "
-          f"link mean {result.link_mean_gbps:.1f} Gbps")
+    print(
+        f"  simulated: {result.duration_s:.0f} s, finished {result.finished}, "
+        f"TTFT p90 {result.ttft.p90:.2f} s, offload {result.offload_fraction:.3f}, "
+        f"link mean {result.link_mean_gbps:.1f} Gbps"
+    )
 
 
 if __name__ == "__main__":

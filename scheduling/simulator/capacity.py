@@ -81,8 +81,14 @@ def capacity_search(
         if config.ttft_slo_s is not None:
             good = sustained and result.slo_attainment >= goodput_attainment
         probes.append(
-            Probe(rate, sustained, good, result.backlog_growth_rps, result.ttft.p90,
-                  result.slo_attainment)
+            Probe(
+                rate,
+                sustained,
+                good,
+                result.backlog_growth_rps,
+                result.ttft.p90,
+                result.slo_attainment,
+            )
         )
         runs[rate] = result
         return result

@@ -361,9 +361,12 @@ class Simulation:
     def _decode_replacement(self, cluster: str) -> DecodeInstance | None:
         best: DecodeInstance | None = None
         for decode in self.decode_instances:
-            if decode.cluster == cluster and decode.state == ACTIVE:
-                if best is None or decode.load() < best.load():
-                    best = decode
+            if (
+                decode.cluster == cluster
+                and decode.state == ACTIVE
+                and (best is None or decode.load() < best.load())
+            ):
+                best = decode
         return best
 
     def _decode_admit(self, decode: DecodeInstance, request: SimRequest) -> None:

@@ -68,10 +68,15 @@ def fleet_plan(
         raise PolicyError(f"unknown policy {policy!r} (use {', '.join(POLICIES)})")
     if policy == "homogeneous":
         ev = plan.homogeneous
-        (n_p, n_d, _), = _splits(ev).values()
+        ((n_p, n_d, _),) = _splits(ev).values()
         reference = max(scenario.pd_clusters, key=lambda c: c.instances)
         cluster = _pd_cluster_plan(
-            scenario, HOMOGENEOUS_CLUSTER, reference.accelerator, n_p, n_d, reference.name,
+            scenario,
+            HOMOGENEOUS_CLUSTER,
+            reference.accelerator,
+            n_p,
+            n_d,
+            reference.name,
             reference.site,
         )
         return FleetPlan(policy, (cluster,), (), {}, ev.throughput_rps)
@@ -100,7 +105,9 @@ def fleet_plan(
         clusters.append(_pd_cluster_plan(scenario, c.name, c.accelerator, n_p, n_d, c.name, c.site))
         chosen = threshold if threshold is not None and policy != "naive" else planned
         thresholds[c.name] = max(0, round(chosen))
-    links = tuple(LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links)
+    links = tuple(
+        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
+    )
     return FleetPlan(policy, tuple(clusters), links, thresholds, ev.throughput_rps)
 
 
@@ -121,19 +128,30 @@ def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -
             profile = scenario.profile_for(c.accelerator)
             clusters.append(
                 ClusterPlan(
-                    c.name, "prfaas", c.accelerator, tuple(profile.prefill_seconds),
-                    c.prefill_instances, cache_gib_per_instance=_cache_gib(scenario, c.name),
+                    c.name,
+                    "prfaas",
+                    c.accelerator,
+                    tuple(profile.prefill_seconds),
+                    c.prefill_instances,
+                    cache_gib_per_instance=_cache_gib(scenario, c.name),
                     site=c.site,
                 )
             )
         else:
             clusters.append(
                 _pd_cluster_plan(
-                    scenario, c.name, c.accelerator, c.prefill_instances, c.decode_instances,
-                    c.name, c.site,
+                    scenario,
+                    c.name,
+                    c.accelerator,
+                    c.prefill_instances,
+                    c.decode_instances,
+                    c.name,
+                    c.site,
                 )
             )
             if threshold is not None:
                 thresholds[c.name] = max(0, round(threshold))
-    links = tuple(LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links)
+    links = tuple(
+        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
+    )
     return FleetPlan("prfaas", tuple(clusters), links, thresholds, None)

@@ -120,10 +120,14 @@ class PlannerReplanner:
 
     def replan(self, inp: ReplanInput) -> Replan | None:
         instances = tuple(
-            rebalancer.InstanceView(name, "prefill", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now)
+            rebalancer.InstanceView(
+                name, "prefill", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
+            )
             for name in inp.prefill
         ) + tuple(
-            rebalancer.InstanceView(name, "decode", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now)
+            rebalancer.InstanceView(
+                name, "decode", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
+            )
             for name in inp.decode
         )
         history = self.history.get(inp.cluster, rebalancer.History())

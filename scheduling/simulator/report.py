@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -116,7 +116,12 @@ def _plots(result: SimulationResult) -> dict[str, bytes]:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         for link in result.links:
             series = np.asarray(link.series_gbps)
-            ax.plot(np.arange(series.size), series, lw=0.6, label=f"{link.key} (cap {link.capacity_gbps:g})")
+            ax.plot(
+                np.arange(series.size),
+                series,
+                lw=0.6,
+                label=f"{link.key} (cap {link.capacity_gbps:g})",
+            )
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("Gbps (1 s buckets)")
         ax.set_title("Cross-datacenter link utilisation")
@@ -144,18 +149,35 @@ def _rows(result: SimulationResult, capacity: CapacityResult | None) -> list[tup
     d: dict[str, Any] = result.to_dict()
     rows = [
         ("scenario / policy", f"{result.scenario} / {result.policy} (seed {result.seed})"),
-        ("requests (finished / dropped / skipped lines)",
-         f"{result.requests} ({result.finished} / {result.dropped} / {len(result.skipped_lines)})"),
-        ("offered rate / throughput (req/s)", f"{result.offered_rate_rps:.3f} / {result.throughput_rps:.3f}"),
-        ("TTFT mean / p50 / p90 / p99 (s)",
-         " / ".join(f"{v:.3f}" for v in (result.ttft.mean, result.ttft.p50, result.ttft.p90, result.ttft.p99))),
+        (
+            "requests (finished / dropped / skipped lines)",
+            f"{result.requests} ({result.finished} / {result.dropped} / {len(result.skipped_lines)})",
+        ),
+        (
+            "offered rate / throughput (req/s)",
+            f"{result.offered_rate_rps:.3f} / {result.throughput_rps:.3f}",
+        ),
+        (
+            "TTFT mean / p50 / p90 / p99 (s)",
+            " / ".join(
+                f"{v:.3f}"
+                for v in (result.ttft.mean, result.ttft.p50, result.ttft.p90, result.ttft.p99)
+            ),
+        ),
         ("TPOT mean / p99 (s)", f"{result.tpot_mean_s:.4f} / {result.tpot_p99_s:.4f}"),
-        ("SLO attainment / goodput (req/s)", f"{result.slo_attainment:.3f} / {result.goodput_rps:.3f}"),
+        (
+            "SLO attainment / goodput (req/s)",
+            f"{result.slo_attainment:.3f} / {result.goodput_rps:.3f}",
+        ),
         ("offload fraction", f"{result.offload_fraction:.3f}"),
-        ("cache-hit fraction (tokens / requests)",
-         f"{result.cache_hit_fraction:.3f} / {result.cache_hit_request_fraction:.3f}"),
-        ("link traffic: KV offloaded / cache transfers (GB)",
-         f"{result.kv_bytes_offloaded / 1e9:.2f} / {result.cache_transfer_bytes / 1e9:.2f}"),
+        (
+            "cache-hit fraction (tokens / requests)",
+            f"{result.cache_hit_fraction:.3f} / {result.cache_hit_request_fraction:.3f}",
+        ),
+        (
+            "link traffic: KV offloaded / cache transfers (GB)",
+            f"{result.kv_bytes_offloaded / 1e9:.2f} / {result.cache_transfer_bytes / 1e9:.2f}",
+        ),
         ("link mean / p99 (Gbps)", f"{d['link']['mean_gbps']:.2f} / {d['link']['p99_gbps']:.2f}"),
         ("thresholds", ", ".join(f"{k}: {v}" for k, v in result.thresholds.items()) or "none"),
         ("split (n_p / n_d)", ", ".join(f"{k}: {a}/{b}" for k, (a, b) in result.split.items())),
@@ -163,11 +185,21 @@ def _rows(result: SimulationResult, capacity: CapacityResult | None) -> list[tup
         ("wall time (s)", f"{result.wall_s:.2f}"),
     ]
     if capacity is not None:
-        rows.insert(2, ("capacity (req/s), planner's Lambda_max",
-                        f"{capacity.capacity_rps:.3f}, {capacity.planned_capacity_rps or float('nan'):.3f}"))
+        rows.insert(
+            2,
+            (
+                "capacity (req/s), planner's Lambda_max",
+                f"{capacity.capacity_rps:.3f}, {capacity.planned_capacity_rps or float('nan'):.3f}",
+            ),
+        )
         if capacity.goodput_capacity_rps is not None:
-            rows.insert(3, ("goodput capacity under the TTFT target (req/s)",
-                            f"{capacity.goodput_capacity_rps:.3f}"))
+            rows.insert(
+                3,
+                (
+                    "goodput capacity under the TTFT target (req/s)",
+                    f"{capacity.goodput_capacity_rps:.3f}",
+                ),
+            )
     return rows
 
 

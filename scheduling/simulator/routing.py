@@ -95,7 +95,10 @@ class Replanner(Protocol):
 
 
 def topology_build(
-    model: router.ModelSpec, plan: FleetPlan, roles: Mapping[str, str], link_gbps: Mapping[str, float]
+    model: router.ModelSpec,
+    plan: FleetPlan,
+    roles: Mapping[str, str],
+    link_gbps: Mapping[str, float],
 ) -> router.Topology:
     """The router's topology for the fleet as it is now (only each instance's active role)."""
     clusters = []
@@ -236,9 +239,11 @@ class RouterDispatcher:
             )
         aware = self.routing_length == "incremental"
         matches = self._prefix_matches(sim, request) if aware else ()
-        cached = {request.origin: request.hinted_cached_tokens} if (
-            aware and request.hinted_cached_tokens
-        ) else {}
+        cached = (
+            {request.origin: request.hinted_cached_tokens}
+            if (aware and request.hinted_cached_tokens)
+            else {}
+        )
         route_request = router.RouteRequest(
             origin=request.origin,
             prompt_tokens=request.input_tokens,
@@ -254,7 +259,9 @@ class RouterDispatcher:
         prefill = sim.prefill_by_name[decision.prefill.instance]
         decode = sim.decode_by_name[decision.decode.instance]
         route = decision.route
-        link = sim.link_between.get((prefill.cluster, decode.cluster)) if route == "prfaas" else None
+        link = (
+            sim.link_between.get((prefill.cluster, decode.cluster)) if route == "prfaas" else None
+        )
         cached_tokens = decision.cached_tokens
         kv_bytes = float(decision.kv_bytes)
         if not aware:
@@ -283,7 +290,9 @@ class RouterDispatcher:
             cache_transfer_bytes=transfer_bytes,
         )
 
-    def _prefix_matches(self, sim: Simulation, request: SimRequest) -> tuple[router.PrefixMatch, ...]:
+    def _prefix_matches(
+        self, sim: Simulation, request: SimRequest
+    ) -> tuple[router.PrefixMatch, ...]:
         """Usable prefixes in the simulated caches: per prefill instance, and each cluster's
         decode-side pool (reachable over RDMA from any of its prefill instances)."""
         if request.hash_ids is None:
@@ -348,9 +357,7 @@ class RouterDispatcher:
                 changed = True
             for instance, role in answer.flips:
                 sim.role_flip(instance, role)
-            self.replans.append(
-                (now, name, answer.threshold, len(prefill), len(decode))
-            )
+            self.replans.append((now, name, answer.threshold, len(prefill), len(decode)))
         if changed:
             self.policy = router.Policy(
                 version=self.policy.version + 1, thresholds=thresholds, guards=self.policy.guards

@@ -264,14 +264,22 @@ def simulation_build(
             is_prefill = i < cluster.n_prefill
             prefill.append(
                 PrefillInstance(
-                    name, cluster.name, cluster.kind, seconds, cache,
+                    name,
+                    cluster.name,
+                    cluster.kind,
+                    seconds,
+                    cache,
                     state=ACTIVE if is_prefill else OFF,
                 )
             )
             if cluster.kind == "pd":
                 decode.append(
                     DecodeInstance(
-                        name, cluster.name, cluster.max_batch, cluster.step_seconds, cache,
+                        name,
+                        cluster.name,
+                        cluster.max_batch,
+                        cluster.step_seconds,
+                        cache,
                         state=OFF if is_prefill else ACTIVE,
                     )
                 )
@@ -289,19 +297,27 @@ def simulation_build(
             key = f"{event.source}->{event.target}"
             if key in links:
                 events.append(FleetEvent(event.at_s, link=key, gbps=event.gbps))
-        elif isinstance(event, StateEvent):
-            if (event.instance in names) or (event.cluster in cluster_names):
-                events.append(
-                    FleetEvent(
-                        event.at_s, instance=event.instance, cluster=event.cluster,
-                        state=event.state,
-                    )
+        elif isinstance(event, StateEvent) and (
+            event.instance in names or event.cluster in cluster_names
+        ):
+            events.append(
+                FleetEvent(
+                    event.at_s,
+                    instance=event.instance,
+                    cluster=event.cluster,
+                    state=event.state,
                 )
+            )
     origins = origin_map(fleet, {r.origin: 1.0 for r in workload.requests})
     requests = [
         SimRequest(
-            index, spec.arrival_s, spec.input_tokens, spec.output_tokens, origins[spec.origin],
-            spec.hash_ids, spec.cached_tokens,
+            index,
+            spec.arrival_s,
+            spec.input_tokens,
+            spec.output_tokens,
+            origins[spec.origin],
+            spec.hash_ids,
+            spec.cached_tokens,
         )
         for index, spec in enumerate(workload.requests)
     ]
@@ -437,8 +453,12 @@ def result_build(
     split = {}
     for cluster in fleet.clusters:
         if cluster.kind == "pd":
-            n_p = sum(1 for p in sim.prefill_instances if p.cluster == cluster.name and p.state != OFF)
-            n_d = sum(1 for d in sim.decode_instances if d.cluster == cluster.name and d.state != OFF)
+            n_p = sum(
+                1 for p in sim.prefill_instances if p.cluster == cluster.name and p.state != OFF
+            )
+            n_d = sum(
+                1 for d in sim.decode_instances if d.cluster == cluster.name and d.state != OFF
+            )
             split[cluster.name] = (n_p, n_d)
     return SimulationResult(
         scenario=scenario.name,

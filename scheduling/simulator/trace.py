@@ -9,6 +9,7 @@ dropped silently.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -195,7 +196,7 @@ def trace_dequantize(arrivals: list[float], mode: str) -> list[float]:
     if mode != "uniform":
         raise ValueError(f"unknown dequantize mode {mode!r} (use {', '.join(DEQUANTIZE_MODES)})")
     distinct = sorted(set(arrivals))
-    gaps = [b - a for a, b in zip(distinct, distinct[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(distinct)]
     last_gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
     width = {stamp: gap for stamp, gap in zip(distinct, [*gaps, last_gap], strict=True)}
     out: list[float] = []

@@ -44,7 +44,8 @@ class Command(BaseCommand):
         parser.add_argument("--policy", choices=POLICIES, default="prfaas")
         load = parser.add_mutually_exclusive_group()
         load.add_argument(
-            "--rate", type=float,
+            "--rate",
+            type=float,
             help="arrival rate (req/s) of the first phase (default: the scenario's own rate, "
             "or a trace's natural rate)",
         )
@@ -52,21 +53,36 @@ class Command(BaseCommand):
             "--capacity", action="store_true", help="search the largest sustained rate"
         )
         length = parser.add_mutually_exclusive_group()
-        length.add_argument("--requests", type=int, help=f"requests to replay (default {DEFAULT_REQUESTS}; a trace: all)")
+        length.add_argument(
+            "--requests",
+            type=int,
+            help=f"requests to replay (default {DEFAULT_REQUESTS}; a trace: all)",
+        )
         length.add_argument("--duration", type=float, help="simulated seconds of arrivals")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--report", metavar="DIR", help="write report.html and PNG plots")
         parser.add_argument("--csv", metavar="FILE", help="write one CSV row per request")
-        parser.add_argument("--ttft-slo", type=float, metavar="S", help="TTFT target (s) for goodput")
-        parser.add_argument("--skip-bad", action="store_true", help="skip corrupt trace lines (counted)")
-        parser.add_argument("--threshold", type=float, help="override the planned threshold (tokens)")
         parser.add_argument(
-            "--routing-length", choices=ROUTING_LENGTHS, default="incremental",
+            "--ttft-slo", type=float, metavar="S", help="TTFT target (s) for goodput"
+        )
+        parser.add_argument(
+            "--skip-bad", action="store_true", help="skip corrupt trace lines (counted)"
+        )
+        parser.add_argument(
+            "--threshold", type=float, help="override the planned threshold (tokens)"
+        )
+        parser.add_argument(
+            "--routing-length",
+            choices=ROUTING_LENGTHS,
+            default="incremental",
             help="route by incremental (uncached) length or by prompt length",
         )
         parser.add_argument(
-            "--replan-interval", type=float, default=600.0, help="prfaas-dual re-planning period (s)"
+            "--replan-interval",
+            type=float,
+            default=600.0,
+            help="prfaas-dual re-planning period (s)",
         )
 
     def _check(self, opts: dict[str, Any]) -> None:
@@ -167,7 +183,11 @@ class Command(BaseCommand):
             out["capacity_rps"] = capacity.capacity_rps
             out["goodput_capacity_rps"] = capacity.goodput_capacity_rps
             out["probes"] = [
-                {"rate_rps": p.rate_rps, "sustained": p.sustained, "growth_rps": p.backlog_growth_rps}
+                {
+                    "rate_rps": p.rate_rps,
+                    "sustained": p.sustained,
+                    "growth_rps": p.backlog_growth_rps,
+                }
                 for p in capacity.probes
             ]
 
@@ -180,27 +200,40 @@ class Command(BaseCommand):
                 return [clean(v) for v in value]
             return value
 
-        return clean(out)  # type: ignore[no-any-return]
+        cleaned: dict[str, Any] = clean(out)
+        return cleaned
 
     def _human(self, result: SimulationResult, capacity: CapacityResult | None) -> None:
         d = result.to_dict()
         w = self.stdout.write
         w(f"{result.scenario} / {result.policy} (seed {result.seed})")
         if capacity is not None:
-            w(f"  capacity            {capacity.capacity_rps:.3f} req/s "
-              f"(planner Lambda_max {capacity.planned_capacity_rps or float('nan'):.3f})")
+            w(
+                f"  capacity            {capacity.capacity_rps:.3f} req/s "
+                f"(planner Lambda_max {capacity.planned_capacity_rps or float('nan'):.3f})"
+            )
             if capacity.goodput_capacity_rps is not None:
                 w(f"  goodput capacity    {capacity.goodput_capacity_rps:.3f} req/s")
-        w(f"  requests            {result.requests} (finished {result.finished}, dropped "
-          f"{result.dropped}, skipped lines {len(result.skipped_lines)})")
-        w(f"  rate / throughput   {result.offered_rate_rps:.3f} / {result.throughput_rps:.3f} req/s")
+        w(
+            f"  requests            {result.requests} (finished {result.finished}, dropped "
+            f"{result.dropped}, skipped lines {len(result.skipped_lines)})"
+        )
+        w(
+            f"  rate / throughput   {result.offered_rate_rps:.3f} / {result.throughput_rps:.3f} req/s"
+        )
         t = result.ttft
         w(f"  TTFT mean/p50/p90/p99  {t.mean:.3f} / {t.p50:.3f} / {t.p90:.3f} / {t.p99:.3f} s")
         w(f"  TPOT mean/p99       {result.tpot_mean_s:.4f} / {result.tpot_p99_s:.4f} s")
-        w(f"  SLO attainment      {result.slo_attainment:.3f} (goodput {result.goodput_rps:.3f} req/s)")
+        w(
+            f"  SLO attainment      {result.slo_attainment:.3f} (goodput {result.goodput_rps:.3f} req/s)"
+        )
         w(f"  offload fraction    {result.offload_fraction:.3f}")
         w(f"  cache-hit fraction  {result.cache_hit_fraction:.3f} of prompt tokens")
-        w(f"  link                mean {d['link']['mean_gbps']:.2f} Gbps, p99 {d['link']['p99_gbps']:.2f} Gbps, "
-          f"KV offloaded {result.kv_bytes_offloaded / 1e9:.1f} GB")
-        w(f"  queues              stable={result.stable} growth={result.backlog_growth_rps:.4f} req/s")
+        w(
+            f"  link                mean {d['link']['mean_gbps']:.2f} Gbps, p99 {d['link']['p99_gbps']:.2f} Gbps, "
+            f"KV offloaded {result.kv_bytes_offloaded / 1e9:.1f} GB"
+        )
+        w(
+            f"  queues              stable={result.stable} growth={result.backlog_growth_rps:.4f} req/s"
+        )
         w(f"  wall                {result.wall_s:.2f} s")

@@ -34,7 +34,7 @@ workload:
 
 
 @pytest.fixture
-def write_scenario(tmp_path: Path) -> Callable[[str, str], Path]:
+def write_scenario(tmp_path: Path) -> Callable[..., Path]:
     def write(text: str, name: str = "scenario.yaml") -> Path:
         path = tmp_path / name
         path.write_text(text, encoding="utf-8")

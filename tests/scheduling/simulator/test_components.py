@@ -74,7 +74,10 @@ def test_concurrent_transfers_share_the_link_fairly() -> None:
     link.flows = [big, small]
     done = _run_link(link, 10.0)
     # Both at 50 B/s until the small one ends at t=2, then the big one alone at 100 B/s.
-    assert [(t, f.owner) for t, f in done] == [(pytest.approx(2.0), "small"), (pytest.approx(4.0), "big")]
+    assert [(t, f.owner) for t, f in done] == [
+        (pytest.approx(2.0), "small"),
+        (pytest.approx(4.0), "big"),
+    ]
     assert link.sent_bytes == pytest.approx(400.0)
     assert link.delivered_bytes == pytest.approx(400.0)
 

@@ -32,7 +32,9 @@ def test_a_replanner_plugs_in_and_its_flips_drain_then_change_roles(
     replanner = FlipOnce()
     result = simulate(
         case_study,
-        SimulationConfig(policy="prfaas-dual", rate_per_s=2.0, requests=2000, replan_interval_s=300),
+        SimulationConfig(
+            policy="prfaas-dual", rate_per_s=2.0, requests=2000, replan_interval_s=300
+        ),
         plan=case_study_plan,
         replanner=replanner,
         keep_requests=True,
@@ -45,7 +47,9 @@ def test_a_replanner_plugs_in_and_its_flips_drain_then_change_roles(
     assert result.thresholds["pd-h20"] == round(first.threshold) + 1000
     flipped = first.decode[0]
     # After the flip the instance prefills; it decoded nothing it was not already given.
-    assert any(r.prefill_instance and r.prefill_instance.name == flipped for r in result.per_request)
+    assert any(
+        r.prefill_instance and r.prefill_instance.name == flipped for r in result.per_request
+    )
     assert result.finished + result.dropped == result.requests
     assert result.dropped == 0
 

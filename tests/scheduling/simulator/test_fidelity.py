@@ -21,7 +21,7 @@ RHO = 0.3
 
 @pytest.mark.slow
 def test_one_instance_under_poisson_arrivals_matches_the_md1_mean_wait(
-    write_scenario: Callable[[str, str], Path],
+    write_scenario: Callable[..., Path],
 ) -> None:
     # M/D/1: Wq = rho * S / (2 (1 - rho)). Averaged over 150,000 requests the relative
     # standard error of the mean wait is about 1% at rho = 0.3 (the waits are correlated),
@@ -38,10 +38,14 @@ def test_one_instance_under_poisson_arrivals_matches_the_md1_mean_wait(
     rho = result.offered_rate_rps * SERVICE_S
     expected = rho * SERVICE_S / (2 * (1 - rho))
     assert waits.mean() == pytest.approx(expected, rel=0.03)
-    assert all(r.prefill_end_s - r.prefill_start_s == pytest.approx(SERVICE_S) for r in requests[:100])
+    assert all(
+        r.prefill_end_s - r.prefill_start_s == pytest.approx(SERVICE_S) for r in requests[:100]
+    )
 
 
-def test_littles_law_holds_for_the_whole_run(case_study: Scenario, case_study_plan: PlanResult) -> None:
+def test_littles_law_holds_for_the_whole_run(
+    case_study: Scenario, case_study_plan: PlanResult
+) -> None:
     result = simulate(
         case_study,
         SimulationConfig(policy="prfaas", rate_per_s=2.5, requests=3000, seed=2),
@@ -69,7 +73,7 @@ events:
 
 
 def test_every_request_finishes_or_is_counted_as_dropped_through_failures(
-    write_scenario: Callable[[str, str], Path], scenarios_dir: Path, case_study_plan: PlanResult
+    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
 ) -> None:
     scenario = scenario_load(
         write_scenario(FAILURES.format(base=scenarios_dir / "paper-case-study.yaml"))
@@ -90,7 +94,7 @@ def test_every_request_finishes_or_is_counted_as_dropped_through_failures(
 
 
 def test_kv_bytes_sent_equal_bytes_received(
-    write_scenario: Callable[[str, str], Path], scenarios_dir: Path, case_study_plan: PlanResult
+    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
 ) -> None:
     scenario = scenario_load(
         write_scenario(FAILURES.format(base=scenarios_dir / "paper-case-study.yaml"))
@@ -111,7 +115,9 @@ def test_kv_bytes_sent_equal_bytes_received(
     assert link.delivered_bytes == pytest.approx(received + result.cache_transfer_bytes, rel=1e-9)
 
 
-def test_the_same_seed_gives_identical_output(case_study: Scenario, case_study_plan: PlanResult) -> None:
+def test_the_same_seed_gives_identical_output(
+    case_study: Scenario, case_study_plan: PlanResult
+) -> None:
     config = SimulationConfig(policy="prfaas", rate_per_s=2.8, requests=1500, seed=21)
     first = simulate(case_study, config, plan=case_study_plan).to_dict()
     second = simulate(case_study, config, plan=case_study_plan).to_dict()

@@ -34,7 +34,9 @@ def capacities(case_study: Scenario, case_study_plan: PlanResult) -> dict[str, C
 
 
 @pytest.mark.slow
-def test_prfaas_sustains_far_more_than_both_baselines(capacities: dict[str, CapacityResult]) -> None:
+def test_prfaas_sustains_far_more_than_both_baselines(
+    capacities: dict[str, CapacityResult],
+) -> None:
     prfaas = capacities["prfaas"].capacity_rps
     assert prfaas / capacities["homogeneous"].capacity_rps >= 1.40
     assert prfaas / capacities["naive"].capacity_rps >= 1.18
@@ -59,9 +61,7 @@ def test_queue_free_ttft_matches_the_papers_table_6(
 ) -> None:
     config = SimulationConfig(rate_per_s=0.01, requests=4000, seed=3)
     prfaas = simulate(case_study, config, plan=case_study_plan)
-    homogeneous = simulate(
-        case_study, replace(config, policy="homogeneous"), plan=case_study_plan
-    )
+    homogeneous = simulate(case_study, replace(config, policy="homogeneous"), plan=case_study_plan)
     assert prfaas.ttft.mean == pytest.approx(2.22, rel=0.10)
     assert prfaas.ttft.p90 == pytest.approx(3.51, rel=0.10)
     assert homogeneous.ttft.p90 == pytest.approx(9.73, rel=0.10)

@@ -38,19 +38,32 @@ def case_study_path(scenarios_dir: Path) -> Path:
 
 
 @pytest.fixture
-def small(write_scenario: Callable[[str, str], Path]) -> Path:
+def small(write_scenario: Callable[..., Path]) -> Path:
     return write_scenario(ONE_INSTANCE.format(service=0.5, rate=1.0))
 
 
 def test_json_output_has_every_documented_field(scenarios_dir: Path) -> None:
     out = json.loads(
         _run(
-            str(scenarios_dir / "paper-case-study.yaml"), "--policy", "prfaas", "--rate", "2",
-            "--requests", "800", "--json",
+            str(scenarios_dir / "paper-case-study.yaml"),
+            "--policy",
+            "prfaas",
+            "--rate",
+            "2",
+            "--requests",
+            "800",
+            "--json",
         )
     )
-    for key in ("requests", "throughput_rps", "offload_fraction", "cache_hit_fraction", "wall_s",
-                "dropped", "skipped"):
+    for key in (
+        "requests",
+        "throughput_rps",
+        "offload_fraction",
+        "cache_hit_fraction",
+        "wall_s",
+        "dropped",
+        "skipped",
+    ):
         assert key in out
     assert set(out["ttft"]) >= {"mean", "p50", "p90", "p99"}
     assert set(out["tpot"]) >= {"mean", "p99"}
@@ -74,8 +87,17 @@ def test_capacity_prints_the_sustained_rate_and_goodput_under_a_ttft_target(smal
 
 def test_human_output_csv_and_report(small: Path, tmp_path: Path) -> None:
     table = tmp_path / "requests.csv"
-    text = _run(str(small), "--rate", "1", "--requests", "200", "--csv", str(table),
-                "--report", str(tmp_path / "rep"))
+    text = _run(
+        str(small),
+        "--rate",
+        "1",
+        "--requests",
+        "200",
+        "--csv",
+        str(table),
+        "--report",
+        str(tmp_path / "rep"),
+    )
     assert "TTFT mean/p50/p90/p99" in text
     rows = list(csv.DictReader(table.open(encoding="utf-8")))
     assert len(rows) == 200
@@ -85,12 +107,18 @@ def test_human_output_csv_and_report(small: Path, tmp_path: Path) -> None:
 
 
 def test_a_corrupt_trace_line_stops_with_its_line_number_or_is_skipped_and_counted(
-    write_scenario: Callable[[str, str], Path], scenarios_dir: Path, tmp_path: Path
+    write_scenario: Callable[..., Path], scenarios_dir: Path, tmp_path: Path
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     rows = [
-        json.dumps({"timestamp": i * 100, "input_length": 30000, "output_length": 20,
-                    "hash_ids": list(range(i * 100, i * 100 + 59))})
+        json.dumps(
+            {
+                "timestamp": i * 100,
+                "input_length": 30000,
+                "output_length": 20,
+                "hash_ids": list(range(i * 100, i * 100 + 59)),
+            }
+        )
         for i in range(40)
     ]
     rows[6] = '{"timestamp": 600, "input_length": "lots"'
@@ -129,7 +157,7 @@ def test_bad_arguments_name_the_problem_with_exit_status_2(
 
 
 def test_a_missing_or_invalid_scenario_file_exits_with_status_2(
-    write_scenario: Callable[[str, str], Path], tmp_path: Path
+    write_scenario: Callable[..., Path], tmp_path: Path
 ) -> None:
     assert "not found" in _fails(str(tmp_path / "absent.yaml"), "--rate", "1")
     broken = write_scenario("version: 1\nname: x\nmodel: 3\n", "broken.yaml")
@@ -144,7 +172,11 @@ def _manage(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SHARED_DIR": str(settings.SHARED_DIR)}
     return subprocess.run(
         [sys.executable, "manage.py", "simulate", *args],
-        cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120,
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

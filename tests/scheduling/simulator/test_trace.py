@@ -42,8 +42,14 @@ def test_mooncake_rows_are_read_in_seconds_with_their_prefix_blocks(tmp_path: Pa
         ('{"timestamp": -5, "input_length": 10, "output_length": 3}', "timestamp must be finite"),
         ('{"timestamp": 1, "input_length": 0, "output_length": 3}', "input_length must be > 0"),
         ('{"timestamp": 1, "input_length": 10.5, "output_length": 3}', "whole number"),
-        ('{"timestamp": 1, "input_length": 1000, "output_length": 3, "hash_ids": [1]}', "needs 2 blocks"),
-        ('{"timestamp": 1, "input_length": 10, "output_length": 3, "hash_ids": ["a"]}', "list of integers"),
+        (
+            '{"timestamp": 1, "input_length": 1000, "output_length": 3, "hash_ids": [1]}',
+            "needs 2 blocks",
+        ),
+        (
+            '{"timestamp": 1, "input_length": 10, "output_length": 3, "hash_ids": ["a"]}',
+            "list of integers",
+        ),
         ("[1, 2]", "expected a JSON object"),
     ],
 )

@@ -74,7 +74,7 @@ events:
 
 
 def test_a_rate_event_scales_one_origins_traffic_from_its_time(
-    write_scenario: Callable[[str, str], Path], scenarios_dir: Path
+    write_scenario: Callable[..., Path], scenarios_dir: Path
 ) -> None:
     scenario = scenario_load(
         write_scenario(RATE_EVENT.format(base=scenarios_dir / "two-pd-clusters.yaml"))
@@ -89,7 +89,7 @@ def test_a_rate_event_scales_one_origins_traffic_from_its_time(
 
 
 def test_prefix_hit_fraction_marks_whole_cached_blocks_in_the_origin(
-    write_scenario: Callable[[str, str], Path], scenarios_dir: Path
+    write_scenario: Callable[..., Path], scenarios_dir: Path
 ) -> None:
     path = write_scenario(
         f"version: 1\nname: hits\nextends: {scenarios_dir / 'paper-case-study.yaml'}\n"
@@ -104,7 +104,7 @@ def test_prefix_hit_fraction_marks_whole_cached_blocks_in_the_origin(
 
 
 def test_a_poisson_workload_without_any_rate_is_refused(
-    write_scenario: Callable[[str, str], Path], case_study: Scenario
+    write_scenario: Callable[..., Path], case_study: Scenario
 ) -> None:
     with pytest.raises(WorkloadError, match="arrival rate is needed"):
         workload_build(case_study, rate_per_s=None, seed=1, requests=10)
@@ -115,7 +115,9 @@ def test_a_poisson_workload_without_any_rate_is_refused(
 def test_a_trace_replays_faster_with_a_higher_rate(scenarios_dir: Path) -> None:
     mooncake = scenario_load(scenarios_dir / "mooncake-conversation.yaml")
     natural = workload_build(mooncake, rate_per_s=None, seed=1, requests=3000)
-    doubled = workload_build(mooncake, rate_per_s=2 * natural.base_rate_per_s, seed=1, requests=3000)
+    doubled = workload_build(
+        mooncake, rate_per_s=2 * natural.base_rate_per_s, seed=1, requests=3000
+    )
     assert doubled.requests[-1].arrival_s == pytest.approx(natural.requests[-1].arrival_s / 2)
     assert natural.requests[0].hash_ids is not None
     # De-quantised: the ten-odd requests of a 3 s bucket no longer share one timestamp.

@@ -224,6 +224,10 @@ def live_snapshot(group: str, user: Any = None) -> dict[str, Any]:
     """The full state a client of ``group`` needs (sync: reads the database)."""
     if group == live.OVERVIEW:
         return overview_snapshot()
+    if group == live.PLANS:
+        from scheduling.views.plans import plans_snapshot
+
+        return plans_snapshot()
     if group.startswith(live.WHATIF_PREFIX):
         from scheduling.views.whatif import whatif_snapshot
 

@@ -1,14 +1,21 @@
 """Scheduling pages (the REST API is in scheduling/api.py)."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from scheduling import views
-from scheduling.views import whatif
+from scheduling.views import plans, whatif
 
 urlpatterns = [
     path("decisions/", views.decision_list_page, name="decision-list"),
     path("policies/", views.policy_list_page, name="policy-list"),
     path("kv/", views.kv_calculator_page, name="kv-calculator"),
+    path("plans/", plans.plan_list_page, name="plan-list"),
+    path("plans/<int:plan_id>/", plans.plan_detail_page, name="plan-detail"),
+    re_path(
+        r"^plans/(?P<plan_id>[0-9]+)/(?P<action>approve|reject|rollback)/$",
+        plans.plan_action_page,
+        name="plan-action",
+    ),
     path("whatif/", whatif.whatif_page, name="whatif"),
     path("whatif/run/", whatif.whatif_start_page, name="whatif-start"),
     path("whatif/<int:run_id>/", whatif.whatif_run_page, name="whatif-run"),

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import httpx
 import pytest
+from django.db import connection
 
 from clusters.models import Instance, Link
 from tests.browser.conftest import screenshot
 from tests.factories import InstanceFactory, LinkFactory, PrfaasClusterFactory, api_token
+from tests.scheduling.plan_pages_support import proposed_plan
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -52,6 +55,19 @@ def _post_telemetry(live_url: str, secret: str, link: Link, gbps: float, queue: 
         timeout=5,
     )
     assert response.status_code == 200, response.text
+
+
+def _plan_proposed(scenarios_dir: Any) -> Any:
+    # In a thread of its own: the rebalancer publishes live events from sync code, which cannot
+    # run on this thread while Playwright's event loop is registered here.
+    def propose() -> Any:
+        try:
+            return proposed_plan(scenarios_dir)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(propose).result()
 
 
 def _csrf_post(page: Any, live_url: str, path: str, data: dict[str, str] | None = None) -> Any:
@@ -150,3 +166,46 @@ def test_a_what_if_run_shows_progress_then_its_results(
     assert float(page.locator("#whatif-throughput").inner_text()) > 0
     page.locator("#chart-links canvas").first.wait_for()
     screenshot(page, "whatif.png")
+
+
+def test_approving_a_plan_updates_this_page_and_a_viewers_page_without_a_reload(
+    page_as: Any, live_url: str, scenarios_dir: Any, celery_worker_process: Any
+) -> None:
+    plan = _plan_proposed(scenarios_dir)
+    watcher = page_as("viewer")
+    watcher.goto(f"{live_url}/plans/{plan.pk}/")
+    watcher.wait_for_function("document.getElementById('live-status').textContent === 'Live'")
+    watcher.evaluate("window.__notReloaded = true")
+    assert watcher.get_by_role("button", name="Approve").count() == 0
+
+    page = page_as("operator")
+    page.goto(f"{live_url}/plans/{plan.pk}/")
+    page.wait_for_function("document.getElementById('live-status').textContent === 'Live'")
+    screenshot(page, "plan.png")
+    page.evaluate("window.__notReloaded = true")
+    page.get_by_role("button", name="Approve").click()  # the confirmation is accepted
+    page.wait_for_function("document.getElementById('plan-status').textContent !== 'proposed'")
+    assert page.evaluate("window.__notReloaded") is True
+    assert page.get_by_role("button", name="Approve").count() == 0
+
+    # The viewer's tab learns it over the websocket.
+    watcher.wait_for_function("document.getElementById('plan-status').textContent !== 'proposed'")
+    assert watcher.evaluate("window.__notReloaded") is True
+    plan.refresh_from_db()
+    assert plan.status != "proposed"
+    assert plan.approved_by.endswith(page.locator(".userbox .user").inner_text().split()[0])
+
+
+def test_a_viewer_gets_no_approve_button_and_a_403_when_posting_anyway(
+    page_as: Any, live_url: str, scenarios_dir: Any
+) -> None:
+    plan = _plan_proposed(scenarios_dir)
+    page = page_as("viewer")
+    page.goto(f"{live_url}/plans/{plan.pk}/")
+    assert page.get_by_role("button", name="Approve").count() == 0
+    response = _csrf_post(
+        page, live_url, f"/plans/{plan.pk}/approve/", {"version": str(plan.version)}
+    )
+    assert response.status == 403
+    plan.refresh_from_db()
+    assert plan.status == "proposed"

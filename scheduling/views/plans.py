@@ -1,0 +1,142 @@
+"""Plan pages: the rebalancer's proposals, predicted against current, and their lifecycle.
+
+Both pages follow the ``plans`` live group: a plan event (from this tab, another operator, or
+the worker applying steps) makes the page fetch its fresh HTML fragment, so nobody reloads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_POST
+
+from controlplane import live
+from controlplane.audit import actor_from_request
+from controlplane.errors import ApiError, NotFound
+from controlplane.models import Scope
+from controlplane.roles import scope_required
+from scheduling import plans
+from scheduling.models import Plan, PlanStatus
+
+# The predictions the detail page compares, in order: (key, label, unit, digits).
+METRICS = [
+    ("throughput_rps", "Throughput", "req/s", 3),
+    ("capacity_rps", "Capacity", "req/s", 3),
+    ("ttft_mean_s", "TTFT mean", "s", 3),
+    ("ttft_p90_s", "TTFT P90", "s", 3),
+    ("offload_fraction", "Offloaded", "share", 3),
+    ("egress_gbps", "Cross-DC egress", "Gbps", 2),
+]
+ACTIONS = {
+    "approve": plans.plan_approve,
+    "reject": plans.plan_reject,
+    "rollback": plans.plan_rollback,
+}
+
+
+def plans_snapshot() -> dict[str, Any]:
+    """The ``plans`` group's snapshot: each recent plan's id, status and version."""
+    return {
+        "plans": [
+            {"id": p.pk, "status": p.status, "version": p.version, "cluster": p.cluster.name}
+            for p in plans.plan_list(limit=100)
+        ]
+    }
+
+
+def _comparison(plan: Plan) -> list[dict[str, Any]]:
+    current = plan.predictions.get("current") or {}
+    proposed = plan.predictions.get("proposed") or {}
+    rows = []
+    for key, label, unit, digits in METRICS:
+        before, after = current.get(key), proposed.get(key)
+        delta = (
+            after - before
+            if isinstance(before, int | float) and isinstance(after, int | float)
+            else None
+        )
+        rows.append(
+            {
+                "label": label,
+                "unit": unit,
+                "digits": digits,
+                "current": before,
+                "proposed": after,
+                "delta": delta,
+            }
+        )
+    return rows
+
+
+def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
+    return {
+        "plan": plan,
+        "comparison": _comparison(plan),
+        "steps": plans.plan_steps(plan),
+        "can_approve": plan.status == PlanStatus.PROPOSED,
+        "can_rollback": plan.status == PlanStatus.APPLIED,
+        "error": error,
+    }
+
+
+def _plan(plan_id: int) -> Plan:
+    try:
+        return plans.plan_get(plan_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from None
+
+
+@scope_required(Scope.READ)
+def plan_list_page(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status") or None
+    error = ""
+    try:
+        rows = list(plans.plan_list(status=status))
+    except ApiError as exc:
+        rows, error = [], exc.detail
+    template = "scheduling/plan_table.html" if request.htmx else "scheduling/plan_list.html"  # type: ignore[attr-defined]
+    return render(
+        request,
+        template,
+        {
+            "plans": rows,
+            "status": status or "",
+            "statuses": PlanStatus.values,
+            "error": error,
+            "group": live.PLANS,
+        },
+        status=422 if error else 200,
+    )
+
+
+@scope_required(Scope.READ)
+def plan_detail_page(request: HttpRequest, plan_id: int) -> HttpResponse:
+    plan = _plan(plan_id)
+    template = "scheduling/plan_panel.html" if request.htmx else "scheduling/plan_detail.html"  # type: ignore[attr-defined]
+    return render(request, template, {**_plan_context(plan), "group": live.PLANS})
+
+
+@scope_required(Scope.OPERATE)
+@require_POST
+def plan_action_page(request: HttpRequest, plan_id: str, action: str) -> HttpResponse:
+    """Approve, reject or roll back; answers with the plan's panel (htmx swaps it in)."""
+    plan = _plan(int(plan_id))
+    raw_version = request.POST.get("version", "")
+    error = ""
+    try:
+        ACTIONS[action](
+            plan_id=plan.pk,
+            actor=actor_from_request(request, source="ui"),
+            version=int(raw_version) if raw_version.isdigit() else None,
+        )
+    except ApiError as exc:
+        error = exc.detail
+    plan = _plan(plan.pk)
+    return render(
+        request,
+        "scheduling/plan_panel.html",
+        _plan_context(plan, error),
+        status=409 if error else 200,
+    )

@@ -1,0 +1,90 @@
+"""Plan pages: predicted against current, approve/reject/roll back by role, bad requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from scheduling.models import Plan, PlanStatus
+from tests.scheduling.plan_pages_support import proposed_plan
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
+
+
+@pytest.fixture
+def plan(scenarios_dir: Path) -> Plan:
+    return proposed_plan(scenarios_dir)
+
+
+def test_the_plan_list_shows_proposed_plans(client_as, plan: Plan) -> None:
+    page = client_as("viewer").get(reverse("plan-list")).content.decode()
+    assert f'data-plan-status="{plan.pk}">proposed<' in page
+
+
+def test_filtering_plans_by_an_unknown_status_says_which_are_valid(client_as, plan) -> None:
+    response = client_as("viewer").get(reverse("plan-list"), {"status": "done"})
+    assert response.status_code == 422
+    assert "status: must be one of" in response.content.decode()
+
+
+def test_the_plan_page_compares_predicted_with_current(client_as, plan: Plan) -> None:
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    rows = {row["label"]: row for row in response.context["comparison"]}
+    current, proposed = plan.predictions["current"], plan.predictions["proposed"]
+    assert rows["Throughput"]["current"] == current["throughput_rps"]
+    assert rows["Throughput"]["proposed"] == proposed["throughput_rps"]
+    assert rows["Capacity"]["delta"] == pytest.approx(
+        proposed["capacity_rps"] - current["capacity_rps"]
+    )
+
+
+def test_a_viewer_gets_no_approve_button_and_403_when_posting(client_as, plan: Plan) -> None:
+    client = client_as("viewer")
+    page = client.get(reverse("plan-detail", args=[plan.pk])).content.decode()
+    assert 'data-action="approve"' not in page
+    response = client.post(reverse("plan-action", args=[plan.pk, "approve"]))
+    assert response.status_code == 403
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.PROPOSED
+
+
+def test_an_operator_sees_approve_and_reject_that_ask_first(client_as, plan: Plan) -> None:
+    page = client_as("operator").get(reverse("plan-detail", args=[plan.pk])).content.decode()
+    assert 'data-action="approve"' in page and 'data-action="reject"' in page
+    assert page.count("hx-confirm=") == 2
+    assert 'data-action="roll-back"' not in page
+
+
+def test_rejecting_a_plan_answers_with_its_new_panel(client_as, plan: Plan) -> None:
+    response = client_as("operator").post(
+        reverse("plan-action", args=[plan.pk, "reject"]), {"version": plan.version}
+    )
+    assert response.status_code == 200
+    assert 'id="plan-status">rejected<' in response.content.decode()
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.REJECTED
+
+
+def test_acting_on_a_stale_version_is_refused_with_the_reason(client_as, plan: Plan) -> None:
+    response = client_as("operator").post(
+        reverse("plan-action", args=[plan.pk, "approve"]), {"version": plan.version + 1}
+    )
+    assert response.status_code == 409
+    assert f"is at version {plan.version}" in response.content.decode()
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.PROPOSED
+
+
+def test_rolling_back_a_plan_that_is_not_applied_is_refused(client_as, plan: Plan) -> None:
+    response = client_as("operator").post(reverse("plan-action", args=[plan.pk, "rollback"]))
+    assert response.status_code == 409
+    assert "cannot be rolled back" in response.content.decode()
+
+
+def test_an_unknown_plan_or_action_is_404(client_as, plan: Plan) -> None:
+    client = client_as("operator")
+    assert client.get(reverse("plan-detail", args=[999999])).status_code == 404
+    assert client.post(reverse("plan-action", args=[999999, "approve"])).status_code == 404
+    assert client.post(f"/plans/{plan.pk}/delete/").status_code == 404

@@ -1,9 +1,12 @@
 """``manage.py demo``: the control plane on embedded defaults, in one command.
 
-Migrates, loads the paper's case-study topology, makes sure an operator account exists, then
-supervises the web server (uvicorn, ASGI), a Celery worker and beat as child processes. Ctrl-C
-stops every child, then the embedded Redis if this command is the one that uses it. A second run
-reuses the database, the account and its password.
+Migrates, loads the paper's case-study topology, makes sure an operator account and the
+emulator's API tokens exist, then supervises the web server (uvicorn, ASGI), a Celery worker,
+beat and the fleet emulator (``manage.py emulate``) as child processes, each in its own
+process group. The rebalancer runs every ``REBALANCE_INTERVAL_S`` (60 s in the demo unless set).
+Ctrl-C stops every child, then the embedded Redis if this command is the one that uses it. A
+second run reuses the database, the account, its password and the tokens (all kept in
+``var/demo-credentials.json``, readable only by its owner).
 """
 
 from __future__ import annotations
@@ -24,7 +27,19 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.audit import CLI_ACTOR
 from controlplane.embedded_redis import embedded_redis_stop
+from controlplane.models import ApiToken
+from controlplane.services import token_create, token_hash
+
+# The emulator's credentials: a router, an agent, and an admin token it uses only to record
+# the link and instance faults it injects in the inventory (as a network monitor would).
+DEMO_TOKENS = {
+    "EMULATOR_ROUTER_TOKEN": ("demo-emulator-router", ["router"]),
+    "EMULATOR_AGENT_TOKEN": ("demo-emulator-agent", ["agent"]),
+    "EMULATOR_ADMIN_TOKEN": ("demo-emulator-admin", ["admin"]),
+}
+DEMO_REBALANCE_INTERVAL_S = "60"
 
 
 class Command(BaseCommand):
@@ -41,6 +56,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-workers", action="store_true", help="serve the web only (no worker, no beat)"
         )
+        parser.add_argument(
+            "--no-emulator", action="store_true", help="do not start the fleet emulator"
+        )
+        parser.add_argument(
+            "--emulate",
+            default=str(Path(settings.SHARED_DIR) / "scenarios" / "mooncake-conversation.yaml"),
+            help="scenario the emulator replays (default: the Mooncake conversation trace)",
+        )
+        parser.add_argument(
+            "--speed",
+            type=float,
+            default=float(os.environ.get("EMULATOR_SPEED", "4")),
+            help="emulator clock speed (fleet seconds per wall second)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         scenario = Path(options["scenario"])
@@ -50,13 +79,19 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("topology", "apply", str(scenario))
         username, password = self._operator_account()
+        tokens = self._emulator_tokens()
 
         url = f"http://{options['host']}:{options['port']}/"
+        credentials = Path(settings.VAR_DIR) / "demo-credentials.json"
         self.stdout.write(
             self.style.SUCCESS(f"\nPrfaaS control plane: {url}\n  login: {username} / {password}\n")
+            + f"  (credentials and the emulator's API tokens: {credentials})\n"
+            + "  inject a fault: python manage.py emulate_fault link prfaas-h200->pd-h20 --gbps 2\n"
         )
 
         env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
+        # Demo-length rebalancer period (children read settings from the environment).
+        env.setdefault("REBALANCE_INTERVAL_S", DEMO_REBALANCE_INTERVAL_S)
         python = sys.executable
         commands = {
             "web": [
@@ -96,18 +131,67 @@ class Command(BaseCommand):
                 "--schedule",
                 str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
             ]
-        self._supervise(commands, env)
+        optional: set[str] = set()
+        if not options["no_emulator"]:
+            commands["emulator"] = [
+                python,
+                str(Path(settings.BASE_DIR) / "manage.py"),
+                "emulate",
+                options["emulate"],
+                "--base-url",
+                f"http://{options['host']}:{options['port']}",
+                "--speed",
+                str(options["speed"]),
+            ]
+            env.update(tokens)
+            optional.add("emulator")
+        self._supervise(commands, env, optional)
+
+    def _credentials(self) -> dict[str, Any]:
+        path = Path(settings.VAR_DIR) / "demo-credentials.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _credentials_save(self, data: dict[str, Any]) -> None:
+        path = Path(settings.VAR_DIR) / "demo-credentials.json"
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text(json.dumps(data, indent=2))
+
+    def _emulator_tokens(self) -> dict[str, str]:
+        """The emulator's tokens: reused while valid, created (with a fresh name) otherwise."""
+        data = self._credentials()
+        kept: dict[str, str] = data.get("tokens", {})
+        out: dict[str, str] = {}
+        for env_name, (name, scopes) in DEMO_TOKENS.items():
+            secret = kept.get(env_name, "")
+            valid = (
+                bool(secret)
+                and ApiToken.objects.filter(
+                    secret_sha256=token_hash(secret), revoked_at__isnull=True
+                ).exists()
+            )
+            if not valid:
+                taken = set(
+                    ApiToken.objects.filter(name__startswith=name).values_list("name", flat=True)
+                )
+                fresh = name if name not in taken else f"{name}-{len(taken) + 1}"
+                while fresh in taken:
+                    fresh += "x"
+                secret = token_create(name=fresh, scopes=scopes, actor=CLI_ACTOR).secret
+            out[env_name] = secret
+        if out != kept:
+            self._credentials_save({**self._credentials(), "tokens": out})
+        return out
 
     def _operator_account(self) -> tuple[str, str]:
         """Create the demo operator once; later runs print the same password."""
-        credentials = Path(settings.VAR_DIR) / "demo-credentials.json"
+        data = self._credentials()
         username = "operator"
-        if credentials.exists():
-            password = json.loads(credentials.read_text())["password"]
+        if "password" in data:
+            password = data["password"]
         else:
             password = secrets.token_urlsafe(12)
-            credentials.write_text(json.dumps({"username": username, "password": password}))
-            credentials.chmod(0o600)
+            self._credentials_save({**data, "username": username, "password": password})
         user_model = get_user_model()
         user, created = user_model.objects.get_or_create(username=username)
         if created or not user.check_password(password):
@@ -120,7 +204,9 @@ class Command(BaseCommand):
                 user.groups.add(group)
         return username, password
 
-    def _supervise(self, commands: dict[str, list[str]], env: dict[str, str]) -> None:
+    def _supervise(
+        self, commands: dict[str, list[str]], env: dict[str, str], optional: set[str]
+    ) -> None:
         children: dict[str, subprocess.Popen[bytes]] = {}
         stopping = False
 
@@ -134,11 +220,19 @@ class Command(BaseCommand):
             for name, argv in commands.items():
                 # Own process group per child, so Ctrl-C reaches us first and we stop them in order.
                 children[name] = subprocess.Popen(argv, env=env, start_new_session=True)
+            reported: set[str] = set()
             while not stopping:
                 for name, child in children.items():
-                    if child.poll() is not None:
-                        self.stderr.write(f"{name} exited with status {child.returncode}; stopping")
-                        stopping = True
+                    if child.poll() is not None and name not in reported:
+                        reported.add(name)
+                        if name in optional:
+                            # The control plane is still useful without its emulated fleet.
+                            self.stderr.write(f"{name} exited with status {child.returncode}")
+                        else:
+                            self.stderr.write(
+                                f"{name} exited with status {child.returncode}; stopping"
+                            )
+                            stopping = True
                 time.sleep(0.5)
         finally:
             self.stdout.write("stopping ...")

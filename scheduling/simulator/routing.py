@@ -357,7 +357,18 @@ class RouterDispatcher:
                 changed = True
             for instance, role in answer.flips:
                 sim.role_flip(instance, role)
-            self.replans.append((now, name, answer.threshold, len(prefill), len(decode)))
+            to_prefill = sum(1 for _, role in answer.flips if role == "prefill")
+            to_decode = len(answer.flips) - to_prefill
+            # The split this re-plan moves to (flips complete once their instances drain).
+            self.replans.append(
+                (
+                    now,
+                    name,
+                    answer.threshold,
+                    len(prefill) + to_prefill - to_decode,
+                    len(decode) + to_decode - to_prefill,
+                )
+            )
         if changed:
             self.policy = router.Policy(
                 version=self.policy.version + 1, thresholds=thresholds, guards=self.policy.guards

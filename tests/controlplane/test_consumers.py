@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -18,8 +18,9 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
-from django.test import Client
+from django.test import AsyncClient, Client
 
+from clusters.models import Instance, Link
 from controlplane import live
 from controlplane.asgi import application
 from controlplane.consumers import (
@@ -28,6 +29,8 @@ from controlplane.consumers import (
     HEARTBEAT_S,
     REORDER_WINDOW_S,
 )
+from controlplane.dashboard import overview_tick_publish
+from tests.factories import ClusterFactory, InstanceFactory, LinkFactory, api_token
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
 
@@ -297,3 +300,66 @@ async def test_the_socket_keeps_streaming_after_redis_restarts(
     assert received["epoch"] == last_snapshot["epoch"]
     assert received["seq"] == last_snapshot["seq"] + 1
     await comm.disconnect()
+
+
+async def test_telemetry_posted_through_the_api_reaches_the_overview_socket() -> None:
+    link = await sync_to_async(_link_with_agent_token)()
+    comm, snapshot = await _connected(live.OVERVIEW)
+    assert [entry["key"] for entry in snapshot["data"]["links"]] == [link["key"]]
+    body = {
+        "idempotency_key": "batch-1",
+        "links": [
+            {
+                "source": link["source"],
+                "target": link["target"],
+                "ts": time.time(),
+                "bytes_sent": 5 * 10**9 // 8,
+                "interval_s": 1.0,
+            }
+        ],
+    }
+    response = await AsyncClient().post(
+        "/api/v1/telemetry",
+        body,
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {link['secret']}"},
+    )
+    assert response.status_code == 200
+    frame = await comm.receive_json_from(timeout=TIMEOUT)
+    assert frame["type"] == "link_sample"
+    assert frame["seq"] == snapshot["seq"] + 1
+    assert frame["data"]["link"] == link["key"]
+    assert frame["data"]["gbps"] == pytest.approx(5.0)
+    await comm.disconnect()
+
+
+def _link_with_agent_token() -> dict[str, str]:
+    link = cast(Link, LinkFactory())
+    _, secret = api_token("agent")
+    key = f"{link.source.name}>{link.target.name}"
+    return {"key": key, "source": link.source.name, "target": link.target.name, "secret": secret}
+
+
+async def test_the_overview_tick_publishes_decision_mix_alerts_and_policy() -> None:
+    await sync_to_async(_fleet_with_policy)()
+    comm, snapshot = await _connected(live.OVERVIEW)
+    count = await sync_to_async(overview_tick_publish)()
+    frames = [await comm.receive_json_from(timeout=TIMEOUT) for _ in range(count)]
+    assert [f["seq"] for f in frames] == list(
+        range(snapshot["seq"] + 1, snapshot["seq"] + 1 + count)
+    )
+    by_type = {f["type"]: f["data"] for f in frames}
+    assert by_type["decision_mix"]["cluster"] == "pd-x"
+    assert by_type["decision_mix"]["threshold"] == 12000
+    assert by_type["policy_event"]["thresholds"] == {"pd-x": 12000}
+    assert [a["code"] for a in by_type["alerts"]["alerts"]] == ["telemetry_stale"]
+    await comm.disconnect()
+
+
+def _fleet_with_policy() -> None:
+    from controlplane.audit import CLI_ACTOR
+    from scheduling.policies import policy_create
+
+    inst = cast(Instance, InstanceFactory(cluster=ClusterFactory(name="pd-x")))
+    assert inst.state == "active"
+    policy_create(actor=CLI_ACTOR, thresholds={"pd-x": 12000})

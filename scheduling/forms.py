@@ -32,7 +32,7 @@ class WhatIfForm(forms.Form):
         required=False,
         min_value=0.001,
         label="Arrival rate (req/s)",
-        help_text="empty: the scenario's",
+        help_text="empty: the scenario's (inventory: the last 15 min observed)",
     )
     requests = forms.IntegerField(min_value=1, max_value=whatif.MAX_REQUESTS, initial=2000)
     link_gbps = FiniteFloatField(

@@ -38,6 +38,7 @@ from scheduling.scenario import (
     scenario_parse,
     scenario_to_dict,
 )
+from scheduling.traffic import traffic_window_read
 
 if TYPE_CHECKING:
     from scheduling.simulator import SimulationConfig, SimulationResult
@@ -48,6 +49,8 @@ RUN_TTL_S = 7 * 24 * 3600
 NEXT_KEY = "whatif:next"
 RUN_KEY = "whatif:run:{run_id}"
 MAX_REQUESTS = 20_000
+# The traffic window an inventory run without a rate takes its rate from.
+TRAFFIC_WINDOW_S = 15 * 60
 # Progress frames per simulation: enough for a smooth bar, few enough for the channel layer.
 PROGRESS_STEPS = 20
 # Points of each chart series kept in the stored result.
@@ -159,8 +162,28 @@ def _key(run_id: int) -> str:
     return RUN_KEY.format(run_id=run_id)
 
 
+def observed_rate(window_s: float = TRAFFIC_WINDOW_S, now: float | None = None) -> float:
+    """Requests per second that arrived at all PD clusters over the last ``window_s``."""
+    from clusters.models import Cluster, ClusterKind
+
+    now = time.time() if now is None else now
+    names = Cluster.objects.filter(kind=ClusterKind.PD).values_list("name", flat=True)
+    arrivals = sum(traffic_window_read(n, now - window_s, now).arrivals for n in names)
+    return arrivals / window_s
+
+
 def whatif_start(params: WhatIfParams, *, actor: Actor) -> int:
-    """Validate, store and enqueue a run; returns its id. Nothing is stored when invalid."""
+    """Validate, store and enqueue a run; returns its id. Nothing is stored when invalid.
+
+    An inventory run without a rate takes the rate observed over the last traffic window."""
+    if params.source == INVENTORY and params.rate_per_s is None:
+        rate = observed_rate()
+        if rate <= 0:
+            raise Invalid(
+                f"rate_per_s: no traffic observed in the last {TRAFFIC_WINDOW_S // 60} minutes; "
+                "enter a rate"
+            )
+        params = replace(params, rate_per_s=round(rate, 6))
     whatif_scenarios(params)
     client = redis_sync()
     run_id = int(client.incr(NEXT_KEY))

@@ -45,7 +45,7 @@ def _wait_port(port: int, timeout_s: float = 15.0) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def live_url(django_db_setup: Any, django_db_blocker: Any) -> Iterator[str]:
     """The real ASGI application (Django + Channels) served by uvicorn in a thread."""
     import uvicorn
@@ -67,9 +67,12 @@ def live_url(django_db_setup: Any, django_db_blocker: Any) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def celery_worker_process(django_db_setup: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """A real Celery worker on the same Redis and the (committed) test database."""
+    """A real Celery worker on the same Redis and the (committed) test database.
+
+    Module-scoped: it consumes the default queue, so it must be gone before other modules'
+    tests enqueue tasks they expect no worker (or their own) to run."""
     db = settings.DATABASES["default"]
     env = {
         **os.environ,

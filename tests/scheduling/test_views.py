@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import cast
 
+import numpy as np
 import pytest
 from django.urls import reverse
 
@@ -21,6 +23,7 @@ from tests.factories import (
     ModelProfileFactory,
     PerformanceProfileFactory,
 )
+from tests.scheduling.rebalance_support import inventory_load, traffic_record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
@@ -223,3 +226,30 @@ def test_a_what_if_run_compares_the_edit_against_the_current_plan() -> None:
     assert edited["offload_fraction"] == 0  # a link that is down carries nothing
     assert all(link["mean_gbps"] == 0 for link in edited["links"])
     assert {"mean", "p50", "p90", "p99"} <= set(current["ttft"])
+
+
+def test_an_inventory_run_without_traffic_asks_for_a_rate(client_as, scenarios_dir) -> None:
+    inventory_load(scenarios_dir)
+    response = client_as("operator").post(
+        reverse("whatif-start"), _whatif_data(source="inventory", rate_per_s="")
+    )
+    assert response.status_code == 422
+    assert any("no traffic observed" in e for e in response.context["form"].errors["rate_per_s"])
+    assert redis_sync().get(whatif.NEXT_KEY) is None
+
+
+def test_an_inventory_run_takes_the_rate_of_the_observed_traffic_window(
+    client_as, scenarios_dir
+) -> None:
+    inventory_load(scenarios_dir)
+    now = time.time()
+    traffic_record(now, np.full(1800, 20000.0), span=whatif.TRAFFIC_WINDOW_S)
+    response = client_as("operator").post(
+        reverse("whatif-start"), _whatif_data(source="inventory", rate_per_s="")
+    )
+    assert response.status_code == 302
+    run_id = int(response["Location"].rstrip("/").rsplit("/", 1)[1])
+    assert whatif.whatif_get(run_id)["params"]["rate_per_s"] == pytest.approx(2.0, rel=0.05)
+    result = whatif.whatif_execute(run_id)
+    assert "error" not in result, result
+    assert result["whatif"]["finished"] == 300

@@ -1,11 +1,22 @@
 # One image for web, worker, beat and the demo emulator; the compose command picks the role.
+# Front-end assets (htmx, uPlot) come from npm in a build stage; only their dist files ship.
+FROM node:20-slim AS assets
+WORKDIR /src
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund --omit=dev
+
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 VAR_DIR=/app/var
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    VAR_DIR=/app/var SHARED_DIR=/shared
 WORKDIR /app
-COPY pyproject.toml requirements.lock README.md ./
-RUN pip install -c requirements.lock .
+# Dependencies first (a layer that survives code changes). pyproject names README.md; the
+# wildcard lets the build work before it exists.
+COPY pyproject.toml requirements.lock README.m[d] ./
+RUN test -f README.md || touch README.md; pip install -c requirements.lock .
 COPY . .
-RUN useradd --create-home --uid 10001 app && mkdir -p /app/var && chown -R app /app/var
+COPY --from=assets /src/node_modules/htmx.org/dist /app/node_modules/htmx.org/dist
+COPY --from=assets /src/node_modules/uplot/dist /app/node_modules/uplot/dist
+RUN useradd --create-home --uid 10001 app && mkdir -p /app/var /shared && chown -R app /app/var
 USER app
 EXPOSE 8000
 CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

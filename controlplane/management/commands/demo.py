@@ -60,6 +60,12 @@ class Command(BaseCommand):
             "--no-emulator", action="store_true", help="do not start the fleet emulator"
         )
         parser.add_argument(
+            "--setup-only",
+            action="store_true",
+            help="migrate, load the topology, create the account and tokens, then exit "
+            "(the compose demo profile runs this once)",
+        )
+        parser.add_argument(
             "--emulate",
             default=str(Path(settings.SHARED_DIR) / "scenarios" / "mooncake-conversation.yaml"),
             help="scenario the emulator replays (default: the Mooncake conversation trace)",
@@ -81,6 +87,9 @@ class Command(BaseCommand):
         username, password = self._operator_account()
         tokens = self._emulator_tokens()
 
+        if options["setup_only"]:
+            self.stdout.write(f"demo set up; operator login: {username} / {password}")
+            return
         url = f"http://{options['host']}:{options['port']}/"
         credentials = Path(settings.VAR_DIR) / "demo-credentials.json"
         self.stdout.write(

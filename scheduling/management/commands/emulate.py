@@ -6,6 +6,7 @@ finds the tokens and the control plane's address, and runs until Ctrl-C (or ``--
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -78,13 +79,13 @@ class Command(BaseCommand):
             raise CommandError(f"{path}: {exc}", returncode=2) from exc
         if not workload.requests:
             raise CommandError(f"{path}: the workload has no requests", returncode=2)
-        token = options["token"]
+        tokens = self._tokens(options["token"])
         try:
             config = EmulatorConfig(
                 base_url=options["base_url"],
-                router_token=os.environ.get("EMULATOR_ROUTER_TOKEN", token),
-                agent_token=os.environ.get("EMULATOR_AGENT_TOKEN", token),
-                admin_token=os.environ.get("EMULATOR_ADMIN_TOKEN", token),
+                router_token=tokens["EMULATOR_ROUTER_TOKEN"],
+                agent_token=tokens["EMULATOR_AGENT_TOKEN"],
+                admin_token=tokens["EMULATOR_ADMIN_TOKEN"],
                 speed=options["speed"],
                 duration_s=options["duration"],
                 requests=options["requests"],
@@ -108,6 +109,19 @@ class Command(BaseCommand):
             f"at x{config.speed:g} against {config.base_url}"
         )
         emulator.run()
+
+    def _tokens(self, token: str) -> dict[str, str]:
+        """Per role: its env variable, else ``--token``/``EMULATOR_TOKEN``, else the token the
+        demo set-up stored in ``VAR_DIR/demo-credentials.json``."""
+        stored: dict[str, str] = {}
+        credentials = Path(settings.VAR_DIR) / "demo-credentials.json"
+        if credentials.is_file():
+            try:
+                stored = json.loads(credentials.read_text()).get("tokens", {})
+            except (ValueError, OSError):
+                stored = {}
+        names = ("EMULATOR_ROUTER_TOKEN", "EMULATOR_AGENT_TOKEN", "EMULATOR_ADMIN_TOKEN")
+        return {n: os.environ.get(n) or token or stored.get(n, "") for n in names}
 
     def _say(self, line: str) -> None:
         self.stdout.write(line)

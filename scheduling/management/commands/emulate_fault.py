@@ -14,6 +14,7 @@ inventory first, so a typo is an error here rather than a warning in the emulato
 from __future__ import annotations
 
 import json
+import time
 from argparse import ArgumentParser
 from typing import Any
 
@@ -40,7 +41,13 @@ class Command(BaseCommand):
         surge.add_argument("--cluster", help="only the traffic arriving at this pd cluster")
         prompts = sub.add_parser("prompts", help="scale prompt lengths")
         prompts.add_argument("--scale", type=float, required=True)
-        sub.add_parser("status", help="print the emulator's last status")
+        status = sub.add_parser("status", help="print the emulator's last status")
+        status.add_argument(
+            "--max-age",
+            type=float,
+            help="fail (status 2) when the last status is older than this many seconds "
+            "(a health check)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         kind = options["kind"]
@@ -49,6 +56,13 @@ class Command(BaseCommand):
             status = emulator_status_read(client)
             if status is None:
                 raise CommandError("no emulator has reported a status", returncode=2)
+            age = time.time() - float(status.get("ts", 0))
+            if options["max_age"] is not None and (age > options["max_age"] or status["stopped"]):
+                raise CommandError(
+                    f"the emulator's last status is {age:.0f} s old"
+                    + (" and says it stopped" if status["stopped"] else ""),
+                    returncode=2,
+                )
             self.stdout.write(json.dumps(status, indent=2, sort_keys=True))
             return
         if kind == "link":

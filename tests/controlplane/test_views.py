@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from clusters.models import Instance, Link
@@ -35,7 +36,9 @@ def test_logging_in_with_a_wrong_password_says_so_and_stays_on_the_form(client) 
 
 
 def test_logging_in_lands_on_the_overview(client) -> None:
-    UserFactory(username="ops", groups=["viewer"])
+    user = cast(User, UserFactory(username="ops", groups=["viewer"]))
+    user.set_password("correct horse battery")
+    user.save()
     response = client.post(
         reverse("login"), {"username": "ops", "password": "correct horse battery"}, follow=True
     )

@@ -4,9 +4,10 @@ holds with reasons, the lifecycle, drain-then-flip, idempotent steps, rollback, 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
@@ -46,7 +47,13 @@ def fleet(scenarios_dir: Path, redis_client) -> Cluster:
     return cluster
 
 
-def drifted(seed: int = 1) -> tuple[float, object]:
+def current_policy() -> Policy:
+    policy = policy_current()
+    assert policy is not None
+    return policy
+
+
+def drifted(seed: int = 1) -> tuple[datetime, np.ndarray]:
     """Traffic of the drifted hours (mu 10.2) recorded in the window ending at a period start."""
     period = plans.period_start_for(time.time())
     lengths = sampled_lengths(seed, 10.2, int(2.6 * PERIOD))
@@ -61,7 +68,7 @@ def tick(cluster: Cluster, period) -> RebalanceTick:
 
 def apply_all(plan: Plan, *, limit: int = 200, busy: dict[str, int] | None = None) -> list[str]:
     """Run steps until the plan finishes; the engines report (idle unless ``busy``) meanwhile."""
-    outcomes = []
+    outcomes: list[str] = []
     for _ in range(limit):
         telemetry_fresh(busy=busy)
         outcome, _ = plans.plan_apply_step(plan_id=plan.pk)
@@ -84,7 +91,7 @@ def test_a_tick_on_drifted_traffic_proposes_the_planners_threshold_and_split(fle
     )
     assert (plan.threshold_before, plan.n_p_before, plan.n_d_before) == (8500, 2, 6)
     assert plan.status == PlanStatus.PROPOSED  # manual mode waits for an operator
-    assert plan.inputs["policy_version"] == policy_current().version
+    assert plan.inputs["policy_version"] == current_policy().version
     assert plan.inputs["window"]["arrivals"] == len(lengths)
     assert (
         plan.predictions["proposed"]["capacity_rps"] > plan.predictions["current"]["capacity_rps"]
@@ -104,7 +111,7 @@ def test_two_ticks_for_the_same_period_record_one_tick_and_one_plan(fleet):
 def test_approval_applies_through_drain_then_flip_and_bumps_the_policy_once(fleet):
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    version = policy_current().version
+    version = current_policy().version
     plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.APPLYING and plan.approved_by == "user:ops"
@@ -126,7 +133,7 @@ def test_approval_applies_through_drain_then_flip_and_bumps_the_policy_once(flee
     assert plan.status == PlanStatus.APPLIED
     assert role_counts() == (plan.n_p_after, plan.n_d_after)
     assert all(i.state == InstanceState.ACTIVE for i in Instance.objects.all())
-    current = policy_current()
+    current = current_policy()
     assert current.version == version + 1 == plan.policy_version_after
     assert current.thresholds[PD] == plan.threshold_after
     assert all(s.finished_at and s.started_at for s in plan.steps.all())
@@ -169,7 +176,7 @@ def test_a_drain_that_never_empties_gives_up_after_its_timeout(fleet):
         finished_at=timezone.now() - timedelta(seconds=31)
     )
     assert apply_all(plan, busy=busy)[-1] == "done"
-    wait = PlanStep.objects.filter(plan=plan, action="wait").first()
+    wait = PlanStep.objects.filter(plan=plan, action="wait").order_by("index")[0]
     assert "timeout" in wait.detail
 
 
@@ -190,14 +197,14 @@ def test_rollback_restores_the_previous_threshold_and_roles(fleet):
     plan = Plan.objects.get(tick=tick(fleet, period))
     plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     apply_all(plan)
-    applied_version = policy_current().version
+    applied_version = current_policy().version
     plans.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
     apply_all(plan)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.ROLLED_BACK
     assert roles() == before
-    assert policy_current().version == applied_version + 1 == plan.policy_version_restored
-    assert policy_current().thresholds[PD] == 8500
+    assert current_policy().version == applied_version + 1 == plan.policy_version_restored
+    assert current_policy().thresholds[PD] == 8500
 
 
 def test_a_newer_proposal_supersedes_the_waiting_one(fleet):

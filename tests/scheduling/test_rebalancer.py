@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -17,6 +18,12 @@ from scheduling.scenario import scenario_load
 
 CLUSTER = "pd-h20"
 PERIOD = 600.0
+T = TypeVar("T")
+
+
+def must(value: T | None) -> T:
+    assert value is not None
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +95,11 @@ def test_drifted_traffic_gives_the_planners_threshold_and_split_for_that_window(
         1024.0,
         split_bounds={CLUSTER: (3, 3)},  # one role change per plan on 8 instances
     ).cluster(CLUSTER)
-    assert d.proposed.setting == rb.Setting(expected.threshold_tokens, expected.n_p, expected.n_d)
-    assert d.gain >= 0.05
-    assert d.proposed.capacity_rps > d.current.capacity_rps
+    assert must(d.proposed).setting == rb.Setting(
+        expected.threshold_tokens, expected.n_p, expected.n_d
+    )
+    assert must(d.gain) >= 0.05
+    assert must(d.proposed).capacity_rps > must(d.current).capacity_rps
     assert [(c.from_role, c.to_role) for c in d.role_changes] == [("decode", "prefill")]
 
 
@@ -121,8 +130,8 @@ def test_a_big_move_is_made_in_steps_of_at_most_ten_percent_of_the_cluster(fleet
     win = window(np.random.default_rng(5), 10.2, now, rate=12)
     d = decide(big, win, fleet_view(4, 36, now), 8500, now=now)
     assert d.action == "propose"
-    assert d.target.setting.n_p - 4 > 4  # the optimum is further away than one step
-    assert d.proposed.setting.n_p == 8
+    assert must(d.target).setting.n_p - 4 > 4  # the optimum is further away than one step
+    assert must(d.proposed).setting.n_p == 8
     assert len(d.role_changes) == 4
 
 
@@ -137,7 +146,7 @@ def test_role_floors_and_ceilings_bound_the_split(fleet):
         now=now,
         guards=rb.Guards(persist_ticks=1, max_prefill=2),
     )
-    assert d.target.setting.n_p == 2
+    assert must(d.target).setting.n_p == 2
     impossible = rb.Guards(min_prefill=5, min_decode=5)
     d = decide(fleet, win, fleet_view(2, 6, now), 8500, now=now, guards=impossible)
     assert (d.action, d.reason) == ("hold", rb.HOLD_INFEASIBLE)
@@ -147,7 +156,7 @@ def test_the_planners_own_optimum_is_already_optimal(fleet):
     now = 10 * PERIOD
     win = window(np.random.default_rng(7), 9.9, now)
     first = decide(fleet, win, fleet_view(4, 4, now), 19400, now=now)
-    best = first.target.setting
+    best = must(first.target).setting
     d = decide(fleet, win, fleet_view(best.n_p, best.n_d, now), best.threshold, now=now)
     assert (d.action, d.reason, d.role_changes) == ("hold", rb.HOLD_ALREADY_OPTIMAL, ())
 
@@ -156,7 +165,7 @@ def test_a_gain_inside_the_dead_band_changes_nothing(fleet):
     now = 10 * PERIOD
     win = window(np.random.default_rng(8), 10.2, now)
     d0 = decide(fleet, win, fleet_view(2, 6, now), 8500, now=now)
-    wide = rb.Guards(persist_ticks=1, dead_band=d0.gain + 0.01)
+    wide = rb.Guards(persist_ticks=1, dead_band=must(d0.gain) + 0.01)
     d = decide(fleet, win, fleet_view(2, 6, now), 8500, now=now, guards=wide)
     assert (d.action, d.reason, d.role_changes) == ("hold", rb.HOLD_DEAD_BAND, ())
     assert d.gain == pytest.approx(d0.gain)
@@ -314,7 +323,7 @@ def drive(fleet, seed, mu_at, *, hours, noise, start, guards=None):
         d = decide(fleet, win, views, threshold, now=now, guards=guards, history=history)
         history = rb.history_after(history, d, now, applied=d.action == "propose")
         if d.action == "propose":
-            threshold, n_p = d.proposed.setting.threshold, d.proposed.setting.n_p
+            threshold, n_p = must(d.proposed).setting.threshold, must(d.proposed).setting.n_p
         ticks.append((now, d, threshold, n_p))
     return ticks
 

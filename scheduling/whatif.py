@@ -317,6 +317,9 @@ def result_summary(result: SimulationResult) -> dict[str, Any]:
                 "p99_gbps": link.p99_gbps,
                 "peak_gbps": link.peak_gbps,
                 "series_gbps": _downsample(list(link.series_gbps)),
+                # Seconds each point spans (the simulator's buckets are 1 s; long runs are
+                # downsampled to their per-span peaks).
+                "series_step_s": max(1.0, len(link.series_gbps) / CHART_POINTS),
             }
             for link in result.links
         ],

@@ -21,21 +21,22 @@
     }, [[0, 1, 2, 3], labels.map(function (k) { return c.ttft[k]; }), labels.map(function (k) { return w.ttft[k]; })], ttft);
 
     var links = document.getElementById("chart-links");
-    var n = 0, series = [{}], cols = [];
-    c.links.concat(w.links).forEach(function (l) { n = Math.max(n, l.series_gbps.length); });
-    var xs = []; for (var i = 0; i < n; i++) xs.push(i);
+    var all = c.links.concat(w.links), step = all.length ? all[0].series_step_s || 1 : 1, n = 0;
+    all.forEach(function (l) { n = Math.max(n, l.series_gbps.length); });
+    var xs = []; for (var i = 0; i < n; i++) xs.push(i * step);
     function pad(a) { var out = a.slice(); while (out.length < n) out.push(null); return out; }
+    var series = [{}], cols = [];
     c.links.forEach(function (l) { series.push({ label: l.key + " (current)", stroke: CUR, width: 1.5 }); cols.push(pad(l.series_gbps)); });
     w.links.forEach(function (l) { series.push({ label: l.key + " (what-if)", stroke: WHAT, width: 1.5 }); cols.push(pad(l.series_gbps)); });
-    new uPlot({ width: width(links), height: 220, scales: { x: { time: false } }, axes: [{ label: "sample" }, { label: "Gbps", size: 50 }], series: series }, [xs].concat(cols), links);
+    new uPlot({ width: width(links), height: 220, scales: { x: { time: false } }, axes: [{ label: "simulated seconds" }, { label: "Gbps", size: 50 }], series: series }, [xs].concat(cols), links);
 
     var queue = document.getElementById("chart-queue");
-    var qn = Math.max(c.queue.t.length, w.queue.t.length), qx = [];
-    for (var j = 0; j < qn; j++) qx.push(j);
-    function qpad(a) { var out = a.slice(); while (out.length < qn) out.push(null); return out; }
-    new uPlot({ width: width(queue), height: 200, scales: { x: { time: false } }, axes: [{ label: "sample" }, { label: "requests", size: 50 }],
-      series: [{}, { label: "current plan", stroke: CUR, width: 1.5 }, { label: "what-if", stroke: WHAT, width: 1.5 }] },
-      [qx, qpad(c.queue.in_system), qpad(w.queue.in_system)], queue);
+    new uPlot({ width: width(queue), height: 200, scales: { x: { time: false } }, axes: [{ label: "simulated seconds" }, { label: "requests", size: 50 }],
+      series: [{}, { label: "current plan", stroke: CUR, width: 1.5 }] }, [c.queue.t, c.queue.in_system], queue);
+    var queue2 = document.createElement("div");
+    queue.parentNode.appendChild(queue2);
+    new uPlot({ width: width(queue), height: 200, scales: { x: { time: false } }, axes: [{ label: "simulated seconds" }, { label: "requests", size: 50 }],
+      series: [{}, { label: "what-if", stroke: WHAT, width: 1.5 }] }, [w.queue.t, w.queue.in_system], queue2);
   }
 
   document.addEventListener("DOMContentLoaded", draw);

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
@@ -61,6 +63,52 @@ def on_does_not_exist(request: HttpRequest, exc: ObjectDoesNotExist) -> HttpResp
 @api.exception_handler(PermissionDenied)
 def on_permission_denied(request: HttpRequest, exc: PermissionDenied) -> HttpResponse:
     return _error(request, 403, str(exc) or "permission denied", "forbidden")
+
+
+_ERROR_RESPONSES = {
+    "400": "the body is not JSON",
+    "401": "missing, invalid, expired or revoked credentials",
+    "403": "the credentials lack the operation's scope",
+    "404": "no such object (in the path, query or body)",
+    "409": "stale version or conflicting state",
+    "413": "request body over API_MAX_BODY_BYTES",
+    "422": "input that breaks a rule (validation)",
+}
+
+
+def _openapi_with_error_shape(*args: Any, **kwargs: Any) -> Any:
+    """The schema, with the one error shape documented on every operation that can answer it
+    (the handlers above produce these codes for any operation, so each operation lists them)."""
+    schema = _openapi_base(*args, **kwargs)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = {
+        "type": "object",
+        "properties": {"detail": {"type": "string"}, "code": {"type": "string"}},
+        "required": ["detail", "code"],
+    }
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for methods in schema.get("paths", {}).values():
+        for method, op in methods.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            codes = []
+            if op.get("security"):
+                codes += ["401", "403"]
+            if op.get("parameters") or op.get("requestBody"):
+                codes.append("422")
+            if op.get("requestBody"):
+                codes += ["400", "413"]
+            if op.get("parameters") or op.get("requestBody"):
+                codes.append("404")  # a path id, or an object named in the query or body
+            if method in ("post", "patch", "put", "delete"):
+                codes.append("409")
+            for code in codes:
+                op["responses"].setdefault(code, {"description": _ERROR_RESPONSES[code], **ref})
+    return schema
+
+
+_openapi_base = api.get_openapi_schema
+api.get_openapi_schema = _openapi_with_error_shape  # type: ignore[method-assign]
 
 
 @api.get("/health", auth=None, tags=["meta"])

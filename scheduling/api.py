@@ -52,7 +52,7 @@ class RouteIn(Schema):
     cached_tokens: dict[ClusterName, TokenCount] = Field(
         default_factory=dict,
         max_length=64,
-        description="router-known cached prefix tokens per cluster",
+        description="router-known cached prefix tokens per cluster (capped at prompt_tokens)",
     )
     request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     expected_output_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS)
@@ -70,12 +70,10 @@ class RouteIn(Schema):
 
     @model_validator(mode="after")
     def _consistent(self) -> RouteIn:
+        # A cache cannot hold more of the prompt than the prompt: such counts are capped.
         for cluster, tokens in self.cached_tokens.items():
             if tokens > self.prompt_tokens:
-                raise ValueError(
-                    f"cached_tokens.{cluster}: {tokens} cached tokens exceed prompt_tokens "
-                    f"({self.prompt_tokens})"
-                )
+                self.cached_tokens[cluster] = self.prompt_tokens
         return self
 
     def to_input(self) -> RouteInput:

@@ -6,6 +6,7 @@ No ORM query: instance and link names are checked against the in-process routing
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -33,15 +34,16 @@ async def _snapshot_knowing(names: Sequence[str], kind: str) -> Snapshot:
     known = snap.known_instances if kind == "instance" else snap.known_links
     for i, n in enumerate(names):
         if n not in known:
-            raise Invalid(f"{kind}s[{i}]: unknown {kind} {n!r}", code=f"unknown_{kind}")
+            raise NotFound(f"{kind}s[{i}]: unknown {kind} {n!r}", code=f"unknown_{kind}")
     return snap
 
 
-def _ts_check(ts: float, path: str, now: float) -> None:
+def _ts_clamp(ts: float, path: str, now: float) -> float:
+    """A sample's time, checked; stamps ahead of this clock by more than ``MAX_FUTURE_S`` are
+    taken as now (a skewed agent clock must not make its samples look fresh for ever)."""
     if not math.isfinite(ts) or ts < 0:
         raise Invalid(f"{path}: must be a unix time in seconds")
-    if ts > now + MAX_FUTURE_S:
-        raise Invalid(f"{path}: {ts} is more than {MAX_FUTURE_S:.0f} s in the future")
+    return now if ts > now + MAX_FUTURE_S else ts
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,14 @@ async def telemetry_ingest_async(
 ) -> TelemetryResult:
     """Store one agent batch once (a repeated key is acknowledged, not stored again)."""
     now = time.time()
-    for i, s in enumerate(instances):
-        _ts_check(s.ts, f"instances[{i}].ts", now)
-    for i, ls in enumerate(links):
-        _ts_check(ls.ts, f"links[{i}].ts", now)
+    instances = [
+        dataclasses.replace(s, ts=_ts_clamp(s.ts, f"instances[{i}].ts", now))
+        for i, s in enumerate(instances)
+    ]
+    links = [
+        dataclasses.replace(ls, ts=_ts_clamp(ls.ts, f"links[{i}].ts", now))
+        for i, ls in enumerate(links)
+    ]
     if instances:
         await _snapshot_knowing([s.instance for s in instances], "instance")
     if links:

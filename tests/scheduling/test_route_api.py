@@ -387,12 +387,6 @@ async def test_recent_decisions_and_metrics_show_why(client: AsyncClient, fleet:
         ({"origin": "pd-a", "prompt_tokens": 10**12}, 422, "invalid", "prompt_tokens"),
         ({"origin": "pd-a", "prompt_tokens": "many"}, 422, "invalid", "prompt_tokens"),
         (
-            {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": 20}},
-            422,
-            "invalid",
-            "cached_tokens.pd-a",
-        ),
-        (
             {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": -1}},
             422,
             "invalid",
@@ -430,6 +424,15 @@ async def test_bad_route_input_gets_a_clear_error(
     assert set(got) == {"detail", "code"}
     assert got["code"] == code
     assert detail_part in got["detail"]
+
+
+async def test_cached_counts_beyond_the_prompt_are_capped(
+    client: AsyncClient, fleet: Fleet
+) -> None:
+    await telemetry(client, fleet)
+    d = await route(client, fleet, prompt_tokens=20_000, cached_tokens={"pd-a": 50_000})
+    assert d["route"] == "local"
+    assert d["cached_tokens"] < 20_000 and d["incremental_tokens"] >= 1
 
 
 async def test_oversized_body_gets_413(client: AsyncClient, fleet: Fleet) -> None:

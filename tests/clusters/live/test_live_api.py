@@ -71,17 +71,17 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
 
 
 @pytest.mark.parametrize(
-    ("body", "detail_part"),
+    ("body", "status", "detail_part"),
     [
-        ({"instances": []}, "idempotency_key"),
-        ({"idempotency_key": "k", "instances": [{"instance": "ghost", "ts": 1.0}]}, "ghost"),
-        ({"idempotency_key": "k", "instances": [{"instance": "pd-a-p0", "ts": -1}]}, "ts"),
-        ({"idempotency_key": "k", "instances": [{"instance": "pd-a-p0", "ts": 9e12}]}, "future"),
+        ({"instances": []}, 422, "idempotency_key"),
+        ({"idempotency_key": "k", "instances": [{"instance": "ghost", "ts": 1.0}]}, 404, "ghost"),
+        ({"idempotency_key": "k", "instances": [{"instance": "pd-a-p0", "ts": -1}]}, 422, "ts"),
         (
             {
                 "idempotency_key": "k",
                 "instances": [{"instance": "pd-a-p0", "ts": 1, "kv_usage": 2}],
             },
+            422,
             "kv_usage",
         ),
         (
@@ -89,6 +89,7 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
                 "idempotency_key": "k",
                 "instances": [{"instance": "pd-a-p0", "ts": 1, "running": -1}],
             },
+            422,
             "running",
         ),
         (
@@ -104,6 +105,7 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
                     }
                 ],
             },
+            404,
             "unknown link",
         ),
         (
@@ -119,18 +121,27 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
                     }
                 ],
             },
+            422,
             "interval_s",
         ),
     ],
 )
 def test_bad_telemetry_gets_a_clear_error_and_stores_nothing(
-    agent: dict[str, str], body: Any, detail_part: str
+    agent: dict[str, str], body: Any, status: int, detail_part: str
 ) -> None:
     response = post("/telemetry", body, agent)
-    assert response.status_code == 422, response.content
+    assert response.status_code == status, response.content
     got = response.json()
     assert set(got) == {"detail", "code"} and detail_part in got["detail"]
     assert telemetry.instance_states_read(["pd-a-p0"]) == {}
+
+
+def test_samples_stamped_in_the_future_are_taken_as_now(agent: dict[str, str]) -> None:
+    before = time.time()
+    body = {"idempotency_key": "skewed", "instances": [{"instance": "pd-a-p0", "ts": 9e12}]}
+    assert post("/telemetry", body, agent).status_code == 200
+    stamped = telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].ts
+    assert before <= stamped <= time.time()
 
 
 def test_kv_events_in_both_encodings_feed_the_prefix_index(agent: dict[str, str]) -> None:

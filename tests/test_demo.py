@@ -1,0 +1,229 @@
+"""``manage.py demo`` end to end: the whole stack as a new user starts it, driven by the fleet
+emulator, then stopped with Ctrl-C (SIGINT).
+
+The stack runs as a subprocess with its own VAR_DIR and port. When the suite runs against real
+services (DATABASE_URL / REDIS_URL set), the demo gets its own PostgreSQL database and its own
+Redis database number, so it never touches the suite's test database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import psutil
+import pytest
+from django.conf import settings
+
+ROOT = Path(settings.BASE_DIR)
+pytestmark = pytest.mark.timeout(240)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def demo_database_url(url: str) -> str:
+    """A database of its own beside the configured one (recreated empty)."""
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "postgres"
+    demo = f"{name}_demo"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{demo}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{demo}"')
+    return urlunsplit(parts._replace(path=f"/{demo}"))
+
+
+def demo_redis_url(url: str) -> str:
+    """Another database number on the configured Redis server, emptied."""
+    import redis
+
+    parts = urlsplit(url)
+    db = int(parts.path.lstrip("/") or 0)
+    other = urlunsplit(parts._replace(path=f"/{(db + 8) % 16}"))
+    redis.Redis.from_url(other).flushdb()
+    return other
+
+
+@dataclass
+class Demo:
+    process: subprocess.Popen[bytes]
+    base: str
+    var_dir: Path
+    env: dict[str, str]
+    log: Path
+
+    def credentials(self) -> dict[str, Any]:
+        return json.loads((self.var_dir / "demo-credentials.json").read_text())
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_for(what: str, probe: Callable[[], Any], demo: Demo, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if demo.process.poll() is not None:
+            pytest.fail(f"the demo exited while waiting for {what}:\n{demo.output()[-3000:]}")
+        try:
+            value = probe()
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            value = None
+        if value:
+            return value
+        time.sleep(1.0)
+    pytest.fail(f"no {what} within {timeout_s:.0f} s:\n{demo.output()[-3000:]}")
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    port = free_port()
+    var_dir = tmp_path / "var"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATOR_"))}
+    env.update(
+        VAR_DIR=str(var_dir),
+        REBALANCE_INTERVAL_S="20",
+        EMULATOR_SPEED="4",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("PRODUCTION", None)
+    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        env["DATABASE_URL"] = demo_database_url(os.environ["DATABASE_URL"])
+    else:
+        env.pop("DATABASE_URL", None)  # SQLite in the demo's VAR_DIR
+    if os.environ.get("REDIS_URL"):
+        env["REDIS_URL"] = demo_redis_url(os.environ["REDIS_URL"])
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    handle = Demo(process, f"http://127.0.0.1:{port}", var_dir, env, log)
+    try:
+        yield handle
+    finally:
+        if process.poll() is None:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
+            process.kill()
+            process.wait(timeout=10)
+
+
+def api(demo: Demo, path: str, **params: Any) -> Any:
+    token = demo.credentials()["tokens"]["EMULATOR_ADMIN_TOKEN"]
+    response = httpx.get(
+        demo.base + path, params=params, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def overview_alerts(demo: Demo) -> list[dict[str, Any]]:
+    """The alerts on the overview page, logged in as the demo's operator."""
+    creds = demo.credentials()
+    with httpx.Client(base_url=demo.base, timeout=10) as browser:
+        page = browser.get("/accounts/login/")
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert csrf is not None
+        browser.post(
+            "/accounts/login/",
+            data={
+                "username": creds["username"],
+                "password": creds["password"],
+                "csrfmiddlewaretoken": csrf.group(1),
+            },
+            headers={"Referer": demo.base + "/accounts/login/"},
+        )
+        overview = browser.get("/")
+        assert overview.status_code == 200
+        found = re.search(
+            r'<script id="overview-snapshot" type="application/json">(.*?)</script>',
+            overview.text,
+            re.S,
+        )
+        assert found is not None, "the overview page has no snapshot (not logged in?)"
+        return list(json.loads(found.group(1))["alerts"])
+
+
+def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
+    demo: Demo,
+) -> None:
+    # The UI and the API answer, and the emulator's requests are decided.
+    wait_for("web server", lambda: httpx.get(demo.base + "/api/v1/health").is_success, demo, 90)
+    assert httpx.get(demo.base + "/accounts/login/").status_code == 200
+    assert "login: operator / " in demo.output()
+    decisions = wait_for(
+        "routing decisions",
+        lambda: len(api(demo, "/api/v1/decisions/recent", limit=50)) >= 20,
+        demo,
+        60,
+    )
+    assert decisions
+    routes = {d["decision"]["route"] for d in api(demo, "/api/v1/decisions/recent", limit=200)}
+    assert routes <= {"local", "prfaas"} and routes
+
+    # The rebalancer (20 s in this test) proposes a plan from the observed traffic.
+    plans = wait_for("a plan", lambda: api(demo, "/api/v1/plans")["items"], demo, 150)
+    assert plans[0]["cluster"]
+
+    # A degraded link: the emulator carries it out, routers keep KV off it, operators see it.
+    link = api(demo, "/api/v1/links")["items"][0]
+    key = f"{link['source']}->{link['target']}"
+    fault = subprocess.run(
+        [sys.executable, "manage.py", "emulate_fault", "link", key, "--gbps", "1"],
+        cwd=ROOT,
+        env=demo.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fault.returncode == 0, fault.stderr
+
+    def congested_decisions() -> bool:
+        recent = api(demo, "/api/v1/decisions/recent", limit=200)
+        return any(d["decision"]["reason"] == "link_congested" for d in recent)
+
+    wait_for("link_congested decisions", congested_decisions, demo, 60)
+    alerts = wait_for(
+        "a congestion alert",
+        lambda: [a for a in overview_alerts(demo) if a["code"] == "link_congested"],
+        demo,
+        45,
+    )
+    assert link["source"] in alerts[0]["subject"]
+    assert api(demo, f"/api/v1/links/{link['id']}")["gbps"] == 1.0  # recorded by the emulator
+
+    # Ctrl-C: every process the demo started is gone, the embedded Redis included.
+    family = psutil.Process(demo.process.pid).children(recursive=True)
+    names = {" ".join(p.cmdline()[1:4]) for p in family}
+    assert any("uvicorn" in n for n in names) and any("emulate" in n for n in names), names
+    redis_pid = demo.var_dir / "redis.pid"
+    if redis_pid.exists():  # embedded Redis (REDIS_URL unset)
+        family.append(psutil.Process(int(redis_pid.read_text().strip())))
+    demo.process.send_signal(signal.SIGINT)
+    assert demo.process.wait(timeout=45) == 0, demo.output()[-3000:]
+    assert "stopped" in demo.output()
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

@@ -37,7 +37,7 @@ from clusters.services import instance_activate, instance_drain, instance_update
 from clusters.topology import topology_scenario
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Conflict, Invalid, NotFound
-from controlplane.live import PLANS, PlanEvent, live_publish
+from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
 from scheduling import rebalancer
 from scheduling.actuators import Actuator, ActuatorError, StepNotice, actuator_for
 from scheduling.models import (
@@ -483,10 +483,12 @@ def _plan_state(plan: Plan) -> dict[str, Any]:
 
 
 def _event(plan: Plan, actor: Actor, state: str | None = None) -> None:
-    live_publish(
-        PLANS,
-        PlanEvent(plan_id=plan.pk, state=state or plan.status, ts=time.time(), actor=actor.label),
+    """A live event after commit, to the plans pages and the overview (which shows plans)."""
+    event = PlanEvent(
+        plan_id=plan.pk, state=state or plan.status, ts=time.time(), actor=actor.label
     )
+    live_publish(PLANS, event)
+    live_publish(OVERVIEW, event)
 
 
 def _transition(plan: Plan, status: str, actor: Actor, action: str, **fields: Any) -> None:

@@ -335,3 +335,43 @@ def test_bad_settings_are_refused_by_name(fleet):
     prfaas = Cluster.objects.get(name="prfaas-h200")
     with pytest.raises(Invalid, match="only pd clusters"):
         plans.rebalance_tick(cluster_id=prfaas.pk, period_start=timezone.now())
+
+
+def test_every_lifecycle_change_and_step_emits_a_live_plan_event(
+    fleet, django_capture_on_commit_callbacks
+):
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from controlplane.live import PLANS
+
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(PLANS, channel)
+    period, _ = drifted()
+    with django_capture_on_commit_callbacks(execute=True):
+        plan = Plan.objects.get(tick=tick(fleet, period))
+    with django_capture_on_commit_callbacks(execute=True):
+        plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            telemetry_fresh()
+            plans.plan_apply_step(plan_id=plan.pk)
+
+    async def collect(count: int) -> list[dict]:
+        return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
+
+    frames = [message["frame"] for message in async_to_sync(collect)(6)]
+    assert {frame["data"]["plan_id"] for frame in frames} == {plan.pk}
+    assert [frame["seq"] for frame in frames] == sorted({frame["seq"] for frame in frames})
+    states = [frame["data"]["state"] for frame in frames]
+    assert states == [
+        "proposed",
+        "approved",
+        "applying",
+        "applying:drain",
+        "applying:wait",
+        "applying:flip",
+    ]

@@ -375,3 +375,45 @@ def test_every_lifecycle_change_and_step_emits_a_live_plan_event(
         "applying:wait",
         "applying:flip",
     ]
+
+
+def test_the_beat_runs_rebalance_every_interval_and_expires_it_within_the_period():
+    from django.conf import settings
+
+    entry = settings.CELERY_BEAT_SCHEDULE["rebalance"]
+    assert entry["task"] == "scheduling.rebalance"
+    assert entry["schedule"] == settings.REBALANCE_INTERVAL_S
+    assert 0 < entry["options"]["expires"] < settings.REBALANCE_INTERVAL_S
+
+
+def test_the_rebalance_task_queues_one_expiring_tick_per_enabled_pd_cluster(fleet, redis_client):
+    import json
+
+    from scheduling.tasks import rebalance
+
+    assert rebalance.run() == 1  # one pd cluster; the prfaas cluster never rebalances
+    settings_set(fleet, enabled=False)
+    assert rebalance.run() == 0
+    [raw] = redis_client.lrange("celery", 0, -1)
+    message = json.loads(raw)
+    assert message["headers"]["task"] == "scheduling.rebalance_tick"
+    assert message["headers"]["expires"]
+
+
+def test_plans_stuck_applying_are_found_for_the_resume_sweep(fleet):
+    period, _ = drifted()
+    plan = Plan.objects.get(tick=tick(fleet, period))
+    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    assert plans.plans_stalled(300) == []
+    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
+    assert plans.plans_stalled(300) == [plan.pk]
+
+
+def test_old_holding_ticks_are_pruned_and_plans_kept(fleet):
+    period, _ = drifted()
+    tick(fleet, period)  # a plan
+    telemetry_fresh()
+    old = period - timedelta(days=40)
+    tick(fleet, old)  # a hold (nothing recorded back then)
+    assert plans.rebalance_ticks_prune(older_than_days=30) == 1
+    assert RebalanceTick.objects.count() == 1 and Plan.objects.count() == 1

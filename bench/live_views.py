@@ -117,8 +117,10 @@ async def _client(
                 stats.gaps += 1
             stats.seq = msg["seq"]
             stats.frames += 1
-            if msg["type"] == "link_sample" and msg["data"]["link"] == LINK:
-                stats.latencies.append(now - msg["data"]["ts"])
+            if msg["type"] == "link_samples":
+                for sample in msg["data"]["samples"]:
+                    if sample["link"] == LINK:
+                        stats.latencies.append(now - sample["ts"])
 
 
 async def _clients_run(
@@ -165,7 +167,8 @@ async def _run(clients: int, rate: float, seconds: float) -> None:
     interval = 1.0 / rate
     while time.monotonic() - start < seconds:
         await live.live_apublish(
-            live.OVERVIEW, live.LinkSample(link=LINK, ts=time.time(), gbps=1.0)
+            live.OVERVIEW,
+            live.LinkSamples(samples=(live.LinkSample(link=LINK, ts=time.time(), gbps=1.0),)),
         )
         published += 1
         next_at = start + published * interval

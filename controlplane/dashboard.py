@@ -242,10 +242,14 @@ def live_snapshot(group: str, user: Any = None) -> dict[str, Any]:
 def telemetry_frames(
     instances: Sequence[telemetry.InstanceSample], links: Sequence[telemetry.LinkSample]
 ) -> list[live.LiveMessage]:
-    """The overview frames a stored telemetry batch makes: one per link, one for the queues."""
-    frames: list[live.LiveMessage] = [
-        live.LinkSample(link=s.link, ts=s.ts, gbps=s.gbps) for s in links
-    ]
+    """The overview frames a stored telemetry batch makes: one for its links, one for queues."""
+    frames: list[live.LiveMessage] = []
+    if links:
+        frames.append(
+            live.LinkSamples(
+                samples=tuple(live.LinkSample(link=s.link, ts=s.ts, gbps=s.gbps) for s in links)
+            )
+        )
     if instances:
         frames.append(
             live.QueueDepths(

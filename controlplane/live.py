@@ -63,7 +63,7 @@ def group_valid(group: str) -> bool:
 
 FrameType = Literal[
     "snapshot",
-    "link_sample",
+    "link_samples",
     "queue_depths",
     "decision_mix",
     "plan_event",
@@ -83,6 +83,13 @@ class LinkSample:
     link: str
     ts: float
     gbps: float
+
+
+@dataclass(frozen=True)
+class LinkSamples:
+    """The link samples of one telemetry batch: one frame, however many links it carries."""
+
+    samples: tuple[LinkSample, ...]
 
 
 @dataclass(frozen=True)
@@ -171,11 +178,11 @@ class WhatIfProgress:
 
 
 LiveMessage = (
-    LinkSample | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | AlertSet | WhatIfProgress
+    LinkSamples | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | AlertSet | WhatIfProgress
 )
 
 _TYPE_OF: dict[type, FrameType] = {
-    LinkSample: "link_sample",
+    LinkSamples: "link_samples",
     QueueDepths: "queue_depths",
     DecisionMix: "decision_mix",
     PlanEvent: "plan_event",

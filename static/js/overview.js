@@ -189,11 +189,13 @@
 
   var handlers = {
     snapshot: function (data) { applySnapshot(data); },
-    link_sample: function (d) {
-      if (!linkSeries[d.link]) return;
-      linkSeries[d.link].set(Math.floor(d.ts), d.gbps);
-      state.links.forEach(function (l) {
-        if (l.key === d.link && (!l.ts || d.ts >= l.ts)) { l.gbps = d.gbps; l.ts = d.ts; l.utilisation = l.capacity_gbps ? d.gbps / l.capacity_gbps : 0; }
+    link_samples: function (batch) {
+      batch.samples.forEach(function (d) {
+        if (!linkSeries[d.link]) return;
+        linkSeries[d.link].set(Math.floor(d.ts), d.gbps);
+        state.links.forEach(function (l) {
+          if (l.key === d.link && (!l.ts || d.ts >= l.ts)) { l.gbps = d.gbps; l.ts = d.ts; l.utilisation = l.capacity_gbps ? d.gbps / l.capacity_gbps : 0; }
+        });
       });
       dirty = true;
     },

@@ -326,10 +326,11 @@ async def test_telemetry_posted_through_the_api_reaches_the_overview_socket() ->
     )
     assert response.status_code == 200
     frame = await comm.receive_json_from(timeout=TIMEOUT)
-    assert frame["type"] == "link_sample"
+    assert frame["type"] == "link_samples"
     assert frame["seq"] == snapshot["seq"] + 1
-    assert frame["data"]["link"] == link["key"]
-    assert frame["data"]["gbps"] == pytest.approx(5.0)
+    [sample] = frame["data"]["samples"]
+    assert sample["link"] == link["key"]
+    assert sample["gbps"] == pytest.approx(5.0)
     await comm.disconnect()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -380,7 +381,7 @@ def test_every_lifecycle_change_and_step_emits_a_live_plan_event(
 def test_the_beat_runs_rebalance_every_interval_and_expires_it_within_the_period():
     from django.conf import settings
 
-    entry = settings.CELERY_BEAT_SCHEDULE["rebalance"]
+    entry: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["rebalance"]
     assert entry["task"] == "scheduling.rebalance"
     assert entry["schedule"] == settings.REBALANCE_INTERVAL_S
     assert 0 < entry["options"]["expires"] < settings.REBALANCE_INTERVAL_S

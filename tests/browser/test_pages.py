@@ -104,6 +104,10 @@ def test_the_overview_link_chart_moves_within_two_seconds_of_posted_telemetry(
         time.sleep(1.0)
     page.wait_for_function("Number(document.getElementById('link-chart').dataset.points) >= 2")
     screenshot(page, "overview.png")
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the layout reflows
+    page.wait_for_timeout(300)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(page, "overview-mobile.png")
 
 
 def test_an_operator_drains_an_instance_after_confirming_without_a_reload(

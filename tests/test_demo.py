@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,46 +19,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psutil
 import pytest
 from django.conf import settings
 
+from tests.demo_support import free_port, services_env
+
 ROOT = Path(settings.BASE_DIR)
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def demo_database_url(url: str) -> str:
-    """A database of its own beside the configured one (recreated empty)."""
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/") or "postgres"
-    demo = f"{name}_demo"
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{demo}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{demo}"')
-    return urlunsplit(parts._replace(path=f"/{demo}"))
-
-
-def demo_redis_url(url: str) -> str:
-    """Another database number on the configured Redis server, emptied."""
-    import redis
-
-    parts = urlsplit(url)
-    db = int(parts.path.lstrip("/") or 0)
-    other = urlunsplit(parts._replace(path=f"/{(db + 8) % 16}"))
-    redis.Redis.from_url(other).flushdb()
-    return other
 
 
 @dataclass
@@ -104,12 +73,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("PRODUCTION", None)
-    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        env["DATABASE_URL"] = demo_database_url(os.environ["DATABASE_URL"])
-    else:
-        env.pop("DATABASE_URL", None)  # SQLite in the demo's VAR_DIR
-    if os.environ.get("REDIS_URL"):
-        env["REDIS_URL"] = demo_redis_url(os.environ["REDIS_URL"])
+    env = services_env(env, "demo", (15, 14))
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

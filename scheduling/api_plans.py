@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Path, Query, Router, Schema
 
 from clusters.models import Cluster, ClusterKind
 from controlplane.audit import actor_from_request
@@ -19,6 +19,11 @@ from scheduling import plans
 from scheduling.models import Plan, RebalanceTick
 
 router = Router(tags=["plans"])
+
+# Ids are PostgreSQL bigints: a larger number is a bad request, not a database error.
+MAX_ID = 2**63 - 1
+PLAN_ID = Path(..., ge=1, le=MAX_ID)
+VERSION = Query(None, ge=1, le=2**31 - 1, description="the plan version last read")
 
 READ = TokenAuth("read")
 OPERATE = TokenAuth("operate")
@@ -149,13 +154,13 @@ def plans_list(
 
 
 @router.get("/plans/{plan_id}", response=PlanDetailOut, auth=READ)
-def plans_get(request: HttpRequest, plan_id: int) -> dict[str, Any]:
+def plans_get(request: HttpRequest, plan_id: int = PLAN_ID) -> dict[str, Any]:
     return _plan_detail(plans.plan_get(plan_id))
 
 
 @router.post("/plans/{plan_id}/approve", response=PlanDetailOut, auth=OPERATE)
 def plans_approve(
-    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+    request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
     plan = plans.plan_approve(
         plan_id=plan_id,
@@ -167,7 +172,7 @@ def plans_approve(
 
 @router.post("/plans/{plan_id}/reject", response=PlanDetailOut, auth=OPERATE)
 def plans_reject(
-    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+    request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
     plan = plans.plan_reject(
         plan_id=plan_id,
@@ -179,7 +184,7 @@ def plans_reject(
 
 @router.post("/plans/{plan_id}/rollback", response=PlanDetailOut, auth=OPERATE)
 def plans_rollback(
-    request: HttpRequest, plan_id: int, version: int | None = Query(None, ge=1)
+    request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
     plan = plans.plan_rollback(
         plan_id=plan_id,

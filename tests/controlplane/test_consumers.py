@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import AsyncClient, Client
 
@@ -364,3 +367,35 @@ def _fleet_with_policy() -> None:
     inst = cast(Instance, InstanceFactory(cluster=ClusterFactory(name="pd-x")))
     assert inst.state == "active"
     policy_create(actor=CLI_ACTOR, thresholds={"pd-x": 12000})
+
+
+_PUBLISHER = """
+import django, sys
+django.setup()
+from controlplane import live
+for n in range(int(sys.argv[1]), int(sys.argv[1]) + 20):
+    live.live_publish(live.PLANS, live.PlanEvent(plan_id=n, state="proposed", ts=0.0))
+"""
+
+
+async def test_two_publishing_processes_reach_a_socket_once_each_and_in_order() -> None:
+    comm, snapshot = await _connected()
+    db = settings.DATABASES["default"]  # the test database: on_commit asks it for autocommit
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+    }
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _PUBLISHER, str(start), env=env, cwd=str(settings.BASE_DIR)
+        )
+        for start in (0, 100)
+    ]
+    assert [await p.wait() for p in procs] == [0, 0]
+    frames = [await comm.receive_json_from(timeout=TIMEOUT) for _ in range(40)]
+    assert [f["seq"] for f in frames] == list(range(snapshot["seq"] + 1, snapshot["seq"] + 41))
+    ids = sorted(f["data"]["plan_id"] for f in frames)
+    assert ids == [*range(20), *range(100, 120)]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import F, ProtectedError
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from clusters.models import (
@@ -193,6 +194,9 @@ def _update(
             change_record_create(
                 actor=actor, action=action, obj=obj, before=before, after=snapshot(obj)
             )
+            # The queryset update above sends no post_save; listeners (the routers' snapshot
+            # version, so that a drain or a link's new capacity applies at once) need one.
+            post_save.send(sender=model, instance=obj, created=False, update_fields=set(changed))
     except IntegrityError as exc:
         raise _integrity(exc, model) from exc
     return obj

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Path, Query, Router, Schema
@@ -20,6 +20,17 @@ from scheduling.models import Plan, RebalanceTick
 
 router = Router(tags=["plans"])
 
+StatusName = Literal[
+    "proposed",
+    "approved",
+    "applying",
+    "applied",
+    "rejected",
+    "superseded",
+    "failed",
+    "rolling_back",
+    "rolled_back",
+]
 # Ids are PostgreSQL bigints: a larger number is a bad request, not a database error.
 MAX_ID = 2**63 - 1
 PLAN_ID = Path(..., ge=1, le=MAX_ID)
@@ -145,8 +156,8 @@ def _tick_out(tick: RebalanceTick) -> dict[str, Any]:
 @router.get("/plans", response=PlanListOut, auth=READ)
 def plans_list(
     request: HttpRequest,
-    cluster: str | None = None,
-    status: str | None = None,
+    cluster: str | None = Query(None, min_length=1, max_length=100),
+    status: StatusName | None = None,
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     items = [_plan_out(p) for p in plans.plan_list(cluster=cluster, status=status, limit=limit)]

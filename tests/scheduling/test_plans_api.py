@@ -188,3 +188,11 @@ def test_run_now_proposes_on_drifted_traffic(client: Client, fleet, operator):
     [tick] = client.post("/api/v1/rebalance?cluster=pd-h20", headers=operator).json()["ticks"]
     assert tick["action"] == "propose" and tick["plan_id"]
     assert Plan.objects.get(pk=tick["plan_id"]).status == PlanStatus.PROPOSED
+
+
+def test_the_schema_knows_every_plan_status():
+    from typing import get_args
+
+    from scheduling.api_plans import StatusName
+
+    assert set(get_args(StatusName)) == set(PlanStatus.values)

@@ -116,7 +116,7 @@ def test_production_settings_pass_check_deploy(tmp_path: Path) -> None:
         env=_deploy_env(tmp_path),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
@@ -129,7 +129,7 @@ def test_production_without_a_secret_key_refuses_to_start(tmp_path: Path) -> Non
         env=_deploy_env(tmp_path, SECRET_KEY=""),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode != 0
     assert "SECRET_KEY must be set" in result.stderr
@@ -143,7 +143,7 @@ def test_development_settings_fail_check_deploy(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode != 0
     assert "SESSION_COOKIE_SECURE" in result.stdout + result.stderr
@@ -158,7 +158,7 @@ def test_compose_file_validates(profile: list[str]) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
 

@@ -4,8 +4,8 @@ Per API call (one request or a batch):
 
 1. the in-process snapshot (topology, policy; no ORM);
 2. ONE pipelined Redis read: snapshot version, control state, every instance's and link's
-   latest sample, the links' in-flight bytes, and the prefix-index holders of every distinct
-   block hash of the call;
+   latest sample, the links' in-flight bytes, and the longest cached prefix per instance of
+   every block chain of the call (walked server-side by one script);
 3. the pure decision (:func:`scheduling.router.route_decide_many`);
 4. ONE write pipeline: the atomic link reservation of each offload (which also records the
    branch it took in the traffic store), the traffic counters of the others, metrics.
@@ -21,6 +21,7 @@ call after that tries again, so the service recovers by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,6 +36,7 @@ from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
 from clusters.live.connection import redis_async
+from clusters.live.scripts import is_noscript, scripts_ensure_async, scripts_forget
 from controlplane.errors import ApiError, Invalid
 from scheduling import metrics, router, traffic
 from scheduling.snapshot import (
@@ -82,8 +84,14 @@ def _redis_available() -> bool:
 
 def _redis_failed(exc: BaseException) -> None:
     """A timeout may be this process's own load; only a refused connection means Redis is
-    gone, and only then are the next calls spared the attempt."""
+    gone, and only then are the next calls spared the attempt. A restarted Redis has lost the
+    scripts: load them again next time."""
     global _redis_skip_until
+    if is_noscript(exc) or isinstance(
+        exc, ConnectionError | OSError | redis_exceptions.ConnectionError
+    ):
+        with contextlib.suppress(RuntimeError):
+            scripts_forget(redis_async())
     if isinstance(exc, ConnectionError | OSError | redis_exceptions.ConnectionError):
         _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
     log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
@@ -93,18 +101,19 @@ def _redis_failed(exc: BaseException) -> None:
 class _Read:
     version: int
     live: router.LiveState
-    holders: prefix_index.Holders | None
+    matches: list[prefix_index.PrefixMatch] | None
 
 
-async def _read(snap: Snapshot, hashes: list[str], now: float) -> _Read:
+async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _Read:
     r = redis_async()
+    await scripts_ensure_async(r)
     pipe = r.pipeline(transaction=False)
     pipe.get(SNAPSHOT_VERSION_KEY)
     telemetry.control_states_queue(pipe)
     telemetry.instance_states_queue(pipe, snap.instance_names)
-    telemetry.link_states_queue(pipe, snap.link_keys, now)
-    if hashes:
-        prefix_index.prefix_holders_queue(pipe, hashes, snap.hybrid)
+    telemetry.link_states_queue(pipe, snap.link_keys, now, by_sha=True)
+    if chains:
+        prefix_index.prefix_matches_queue(pipe, chains, snap.hybrid, by_sha=True)
     raw = await pipe.execute()
     version = parse_version(raw[0])
     control_raw = telemetry.control_states_parse(raw[1])
@@ -116,9 +125,9 @@ async def _read(snap: Snapshot, hashes: list[str], now: float) -> _Read:
     n_links = len(snap.link_keys) + 1 if snap.link_keys else 0
     links = telemetry.link_states_parse(snap.link_keys, raw[at : at + n_links])
     at += n_links
-    holders = None
-    if hashes:
-        holders = prefix_index.prefix_holders_parse(hashes, raw[at:], snap.hybrid)
+    matches = None
+    if chains:
+        matches = prefix_index.prefix_matches_parse(raw[at], len(chains), snap.block_tokens)
     newest: float | None = None
     loads: dict[str, router.InstanceLoad] = {}
     for name, s in inst.items():
@@ -175,18 +184,23 @@ async def _read(snap: Snapshot, hashes: list[str], now: float) -> _Read:
             stale=False,
             telemetry_at=newest,
         )
-    return _Read(version=version, live=live, holders=holders)
+    return _Read(version=version, live=live, matches=matches)
 
 
 def _requests(
-    snap: Snapshot, inputs: Sequence[RouteInput], holders: prefix_index.Holders | None
+    snap: Snapshot,
+    inputs: Sequence[RouteInput],
+    found_by_chain: list[prefix_index.PrefixMatch] | None,
 ) -> list[router.RouteRequest]:
+    """Router requests; ``found_by_chain``: the prefix matches of the inputs that have a chain,
+    in order."""
     out = []
     cluster_of = snap.cluster_of
+    found_iter = iter(found_by_chain or ())
     for item in inputs:
         matches: tuple[router.PrefixMatch, ...] = ()
-        if holders is not None and item.chain:
-            found = holders.match(item.chain, snap.block_tokens, snap.hybrid)
+        if found_by_chain is not None and item.chain:
+            found = next(found_iter)
             matches = tuple(
                 router.PrefixMatch(
                     cluster=cluster_of[inst],
@@ -265,24 +279,24 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     started = time.perf_counter()
     now = time.time()
     snap = await snapshot_get_async()
-    hashes = list(dict.fromkeys(h for item in inputs for h in item.chain))
+    chains = [item.chain for item in inputs if item.chain]
     read: _Read | None = None
     if _redis_available():
         try:
-            read = await asyncio.wait_for(_read(snap, hashes, now), REDIS_DEADLINE_S)
+            read = await asyncio.wait_for(_read(snap, chains, now), REDIS_DEADLINE_S)
             if snapshot_needs_refresh(snap, read.version):
                 fresh = await snapshot_refresh_async(read.version)
                 if fresh is not snap:
                     snap = fresh
                     # Rare (inventory or policy changed): read again against the new fleet.
-                    read = await asyncio.wait_for(_read(snap, hashes, now), REDIS_DEADLINE_S)
+                    read = await asyncio.wait_for(_read(snap, chains, now), REDIS_DEADLINE_S)
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041 - both on 3.11
             if isinstance(exc, ApiError):
                 raise
             _redis_failed(exc)
             read = None
     live = read.live if read is not None else router.LiveState(now=now, stale=True)
-    requests = _requests(snap, inputs, read.holders if read is not None else None)
+    requests = _requests(snap, inputs, read.matches if read is not None else None)
     try:
         decisions = router.route_decide_many(requests, snap.policy, snap.topology, live)
     except router.RouteError as exc:
@@ -292,16 +306,26 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
 
     # Offloads (and cache transfers) need their link bytes reserved atomically; precompute
     # the local fallback of each, so the write pipeline can record whichever branch happens.
+    originals = [
+        d if d.reservation is not None and d.reservation.bytes > 0 else None for d in decisions
+    ]
     fallbacks: dict[int, router.Decision] = {}
-    for i, d in enumerate(decisions):
-        if d.reservation is not None and d.reservation.bytes > 0:
-            try:
-                fallbacks[i] = router.route_fallback_local(
-                    requests[i], snap.policy, snap.topology, live, original=d
+    if any(o is not None for o in originals):
+        reason = router.Reason.LINK_CONGESTED if read is not None else router.Reason.TELEMETRY_STALE
+        computed = router.route_fallback_local_many(
+            requests, originals, snap.policy, snap.topology, live, reason=reason
+        )
+        for i, (original, fb) in enumerate(zip(originals, computed, strict=True)):
+            if original is None:
+                continue
+            if fb is None:
+                raise RouteUnavailableError(
+                    (f"requests[{i}]: " if batch else "")
+                    + f"{original.prefill.cluster} is needed for this request but its link "
+                    "reservation may be refused, and the origin has no active prefill instance",
+                    code=router.Reason.ORIGIN_UNAVAILABLE,
                 )
-            except router.RouteError as exc:
-                exc.index = i
-                raise _error(exc, batch) from None
+            fallbacks[i] = fb
     elapsed = time.perf_counter() - started
 
     if read is not None:
@@ -319,16 +343,8 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     else:
         # Without Redis nothing can be reserved, and the link budget is never to be exceeded:
         # what the static rule would offload stays local, still saying telemetry_stale.
-        for i, d in enumerate(decisions):
-            if d.reservation is not None and d.reservation.bytes > 0:
-                decisions[i] = router.route_fallback_local(
-                    requests[i],
-                    snap.policy,
-                    snap.topology,
-                    live,
-                    reason=router.Reason.TELEMETRY_STALE,
-                    original=d,
-                )
+        for i, fb in fallbacks.items():
+            decisions[i] = fb
     return [router.decision_to_dict(d) for d in decisions]
 
 
@@ -341,11 +357,14 @@ async def _write(
     elapsed: float,
     batch: bool,
 ) -> dict[int, bool]:
-    pipe = redis_async().pipeline(transaction=False)
+    r = redis_async()
+    await scripts_ensure_async(r)
+    pipe = r.pipeline(transaction=False)
     plain = traffic.TrafficAggregate()
     counts: dict[tuple[str, str], int] = {}
     recent_left = RECENT_PER_BATCH if batch else len(decisions)
-    at: dict[int, int] = {}
+    order: list[int] = []
+    reservations: list[telemetry.Reservation] = []
     for i, d in enumerate(decisions):
         item = inputs[i]
         keep_recent = recent_left > 0
@@ -367,22 +386,28 @@ async def _write(
             extra_admitted=[metrics.decision_increment(d.route, d.reason)],
             extra_refused=[metrics.decision_increment(fb.route, fb.reason)],
         )
-        at[i] = len(pipe)
-        telemetry.link_reserve_queue(
-            pipe,
-            link=link_key(rv.source, rv.target),
-            reservation_id=uuid.uuid4().hex,
-            nbytes=rv.bytes,
-            end_ts=_transfer_end(snap, d, now),
-            budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget_bytes,
-            now=now,
-            outcome=outcome,
+        order.append(i)
+        reservations.append(
+            telemetry.Reservation(
+                link=link_key(rv.source, rv.target),
+                reservation_id=uuid.uuid4().hex,
+                nbytes=rv.bytes,
+                end_ts=_transfer_end(snap, d, now),
+                budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget_bytes,
+                outcome=outcome,
+            )
         )
+    at = len(pipe)
+    if reservations:
+        telemetry.link_reserve_many_queue(pipe, reservations, now, by_sha=True)
     plain.queue(pipe)
     metrics.decisions_queue(pipe, counts)
     metrics.latency_queue(pipe, "batch" if batch else "single", elapsed)
     raw = await pipe.execute()
-    return {i: bool(int(raw[k][0])) for i, k in at.items()}
+    if not reservations:
+        return {}
+    flat = raw[at]
+    return {i: bool(int(flat[2 * k])) for k, i in enumerate(order)}
 
 
 async def control_tick_async() -> dict[str, router.ControlState]:

@@ -21,9 +21,11 @@ Key layout (block hashes are folded to 64-bit keys, written as 16 hex digits):
 ``pfx:linear``          SET   instances that ever reported linear-state checkpoints (an
                               engine that reports none is matched on full blocks only)
 
-Layout for the lookup: a request's chain ``h0..hn`` is one pipeline of ``SMEMBERS pfx:b:hi``
-(and ``pfx:l:hi`` for hybrid models) plus ``SMEMBERS pfx:degraded``: one round trip, then the
-longest run per instance is computed in process.
+Layout for the lookup: per-block sets of holders, so a chain ``h0..hn`` is matched by
+intersecting ``pfx:b:h0``, ``pfx:b:h1``, ... until the run of holders is empty. That walk runs
+server-side in one Lua script for all chains of an API call (:func:`prefix_matches_queue`,
+queued in the caller's one read pipeline): only the answer, a few (instance, blocks) pairs per
+chain, crosses the network, and a walk stops at the first block no candidate holds.
 
 Memory is bounded: each instance keeps at most ``cap`` blocks and ``cap`` checkpoints; storing
 past the cap evicts that instance's oldest entries (vLLM evicts LRU blocks too, and will send
@@ -48,6 +50,7 @@ import redis
 import redis.asyncio as aioredis
 
 from clusters.live.connection import redis_async, redis_sync
+from clusters.live.scripts import lua_script
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
 _U64 = 1 << 64
@@ -312,104 +315,113 @@ def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None
 # --- lookup -------------------------------------------------------------------------------
 
 
-def prefix_match_queue(pipe: Any, chain: Sequence[str], hybrid: bool) -> None:
-    """Queue the lookup of one chain (see :func:`prefix_holders_queue`)."""
-    prefix_holders_queue(pipe, chain, hybrid)
+# Server-side walk of many chains at once: for each chain, intersect the holders block by block
+# from the start and stop at the first block nobody still in the run holds. Returns, per chain,
+# ``[k, inst1, blocks1, ..., instk, blocksk]`` (usable blocks: for hybrid models, the last
+# linear checkpoint inside the run, for instances that report checkpoints at all), then the
+# degraded instances. Only the answer crosses the network, not every block's holders.
+# ARGV: hybrid (0|1), then one string per chain: its 16-hex-digit block keys, concatenated.
+_MATCH_LUA = """
+local hybrid = ARGV[1] == '1'
+local linear = {}
+if hybrid then
+  for _, inst in ipairs(redis.call('SMEMBERS', 'pfx:linear')) do linear[inst] = true end
+end
+local out = {}
+for c = 2, #ARGV do
+  local packed = ARGV[c]
+  local len = #packed / 16
+  local alive = nil
+  local full = {}
+  local usable = {}
+  for i = 1, len do
+    local h = string.sub(packed, 16 * (i - 1) + 1, 16 * i)
+    local members = redis.call('SMEMBERS', 'pfx:b:' .. h)
+    local next_alive = {}
+    local any = false
+    if alive == nil then
+      for _, inst in ipairs(members) do next_alive[inst] = true; any = true end
+    else
+      for _, inst in ipairs(members) do
+        if alive[inst] then next_alive[inst] = true; any = true end
+      end
+    end
+    if not any then break end
+    alive = next_alive
+    for inst, _ in pairs(alive) do
+      full[inst] = i
+      if hybrid and linear[inst] and redis.call('SISMEMBER', 'pfx:l:' .. h, inst) == 1 then
+        usable[inst] = i
+      end
+    end
+  end
+  local entries = {}
+  for inst, blocks in pairs(full) do
+    local b = blocks
+    if hybrid and linear[inst] then b = usable[inst] or 0 end
+    if b > 0 then
+      entries[#entries + 1] = inst
+      entries[#entries + 1] = b
+    end
+  end
+  out[#out + 1] = #entries / 2
+  for _, v in ipairs(entries) do out[#out + 1] = v end
+end
+local degraded = redis.call('SMEMBERS', 'pfx:degraded')
+out[#out + 1] = #degraded
+for _, inst in ipairs(degraded) do out[#out + 1] = inst end
+return out
+"""
+MATCH_SCRIPT = lua_script(_MATCH_LUA)
 
 
-def prefix_holders_queue(pipe: Any, hashes: Sequence[str], hybrid: bool) -> None:
-    """Queue the holders of ``hashes`` (distinct; a batch's chains share prefixes):
-    :func:`prefix_holders_commands` commands, read back by :func:`prefix_holders_parse`."""
-    for h in hashes:
-        pipe.smembers(f"pfx:b:{h}")
-    if hybrid:
-        for h in hashes:
-            pipe.smembers(f"pfx:l:{h}")
-        pipe.smembers("pfx:linear")
-    pipe.smembers("pfx:degraded")
+def prefix_matches_queue(
+    pipe: Any, chains: Sequence[Sequence[str]], hybrid: bool, by_sha: bool = False
+) -> None:
+    """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
+
+    Chains hold folded keys (16 hex digits, :func:`block_hash_key`); each travels as one
+    string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
+    """
+    args: list[Any] = ["1" if hybrid else "0", *("".join(chain) for chain in chains)]
+    if by_sha:
+        MATCH_SCRIPT.queue(pipe, [], args)
+    else:
+        pipe.eval(_MATCH_LUA, 0, *args)
 
 
-def prefix_holders_commands(n_hashes: int, hybrid: bool) -> int:
-    """How many pipeline results :func:`prefix_holders_queue` adds."""
-    return n_hashes * 2 + 2 if hybrid else n_hashes + 1
-
-
-def prefix_match_commands(chain: Sequence[str], hybrid: bool) -> int:
-    return prefix_holders_commands(len(chain), hybrid)
-
-
-def _decode_set(raw: Any) -> set[str]:
-    return {m.decode() if isinstance(m, bytes) else str(m) for m in raw or ()}
-
-
-@dataclass(frozen=True)
-class Holders:
-    """Who holds each looked-up hash: full blocks, linear checkpoints, and index health."""
-
-    blocks: Mapping[str, set[str]]
-    checkpoints: Mapping[str, set[str]]
-    reports_linear: frozenset[str]
-    degraded: frozenset[str]
-
-    def match(self, chain: Sequence[str], block_size: int, hybrid: bool) -> PrefixMatch:
-        """Longest usable prefix per instance for ``chain``.
-
-        Full-attention models reuse the longest run of held blocks. Hybrid models also need
-        the linear state at exactly that length, so their usable prefix ends at the last
-        checkpoint inside the run of full blocks (engines that never report checkpoints: the
-        run itself).
-        """
-        full_blocks: dict[str, int] = {}
-        alive: set[str] | None = None
-        empty: set[str] = set()
-        for i, h in enumerate(chain):
-            holders = self.blocks.get(h, empty)
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for inst in alive:
-                full_blocks[inst] = i + 1
-        if hybrid:
-            linear = self.reports_linear
-            usable = {i: b for i, b in full_blocks.items() if i not in linear}
-            for i, h in enumerate(chain):
-                for inst in self.checkpoints.get(h, empty):
-                    if inst in linear and full_blocks.get(inst, 0) >= i + 1:
-                        usable[inst] = max(usable.get(inst, 0), i + 1)
-            blocks = usable
-        else:
-            blocks = full_blocks
-        return PrefixMatch(
-            tokens_by_instance={inst: b * block_size for inst, b in blocks.items() if b > 0},
-            degraded=self.degraded,
-        )
-
-
-def prefix_holders_parse(hashes: Sequence[str], raw: Sequence[Any], hybrid: bool) -> Holders:
-    n = len(hashes)
-    blocks = {h: _decode_set(raw[i]) for i, h in enumerate(hashes)}
-    checkpoints: dict[str, set[str]] = {}
-    reports_linear: frozenset[str] = frozenset()
-    if hybrid:
-        checkpoints = {h: _decode_set(raw[n + i]) for i, h in enumerate(hashes)}
-        reports_linear = frozenset(_decode_set(raw[2 * n]))
-    return Holders(blocks, checkpoints, reports_linear, frozenset(_decode_set(raw[-1])))
-
-
-def prefix_match_parse(
-    chain: Sequence[str], raw: Sequence[Any], block_size: int, hybrid: bool
-) -> PrefixMatch:
-    """Longest usable prefix per instance from the results of :func:`prefix_match_queue`."""
-    return prefix_holders_parse(chain, raw, hybrid).match(chain, block_size, hybrid)
+def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> list[PrefixMatch]:
+    """One :class:`PrefixMatch` per chain, in order, from the result of the queued command."""
+    out: list[PrefixMatch] = []
+    at = 0
+    per_chain: list[dict[str, int]] = []
+    for _ in range(n_chains):
+        k = int(raw[at])
+        at += 1
+        tokens: dict[str, int] = {}
+        for j in range(k):
+            inst = raw[at + 2 * j]
+            tokens[inst.decode() if isinstance(inst, bytes) else str(inst)] = (
+                int(raw[at + 2 * j + 1]) * block_size
+            )
+        at += 2 * k
+        per_chain.append(tokens)
+    n_degraded = int(raw[at])
+    degraded = frozenset(
+        d.decode() if isinstance(d, bytes) else str(d) for d in raw[at + 1 : at + 1 + n_degraded]
+    )
+    for tokens in per_chain:
+        out.append(PrefixMatch(tokens_by_instance=tokens, degraded=degraded))
+    return out
 
 
 def prefix_match(
     chain: Sequence[str], block_size: int, hybrid: bool = False, client: redis.Redis | None = None
 ) -> PrefixMatch:
-    """One pipelined round trip: the longest matched prefix per instance."""
+    """One round trip: the longest matched prefix per instance."""
     pipe = (client or redis_sync()).pipeline(transaction=False)
-    prefix_match_queue(pipe, chain, hybrid)
-    return prefix_match_parse(chain, pipe.execute(), block_size, hybrid)
+    prefix_matches_queue(pipe, [chain], hybrid)
+    return prefix_matches_parse(pipe.execute()[0], 1, block_size)[0]
 
 
 async def prefix_match_async(
@@ -419,8 +431,8 @@ async def prefix_match_async(
     client: aioredis.Redis | None = None,
 ) -> PrefixMatch:
     pipe = (client or redis_async()).pipeline(transaction=False)
-    prefix_match_queue(pipe, chain, hybrid)
-    return prefix_match_parse(chain, await pipe.execute(), block_size, hybrid)
+    prefix_matches_queue(pipe, [chain], hybrid)
+    return prefix_matches_parse((await pipe.execute())[0], 1, block_size)[0]
 
 
 # --- health and size --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import redis
 import redis.asyncio as aioredis
 
 from clusters.live.connection import redis_async, redis_sync
+from clusters.live.scripts import lua_script
 
 BANDWIDTH_RETENTION_S = 3900
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -231,9 +232,12 @@ if #expired > 0 then
 end
 return tonumber(redis.call('GET', KEYS[3]) or '0')
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
+INFLIGHT_SCRIPT = lua_script(_INFLIGHT_LUA)
 
 
-def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None) -> None:
+def link_states_queue(
+    pipe: Any, links: Sequence[str], now: float | None = None, by_sha: bool = False
+) -> None:
     """``1 + len(links)`` commands (none for no links): latest samples, in-flight bytes."""
     if not links:
         return
@@ -241,7 +245,10 @@ def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None)
     t = repr(time.time() if now is None else now)
     for link in links:
         keys = reservation_keys(link)
-        pipe.eval(_INFLIGHT_LUA, 3, *keys, t)
+        if by_sha:
+            INFLIGHT_SCRIPT.queue(pipe, keys, [t])
+        else:
+            pipe.eval(_INFLIGHT_LUA, 3, *keys, t)
 
 
 def link_states_parse(links: Sequence[str], raw: Sequence[Any]) -> dict[str, LinkState]:
@@ -310,72 +317,67 @@ def link_bandwidth_series(
 
 # --- reservations ---------------------------------------------------------------------------
 
-# KEYS: zset, bytes hash, sum, [list]
-# ARGV: now, id, bytes, end, budget, ttl,
-#       n_ok, (key, field, incr, ttl) * n_ok, n_fail, (key, field, incr, ttl) * n_fail,
-#       ok_entry, fail_entry, list_cap
-# Returns {admitted (0/1), reserved bytes after}.
-# The optional part lets one call also record what happened (hash counters, and an entry in a
-# capped list) for whichever branch ran, in the same atomic step. The counter keys travel in
-# ARGV, so like the prefix index this needs a single Redis, not Redis Cluster.
+# ARGV: now, key ttl, list key, list cap, then per reservation 9 values:
+#   link, id, bytes, end, budget, ok_incr, fail_incr, ok_entry, fail_entry
+# ``*_incr``: JSON ``[[key, field, incr, ttl_s or 0], ...]`` applied for the branch taken (may
+# be ``[]``); ``*_entry``: pushed on the capped list for that branch ('' for none).
+# Returns ``[admitted 0|1, reserved bytes after]`` per reservation, in order.
+# Reservations are taken in order, each seeing the ones before it; recording what happened in
+# the same step keeps counters true to the branch taken. Keys are derived from link names, so
+# like the prefix index this needs a single Redis, not Redis Cluster.
 _RESERVE_LUA = """
 local now = tonumber(ARGV[1])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
-if #expired > 0 then
-  local vals = redis.call('HMGET', KEYS[2], unpack(expired))
-  local freed = 0
-  for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
-  redis.call('ZREM', KEYS[1], unpack(expired))
-  redis.call('HDEL', KEYS[2], unpack(expired))
-  redis.call('DECRBY', KEYS[3], freed)
-end
-local used = tonumber(redis.call('GET', KEYS[3]) or '0')
-if used < 0 then used = 0; redis.call('SET', KEYS[3], 0) end
-local want = tonumber(ARGV[3])
-local budget = tonumber(ARGV[5])
-local ttl = tonumber(ARGV[6])
-local admitted = 0
-if used + want <= budget and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
-  admitted = 1
-  redis.call('ZADD', KEYS[1], tonumber(ARGV[4]), ARGV[2])
-  redis.call('HSET', KEYS[2], ARGV[2], want)
-  used = redis.call('INCRBY', KEYS[3], want)
-end
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
-if #KEYS >= 4 then
-  local pos = 7
-  local n_ok = tonumber(ARGV[pos])
-  local ok_start = pos + 1
-  pos = ok_start + 4 * n_ok
-  local n_fail = tonumber(ARGV[pos])
-  local fail_start = pos + 1
-  pos = fail_start + 4 * n_fail
-  local start, n = ok_start, n_ok
-  local entry = ARGV[pos]
-  if admitted == 0 then start, n, entry = fail_start, n_fail, ARGV[pos + 1] end
-  for i = 0, n - 1 do
-    local at = start + 4 * i
-    redis.call('HINCRBY', ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]))
-    local kttl = tonumber(ARGV[at + 3])
-    if kttl > 0 then redis.call('EXPIRE', ARGV[at], kttl) end
+local ttl = tonumber(ARGV[2])
+local list_key = ARGV[3]
+local list_cap = tonumber(ARGV[4])
+local out = {}
+local pos = 5
+while pos <= #ARGV do
+  local z = 'live:resv:' .. ARGV[pos]
+  local hb = z .. ':b'
+  local sum = z .. ':sum'
+  local id = ARGV[pos + 1]
+  local want = tonumber(ARGV[pos + 2])
+  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
+  if #expired > 0 then
+    local vals = redis.call('HMGET', hb, unpack(expired))
+    local freed = 0
+    for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
+    redis.call('ZREM', z, unpack(expired))
+    redis.call('HDEL', hb, unpack(expired))
+    redis.call('DECRBY', sum, freed)
+  end
+  local used = tonumber(redis.call('GET', sum) or '0')
+  if used < 0 then used = 0; redis.call('SET', sum, 0) end
+  local admitted = 0
+  if used + want <= tonumber(ARGV[pos + 4]) and redis.call('HEXISTS', hb, id) == 0 then
+    admitted = 1
+    redis.call('ZADD', z, tonumber(ARGV[pos + 3]), id)
+    redis.call('HSET', hb, id, want)
+    used = redis.call('INCRBY', sum, want)
+  end
+  redis.call('EXPIRE', z, ttl)
+  redis.call('EXPIRE', hb, ttl)
+  redis.call('EXPIRE', sum, ttl)
+  local incr, entry = ARGV[pos + 5], ARGV[pos + 7]
+  if admitted == 0 then incr, entry = ARGV[pos + 6], ARGV[pos + 8] end
+  if incr ~= '[]' and incr ~= '' then
+    for _, e in ipairs(cjson.decode(incr)) do
+      redis.call('HINCRBY', e[1], e[2], e[3])
+      if e[4] > 0 then redis.call('EXPIRE', e[1], e[4]) end
+    end
   end
   if entry ~= '' then
-    redis.call('LPUSH', KEYS[4], entry)
-    redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[pos + 2]) - 1)
+    redis.call('LPUSH', list_key, entry)
+    redis.call('LTRIM', list_key, 0, list_cap - 1)
   end
+  out[#out + 1] = admitted
+  out[#out + 1] = used
+  pos = pos + 9
 end
-return {admitted, used}
+return out
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
-
-_RELEASE_LUA = """
-local b = redis.call('HGET', KEYS[2], ARGV[1])
-if not b then return 0 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-local left = redis.call('DECRBY', KEYS[3], tonumber(b))
-if left < 0 then redis.call('SET', KEYS[3], 0) end
-return tonumber(b)
-"""
+RESERVE_SCRIPT = lua_script(_RESERVE_LUA)
 
 
 @dataclass(frozen=True)
@@ -391,32 +393,54 @@ class ReservationOutcome:
     list_cap: int
 
 
-def _reserve_args(
-    link: str,
-    reservation_id: str,
-    nbytes: int,
-    end_ts: float,
-    budget_bytes: int,
-    now: float,
-    outcome: ReservationOutcome | None,
-) -> tuple[list[str], list[Any]]:
-    keys = reservation_keys(link)
-    args: list[Any] = [
-        repr(now),
-        reservation_id,
-        int(nbytes),
-        repr(end_ts),
-        int(budget_bytes),
-        RESERVATION_KEY_TTL_S,
-    ]
-    if outcome is not None:
-        keys.append(outcome.list_key)
-        for incrs in (outcome.admitted_incr, outcome.refused_incr):
-            args.append(len(incrs))
-            for key, name, incr, ttl in incrs:
-                args += [key, name, int(incr), int(ttl)]
-        args += [outcome.admitted_entry, outcome.refused_entry, outcome.list_cap]
-    return keys, args
+@dataclass(frozen=True)
+class Reservation:
+    """In-flight KV bytes to hold on a link until ``end_ts`` (the predicted transfer end)."""
+
+    link: str
+    reservation_id: str
+    nbytes: int
+    end_ts: float
+    budget_bytes: int
+    outcome: ReservationOutcome | None = None
+
+
+def _reserve_args(items: Sequence[Reservation], now: float) -> list[Any]:
+    list_key, list_cap = "live:resv:nolist", 1
+    for item in items:
+        if item.outcome is not None:
+            list_key, list_cap = item.outcome.list_key, item.outcome.list_cap
+            break
+    args: list[Any] = [repr(now), RESERVATION_KEY_TTL_S, list_key, list_cap]
+    for item in items:
+        o = item.outcome
+        args += [
+            item.link,
+            item.reservation_id,
+            int(item.nbytes),
+            repr(float(item.end_ts)),
+            int(item.budget_bytes),
+            json.dumps([list(e) for e in o.admitted_incr], separators=(",", ":")) if o else "[]",
+            json.dumps([list(e) for e in o.refused_incr], separators=(",", ":")) if o else "[]",
+            o.admitted_entry if o else "",
+            o.refused_entry if o else "",
+        ]
+    return args
+
+
+def link_reserve_many_queue(
+    pipe: Any, items: Sequence[Reservation], now: float | None = None, by_sha: bool = False
+) -> None:
+    """Queue ONE atomic command taking every reservation in order; its result is
+    ``[admitted 0|1, reserved bytes after] * len(items)`` flattened.
+
+    ``by_sha``: send the script by SHA (the caller loaded it, :mod:`clusters.live.scripts`).
+    """
+    args = _reserve_args(items, time.time() if now is None else now)
+    if by_sha:
+        RESERVE_SCRIPT.queue(pipe, [], args)
+    else:
+        pipe.eval(_RESERVE_LUA, 0, *args)
 
 
 def link_reserve_queue(
@@ -429,17 +453,9 @@ def link_reserve_queue(
     now: float | None = None,
     outcome: ReservationOutcome | None = None,
 ) -> None:
-    """Add an atomic reservation to ``pipe``; its result is ``[admitted 0|1, reserved bytes]``."""
-    keys, args = _reserve_args(
-        link,
-        reservation_id,
-        nbytes,
-        end_ts,
-        budget_bytes,
-        time.time() if now is None else now,
-        outcome,
-    )
-    pipe.eval(_RESERVE_LUA, len(keys), *keys, *args)
+    """One reservation (see :func:`link_reserve_many_queue`)."""
+    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes, outcome)
+    link_reserve_many_queue(pipe, [item], now)
 
 
 def link_reserve(
@@ -453,16 +469,9 @@ def link_reserve(
 ) -> bool:
     """Reserve ``nbytes`` on ``link`` until ``end_ts`` if the budget allows; True if admitted."""
     r = client or redis_sync()
-    keys, args = _reserve_args(
-        link,
-        reservation_id,
-        nbytes,
-        end_ts,
-        budget_bytes,
-        time.time() if now is None else now,
-        None,
-    )
-    admitted, _ = r.eval(_RESERVE_LUA, len(keys), *keys, *args)
+    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes)
+    args = _reserve_args([item], time.time() if now is None else now)
+    admitted, _ = r.eval(_RESERVE_LUA, 0, *args)
     return bool(admitted)
 
 
@@ -477,17 +486,21 @@ async def link_reserve_async(
 ) -> bool:
     """Async twin of :func:`link_reserve`."""
     r = client or redis_async()
-    keys, args = _reserve_args(
-        link,
-        reservation_id,
-        nbytes,
-        end_ts,
-        budget_bytes,
-        time.time() if now is None else now,
-        None,
-    )
-    admitted, _ = await r.eval(_RESERVE_LUA, len(keys), *keys, *args)
+    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes)
+    args = _reserve_args([item], time.time() if now is None else now)
+    admitted, _ = await r.eval(_RESERVE_LUA, 0, *args)
     return bool(admitted)
+
+
+_RELEASE_LUA = """
+local b = redis.call('HGET', KEYS[2], ARGV[1])
+if not b then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+local left = redis.call('DECRBY', KEYS[3], tonumber(b))
+if left < 0 then redis.call('SET', KEYS[3], 0) end
+return tonumber(b)
+"""
 
 
 def link_release(link: str, reservation_id: str, client: redis.Redis | None = None) -> int:

@@ -295,6 +295,8 @@ class RequestStream(Sequence[SimRequest]):
         }
         self.block_tokens = block_tokens
         self.prompt_scale = 1.0
+        if not loop:
+            limit = len(workload.requests) if limit is None else min(limit, len(workload.requests))
         self.limit = limit
         self._heap: list[tuple[float, int, str, RequestSpec, int]] = []
         self._tie = itertools.count()

@@ -57,6 +57,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--rate", type=float, help="arrivals per second (distributions)")
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--span",
+            type=float,
+            default=3600.0,
+            help="fleet seconds of arrivals drawn from a scenario's distributions before they "
+            "loop (default 3600; a trace replays whole)",
+        )
         parser.add_argument("--duration", type=float, help="stop after this many wall seconds")
         parser.add_argument("--requests", type=int, help="stop after this many requests")
         parser.add_argument(
@@ -74,7 +81,14 @@ class Command(BaseCommand):
             raise CommandError(f"scenario file not found: {path}", returncode=2)
         try:
             scenario = scenario_load(path)
-            workload = workload_build(scenario, rate_per_s=options["rate"], seed=options["seed"])
+            has_trace = scenario.workload is not None and scenario.workload.trace is not None
+            workload = workload_build(
+                scenario,
+                rate_per_s=options["rate"],
+                seed=options["seed"],
+                # Distributions: one hour of arrivals, looped (a trace brings its own length).
+                duration_s=None if has_trace else options["span"],
+            )
         except (ScenarioError, WorkloadError) as exc:
             raise CommandError(f"{path}: {exc}", returncode=2) from exc
         if not workload.requests:

@@ -414,8 +414,14 @@ def rebalance_tick(
             if decision.action == "propose":
                 _plan_from_decision(tick, cluster, row, decision, policy, actor)
     except IntegrityError:
-        # Another beat or a retry recorded this tick first: theirs is the one.
-        return RebalanceTick.objects.get(cluster_id=cluster_id, period_start=period_start)
+        # Another beat or a retry recorded this tick first: theirs is the one. (Any other
+        # constraint, e.g. a second plan in flight, is not ours to swallow.)
+        recorded = RebalanceTick.objects.filter(
+            cluster_id=cluster_id, period_start=period_start
+        ).first()
+        if recorded is None:
+            raise
+        return recorded
     return tick
 
 
@@ -585,16 +591,18 @@ def plan_reject(*, plan_id: int, actor: Actor, version: int | None = None) -> Pl
 
 
 def plan_rollback(*, plan_id: int, actor: Actor, version: int | None = None) -> Plan:
-    """Undo an applied plan: restore its previous threshold (as a new policy version) and flip
-    its instances back through the same drain-then-flip steps."""
+    """Undo an applied (or a failed, partly applied) plan: restore its previous threshold (as a
+    new policy version) and flip its instances back through the same drain-then-flip steps;
+    steps whose effect is already there (an instance never flipped) change nothing."""
     with transaction.atomic():
         plan = _locked(plan_id)
         _check_version(plan, version)
-        if plan.status != PlanStatus.APPLIED:
+        if plan.status not in (PlanStatus.APPLIED, PlanStatus.FAILED):
             raise _illegal(plan, "rolled back")
-        later = Plan.objects.filter(
-            cluster_id=plan.cluster_id, applied_at__gt=plan.applied_at
-        ).exclude(pk=plan.pk)
+        since = plan.applied_at or plan.applying_at or plan.proposed_at
+        later = Plan.objects.filter(cluster_id=plan.cluster_id, applying_at__gt=since).exclude(
+            pk=plan.pk
+        )
         if later.exists():
             raise Conflict(
                 f"a later plan of this cluster was applied after plan {plan.pk}; roll that back first",
@@ -639,6 +647,9 @@ def _steps_create(plan: Plan, phase: str) -> None:
     index = 0
     for change in changes:
         inst = Instance.objects.get(name=change["instance"], cluster_id=plan.cluster_id)
+        untouched = inst.role == change["from_role"] and inst.state == InstanceState.ACTIVE
+        if rollback and untouched:
+            continue  # a failed apply never reached this instance: leave it serving
         to_role = change["from_role"] if rollback else change["to_role"]
         for action in ("drain", "wait", "flip", "activate"):
             PlanStep.objects.create(

@@ -418,3 +418,35 @@ def test_old_holding_ticks_are_pruned_and_plans_kept(fleet):
     tick(fleet, old)  # a hold (nothing recorded back then)
     assert plans.rebalance_ticks_prune(older_than_days=30) == 1
     assert RebalanceTick.objects.count() == 1 and Plan.objects.count() == 1
+
+
+def test_a_failed_plan_can_be_rolled_back_and_only_touched_instances_move(fleet, redis_client):
+    before = roles()
+    period, _ = drifted()
+    plan = Plan.objects.get(tick=tick(fleet, period))
+    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    telemetry_fresh()
+    plans.plan_apply_step(plan_id=plan.pk)  # drain
+    telemetry_fresh()
+    plans.plan_apply_step(plan_id=plan.pk)  # wait: empty
+    # Now nobody listens at the operator's automation: the flip fails for good.
+    settings_set(fleet, actuator="webhook", webhook_url="http://127.0.0.1:9/x", webhook_secret="k")
+    PlanStep.objects.filter(plan=plan, action="flip").update(attempts=plans.MAX_STEP_ATTEMPTS - 1)
+    assert plans.plan_apply_step(plan_id=plan.pk) == ("idle", 0.0)
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.FAILED and "flip" in plan.error
+    drained = plan.role_changes[0]["instance"]
+    assert Instance.objects.get(name=drained).state == InstanceState.DRAINING
+
+    settings_set(fleet, actuator="record", webhook_url="", webhook_secret="")
+    plans.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
+    rollback = plan.steps.filter(phase="rollback").order_by("index")
+    assert [s.action for s in rollback] == ["drain", "wait", "flip", "activate", "policy"]
+    assert (
+        rollback[0].instance is not None and rollback[0].instance.name == drained
+    )  # the untouched instance is left alone
+    apply_all(plan)
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.ROLLED_BACK
+    assert roles() == before
+    assert all(i.state == InstanceState.ACTIVE for i in Instance.objects.all())

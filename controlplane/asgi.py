@@ -13,10 +13,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from scheduling.fastpath import route_fast_path  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Bearer-token route calls skip Django's sync middleware (see scheduling.fastpath).
+        "http": route_fast_path(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -1,0 +1,119 @@
+"""The route fast path (ASGI, no Django middleware) answers exactly like the ninja operations:
+same decisions, same auth rules, same error shapes and limits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.test import AsyncClient
+
+from controlplane.auth import token_cache_clear
+from scheduling import decisions
+from scheduling.snapshot import snapshot_reset
+from tests.scheduling.test_route_api import Fleet, _fleet, telemetry
+
+
+def _reset() -> None:
+    snapshot_reset()
+    token_cache_clear()
+    decisions._redis_skip_until = 0.0
+
+
+@pytest.fixture
+def fleet(transactional_db: None, redis_client: redis.Redis) -> Iterator[Fleet]:
+    _reset()
+    yield _fleet(budget_bytes=50 * 2**30)
+    _reset()
+
+
+@pytest.fixture
+async def fast() -> AsyncIterator[httpx.AsyncClient]:
+    from controlplane.asgi import application
+
+    transport = httpx.ASGITransport(app=application)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        yield client
+
+
+async def test_fast_path_decides_like_the_django_path(
+    fast: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    await telemetry(AsyncClient(), fleet)
+    body = {"origin": "pd-a", "prompt_tokens": 2000, "request_id": "same"}
+    via_fast = await fast.post("/api/v1/route", json=body, headers=fleet.router)
+    via_django = await AsyncClient().post(
+        "/api/v1/route",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={} | {"Authorization": fleet.router["Authorization"], "X-Test": "django"},
+    )
+    assert via_fast.status_code == via_django.status_code == 200
+    a, b = via_fast.json(), via_django.json()
+    for key in ("route", "reason", "incremental_tokens", "threshold", "policy_version"):
+        assert a[key] == b[key]
+    assert via_fast.headers["x-request-id"]
+
+
+async def test_fast_path_batch(fast: httpx.AsyncClient, fleet: Fleet) -> None:
+    await telemetry(AsyncClient(), fleet)
+    requests = [{"origin": "pd-a", "prompt_tokens": n} for n in (100, 60_000)]
+    r = await fast.post("/api/v1/route/batch", json={"requests": requests}, headers=fleet.router)
+    assert r.status_code == 200
+    assert [d["route"] for d in r.json()["decisions"]] == ["local", "prfaas"]
+
+
+@pytest.mark.parametrize(
+    ("headers_of", "body", "status", "code"),
+    [
+        ("unknown", {"origin": "pd-a", "prompt_tokens": 1}, 401, "unauthorized"),
+        ("agent", {"origin": "pd-a", "prompt_tokens": 1}, 403, "forbidden"),
+        ("router", {"origin": "pd-a", "prompt_tokens": -1}, 422, "invalid"),
+        ("router", {"origin": "pd-a", "prompt_tokens": 1, "block_hashes": ["zz"]}, 422, "invalid"),
+        ("router", {"origin": "nowhere", "prompt_tokens": 1}, 404, "unknown_origin"),
+        ("router", [1, 2], 422, "invalid"),
+    ],
+)
+async def test_fast_path_errors_have_the_shape(
+    fast: httpx.AsyncClient,
+    fleet: Fleet,
+    headers_of: str,
+    body: Any,
+    status: int,
+    code: str,
+) -> None:
+    headers = {
+        "unknown": {"Authorization": "Bearer prfaas_nobody"},
+        "agent": fleet.agent,
+        "router": fleet.router,
+    }[headers_of]
+    r = await fast.post("/api/v1/route", json=body, headers=headers)
+    assert r.status_code == status, r.text
+    got = r.json()
+    assert set(got) == {"detail", "code"} and got["code"] == code
+
+
+async def test_fast_path_refuses_bad_json_and_big_bodies(
+    fast: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    r = await fast.post("/api/v1/route", content=b"{not json", headers=fleet.router)
+    assert (r.status_code, r.json()["code"]) == (400, "http_400")
+    huge = json.dumps({"origin": "pd-a", "prompt_tokens": 1, "pad": "x" * 300_000})
+    r = await fast.post("/api/v1/route", content=huge.encode(), headers=fleet.router)
+    assert (r.status_code, r.json()["code"]) == (413, "payload_too_large")
+
+
+async def test_calls_without_a_bearer_token_go_through_django(
+    fast: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    r = await fast.post(
+        "/api/v1/route",
+        json={"origin": "pd-a", "prompt_tokens": 1},
+        headers={"X-Request-ID": "abc"},
+    )
+    assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
+    assert r.headers["x-request-id"] == "abc"

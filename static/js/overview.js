@@ -148,14 +148,18 @@
       Object.keys(m.reasons).sort().forEach(function (r) {
         var c = REASON_COLORS[r] || "#9aa7b8", share = total ? m.reasons[r] / total : 0;
         parts += '<span style="width:' + (100 * share).toFixed(1) + "%;background:" + c + '" title="' + esc(r) + '"></span>';
-        legend += '<span class="swatch" style="background:' + c + '"></span>' + esc(r) + " " + m.reasons[r];
+        legend += '<span class="reason-item"><span class="swatch" style="background:' + c + '"></span>' + esc(r) + " " + m.reasons[r] + "</span>";
       });
-      return "<tr><th scope=\"row\">" + esc(m.cluster) + '</th><td class="num">' + m.arrivals + '</td><td class="num">' +
-        P.pct(m.offload_rate) + '</td><td class="num">' + (m.threshold == null ? "–" : P.fmt(m.threshold, 0)) +
-        '</td><td class="num">' + (m.effective_threshold == null ? "–" : P.fmt(m.effective_threshold, 0)) +
-        '</td><td><div class="reason-bar" aria-hidden="true">' + parts + '</div><div class="reason-legend">' + (legend || "no traffic") + "</div></td></tr>";
+      var t = m.threshold == null ? "–" : P.fmt(m.threshold, 0);
+      if (m.effective_threshold != null && m.threshold != null && m.effective_threshold !== m.threshold) {
+        t += " → " + P.fmt(m.effective_threshold, 0);
+      }
+      return "<tr class=\"mix-main\"><th scope=\"row\">" + esc(m.cluster) + '</th><td class="num">' + m.arrivals + '</td><td class="num">' +
+        P.pct(m.offload_rate) + '</td><td class="num">' + t + "</td></tr>" +
+        '<tr class="reasons-row"><td colspan="4"><div class="reason-bar" aria-hidden="true">' + parts +
+        '</div><div class="reason-legend">' + (legend || "no traffic") + "</div></td></tr>";
     }).join("");
-    el("mix-rows").innerHTML = rows || '<tr><td colspan="6" class="empty">No PD clusters.</td></tr>';
+    el("mix-rows").innerHTML = rows || '<tr><td colspan="4" class="empty">No PD clusters.</td></tr>';
   }
 
   function renderTopology() {

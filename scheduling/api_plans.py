@@ -4,12 +4,13 @@ shape and change nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Path, Query, Router, Schema
+from ninja import Field, Path, Query, Router, Schema
 
 from clusters.models import Cluster, ClusterKind
 from controlplane.audit import actor_from_request
@@ -38,6 +39,7 @@ VERSION = Query(None, ge=1, le=2**31 - 1, description="the plan version last rea
 
 READ = TokenAuth("read")
 OPERATE = TokenAuth("operate")
+ADMIN = TokenAuth("admin")
 
 
 class PlanStepOut(Schema):
@@ -214,15 +216,92 @@ def rebalance_now(
     name = cluster
     clusters = Cluster.objects.filter(kind=ClusterKind.PD)
     if name is not None:
-        found = Cluster.objects.filter(name=name).first()
-        if found is None:
-            raise NotFound(f"cluster {name!r} does not exist")
-        if found.kind != ClusterKind.PD:
-            raise Invalid(f"cluster: {name} is a {found.kind} cluster; only pd clusters rebalance")
-        clusters = clusters.filter(pk=found.pk)
+        clusters = clusters.filter(pk=_pd_cluster(name).pk)
     ticks = plans.rebalance_run_now(
         cluster_ids=list(clusters.values_list("pk", flat=True)),
         actor=actor_from_request(request),
         now=time.time(),
     )
     return {"ticks": [_tick_out(t) for t in ticks]}
+
+
+class RebalanceSettingsOut(Schema):
+    cluster: str
+    enabled: bool
+    mode: Literal["auto", "manual"]
+    guards: dict[str, Any]
+    drain_timeout_s: int
+    drain_poll_s: int
+    default_output_tokens: int
+    actuator: Literal["record", "webhook"]
+    webhook_url: str
+    webhook_secret_set: bool
+    version: int
+    effective_guards: dict[str, Any]
+
+
+class RebalanceSettingsPatch(Schema):
+    enabled: bool | None = None
+    mode: Literal["auto", "manual"] | None = None
+    guards: dict[str, float | int | None] | None = Field(
+        None, description="overrides of the rebalancer's guards (scheduling.rebalancer.Guards)"
+    )
+    drain_timeout_s: int | None = Field(None, ge=1, le=86400)
+    drain_poll_s: int | None = Field(None, ge=1, le=3600)
+    default_output_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    actuator: Literal["record", "webhook"] | None = None
+    webhook_url: str | None = Field(None, max_length=500)
+    webhook_secret: str | None = Field(None, max_length=200)
+
+
+def _settings_out(cluster: Cluster) -> dict[str, Any]:
+    row = plans.rebalance_settings_for(cluster)
+    return {
+        "cluster": cluster.name,
+        "enabled": row.enabled,
+        "mode": row.mode,
+        "guards": row.guards,
+        "drain_timeout_s": row.drain_timeout_s,
+        "drain_poll_s": row.drain_poll_s,
+        "default_output_tokens": row.default_output_tokens,
+        "actuator": row.actuator,
+        "webhook_url": row.webhook_url,
+        "webhook_secret_set": bool(row.webhook_secret),
+        "version": row.version,
+        "effective_guards": dataclasses.asdict(plans.guards_for(row)),
+    }
+
+
+def _pd_cluster(name: str) -> Cluster:
+    found = Cluster.objects.filter(name=name).first()
+    if found is None:
+        raise NotFound(f"cluster {name!r} does not exist")
+    if found.kind != ClusterKind.PD:
+        raise Invalid(f"cluster: {name} is a {found.kind} cluster; only pd clusters rebalance")
+    return found
+
+
+@router.get("/rebalance/settings/{cluster}", response=RebalanceSettingsOut, auth=READ)
+def rebalance_settings_get(
+    request: HttpRequest, cluster: str = Path(..., min_length=1, max_length=100)
+) -> dict[str, Any]:
+    return _settings_out(_pd_cluster(cluster))
+
+
+@router.patch("/rebalance/settings/{cluster}", response=RebalanceSettingsOut, auth=ADMIN)
+def rebalance_settings_patch(
+    request: HttpRequest,
+    payload: RebalanceSettingsPatch,
+    cluster: str = Path(..., min_length=1, max_length=100),
+) -> dict[str, Any]:
+    """Mode (``auto``/``manual``), guard overrides, drain timing and the actuator of a PD
+    cluster's rebalancer. The webhook secret is write-only."""
+    found = _pd_cluster(cluster)
+    changes = payload.model_dump(exclude_unset=True)
+    for name, value in changes.items():
+        if value is None:
+            raise Invalid(f"{name}: must not be null (leave it out to keep the current value)")
+    plans.rebalance_settings_update(
+        cluster_id=found.pk, changes=changes, actor=actor_from_request(request)
+    )
+    return _settings_out(found)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -155,16 +155,38 @@ class Guards:
     max_decode: int | None = None
     threshold_tolerance: float = 0.02
 
-    def with_overrides(self, overrides: dict[str, object]) -> Guards:
-        """These guards with some fields replaced; unknown names are an error naming them."""
+    def with_overrides(self, overrides: Mapping[str, object]) -> Guards:
+        """These guards with some fields replaced. Unknown names, wrong types (a whole number
+        where a count is meant; ``None`` only for the role ceilings) and negative values are
+        errors naming the guard."""
         known = set(self.__dataclass_fields__)
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown guard(s): {', '.join(unknown)}")
+        for name, value in overrides.items():
+            if name in _CEILINGS and value is None:
+                continue
+            counts = name in _COUNTS or name in _CEILINGS
+            number_ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number_ok or (counts and not isinstance(value, int)):
+                kind = "a whole number" if counts else "a number"
+                raise ValueError(f"{name}: must be {kind}, got {value!r}")
+            assert isinstance(value, int | float)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+            if name in _FRACTIONS and value > 1:
+                raise ValueError(f"{name}: must be between 0 and 1, got {value!r}")
         return replace(self, **overrides)  # type: ignore[arg-type]
 
     def max_changes(self, cluster_size: int) -> int:
         return max(self.min_changes, math.floor(self.max_change_fraction * cluster_size))
+
+
+_COUNTS = frozenset(
+    {"min_changes", "min_window_requests", "persist_ticks", "min_prefill", "min_decode"}
+)
+_CEILINGS = frozenset({"max_prefill", "max_decode"})
+_FRACTIONS = frozenset({"max_change_fraction", "min_window_coverage", "threshold_tolerance"})
 
 
 @dataclass(frozen=True)

@@ -196,3 +196,70 @@ def test_the_schema_knows_every_plan_status():
     from scheduling.api_plans import StatusName
 
     assert set(get_args(StatusName)) == set(PlanStatus.values)
+
+
+def test_settings_are_read_and_patched_by_an_admin(client: Client, fleet, reader):
+    admin = bearer(api_token("admin")[1])
+    got = client.get("/api/v1/rebalance/settings/pd-h20", headers=reader).json()
+    assert got["mode"] == "manual" and got["effective_guards"]["dead_band"] == 0.05
+    response = client.patch(
+        "/api/v1/rebalance/settings/pd-h20",
+        data={
+            "mode": "auto",
+            "guards": {"dead_band": 0.08},
+            "actuator": "webhook",
+            "webhook_url": "http://automation.example/prfaas",
+            "webhook_secret": "s3",
+        },
+        content_type="application/json",
+        headers=admin,
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["mode"], body["effective_guards"]["dead_band"]) == ("auto", 0.08)
+    assert body["webhook_secret_set"] is True and "s3" not in response.content.decode()
+    assert ChangeRecord.objects.filter(object_type="scheduling.rebalancesettings").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"mode": "yolo"}, 422, "mode"),
+        ({"mode": None}, 422, "mode"),
+        ({"guards": {"dead_bnad": 0.1}}, 422, "dead_bnad"),
+        ({"guards": {"persist_ticks": 1.5}}, 422, "persist_ticks"),
+        ({"guards": {"dead_band": -1}}, 422, "dead_band"),
+        ({"guards": {"max_change_fraction": 3}}, 422, "max_change_fraction"),
+        ({"guards": {"dead_band": None}}, 422, "dead_band"),
+        ({"drain_timeout_s": 0}, 422, "drain_timeout_s"),
+        ({"actuator": "webhook"}, 422, "webhook"),
+        ({"actuator": "webhook", "webhook_url": "ftp://x", "webhook_secret": "k"}, 422, "webhook"),
+        ({"actuator": "pigeon"}, 422, "actuator"),
+    ],
+)
+def test_bad_settings_get_a_clear_error_and_change_nothing(
+    client: Client, fleet, body, status, needle
+):
+    admin = bearer(api_token("admin")[1])
+    before = client.get("/api/v1/rebalance/settings/pd-h20", headers=admin).json()
+    response = client.patch(
+        "/api/v1/rebalance/settings/pd-h20",
+        data=body,
+        content_type="application/json",
+        headers=admin,
+    )
+    assert response.status_code == status, response.content
+    assert needle in response.json()["detail"] and response.json()["code"]
+    assert client.get("/api/v1/rebalance/settings/pd-h20", headers=admin).json() == before
+
+
+def test_settings_need_the_admin_scope_and_a_pd_cluster(client: Client, fleet, operator):
+    response = client.patch(
+        "/api/v1/rebalance/settings/pd-h20",
+        data={"mode": "auto"},
+        content_type="application/json",
+        headers=operator,
+    )
+    assert response.status_code == 403
+    assert client.get("/api/v1/rebalance/settings/nowhere", headers=operator).status_code == 404
+    assert client.get("/api/v1/rebalance/settings/prfaas-h200", headers=operator).status_code == 422

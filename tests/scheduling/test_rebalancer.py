@@ -260,6 +260,27 @@ def test_unknown_guard_overrides_are_refused_by_name():
     assert rb.Guards().with_overrides({"dead_band": 0.1}).dead_band == 0.1
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"persist_ticks": 1.5}, "persist_ticks: must be a whole number"),
+        ({"min_prefill": True}, "min_prefill: must be a whole number"),
+        ({"dead_band": "5%"}, "dead_band: must be a number"),
+        ({"dead_band": None}, "dead_band: must be a number"),
+        ({"cooldown_s": -1}, "cooldown_s: must be a finite number >= 0"),
+        ({"dead_band": math.nan}, "dead_band: must be a finite number"),
+        ({"max_change_fraction": 2}, "max_change_fraction: must be between 0 and 1"),
+    ],
+)
+def test_guard_overrides_of_the_wrong_kind_are_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        rb.Guards().with_overrides(overrides)
+
+
+def test_role_ceilings_may_be_unbounded():
+    assert rb.Guards().with_overrides({"max_prefill": None, "max_decode": 6}).max_decode == 6
+
+
 def test_at_most_max_one_or_ten_percent_role_changes():
     g = rb.Guards()
     assert [g.max_changes(n) for n in (1, 8, 10, 19, 20, 45)] == [1, 1, 1, 1, 2, 4]

@@ -207,6 +207,18 @@ def plans_rollback(
     return _plan_detail(plans.plan_get(plan.pk))
 
 
+@router.get("/rebalance/ticks", response=RebalanceOut, auth=READ)
+def rebalance_ticks(
+    request: HttpRequest,
+    cluster: str | None = Query(None, min_length=1, max_length=100),
+    action: Literal["hold", "propose"] | None = None,
+    limit: int = Query(50, ge=1, le=1000),
+) -> dict[str, Any]:
+    """Recent ticks: every hold with its reason, and every proposal with its plan."""
+    ticks = plans.rebalance_ticks_recent(cluster=cluster, action=action, limit=limit)
+    return {"ticks": [_tick_out(t) for t in ticks]}
+
+
 @router.post("/rebalance", response=RebalanceOut, auth=OPERATE)
 def rebalance_now(
     request: HttpRequest,

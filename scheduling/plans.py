@@ -104,6 +104,18 @@ def plan_steps(plan: Plan) -> list[PlanStep]:
     return list(plan.steps.select_related("instance").order_by("phase", "index"))
 
 
+def rebalance_ticks_recent(
+    *, cluster: str | None = None, action: str | None = None, limit: int = 100
+) -> QuerySet[RebalanceTick]:
+    """The latest ticks (holds with their reasons, and proposals), newest first."""
+    qs = RebalanceTick.objects.select_related("cluster").order_by("-period_start", "-id")
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if action:
+        qs = qs.filter(action=action)
+    return qs[: max(1, min(limit, 1000))]
+
+
 def rebalance_settings_for(cluster: Cluster) -> RebalanceSettings:
     """The cluster's rebalancer settings; defaults (unsaved) when none were stored."""
     found = RebalanceSettings.objects.filter(cluster=cluster).first()

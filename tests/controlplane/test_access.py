@@ -81,6 +81,7 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/plans/{plan_id}/reject"): "operate",
     ("POST", "/api/v1/plans/{plan_id}/rollback"): "operate",
     ("POST", "/api/v1/rebalance"): "operate",
+    ("GET", "/api/v1/rebalance/ticks"): "read",
     ("GET", "/api/v1/rebalance/settings/{cluster}"): "read",
     ("PATCH", "/api/v1/rebalance/settings/{cluster}"): "admin",
 }

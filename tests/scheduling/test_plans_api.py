@@ -263,3 +263,20 @@ def test_settings_need_the_admin_scope_and_a_pd_cluster(client: Client, fleet, o
     assert response.status_code == 403
     assert client.get("/api/v1/rebalance/settings/nowhere", headers=operator).status_code == 404
     assert client.get("/api/v1/rebalance/settings/prfaas-h200", headers=operator).status_code == 422
+
+
+def test_recent_ticks_show_holds_with_their_reasons(client: Client, fleet, operator, reader):
+    telemetry_fresh()
+    client.post("/api/v1/rebalance", headers=operator)
+    proposed(fleet)
+    ticks = client.get("/api/v1/rebalance/ticks", headers=reader).json()["ticks"]
+    # Newest first: the run-now tick (id: now) after the proposal of the current period.
+    assert [(t["action"], t["reason"]) for t in ticks] == [
+        ("hold", "no_traffic"),
+        ("propose", "gain"),
+    ]
+    assert ticks[1]["plan_id"] is not None
+    holds = client.get("/api/v1/rebalance/ticks?action=hold", headers=reader).json()["ticks"]
+    assert [t["reason"] for t in holds] == ["no_traffic"] and holds[0]["detail"]
+    bad = client.get("/api/v1/rebalance/ticks?action=maybe", headers=reader)
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid"

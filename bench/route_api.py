@@ -262,7 +262,9 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
         pd = next(c["name"] for c in topo["clusters"] if c["kind"] == "pd")
         prefill = [i["name"] for i in topo["instances"] if i["role"] == "prefill"]
 
-        rows = load_trace(max(args.requests, args.batches * args.batch_size))
+        wanted = max(args.requests, args.batches * args.batch_size)
+        rows = load_trace(wanted)
+        # The trace is replayed from the start again when more requests are wanted than it has.
         requests = [
             {
                 "origin": pd,
@@ -271,7 +273,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
                 "expected_output_tokens": int(r["output_length"]),
                 "request_id": f"mc-{k}",
             }
-            for k, r in enumerate(rows)
+            for k, r in ((k, rows[k % len(rows)]) for k in range(wanted))
         ]
         # Part of the trace's blocks are cached somewhere (round robin over prefill instances).
         async with httpx.AsyncClient(base_url=app_base, timeout=30) as client:

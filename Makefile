@@ -35,7 +35,16 @@ node_modules/.setup-stamp: package-lock.json
 
 setup: $(STAMP) node_modules/.setup-stamp
 
-demo: setup
+# The demo needs only the runtime dependencies (no test tools): a fresh clone serves the UI
+# sooner. A full `make setup` satisfies it too.
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
+$(RUNTIME_STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -f $(STAMP) -a $(STAMP) -nt requirements.lock -a $(STAMP) -nt pyproject.toml \
+	  || $(PY) -m pip install --quiet -c requirements.lock -e .
+	touch $(RUNTIME_STAMP)
+
+demo: $(RUNTIME_STAMP) node_modules/.setup-stamp
 	$(PY) manage.py demo
 
 test: setup system-deps

@@ -172,6 +172,36 @@ def emulator_status_read(client: Any) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def scenario_faults(
+    events: Sequence[LinkEvent | StateEvent | RateEvent], members: Mapping[str, Sequence[str]]
+) -> list[tuple[float, dict[str, Any]]]:
+    """A scenario's timed ``events`` as faults, by time (``members``: instances per cluster,
+    for an event that takes a whole cluster down or up)."""
+    out: list[tuple[float, dict[str, Any]]] = []
+    for event in events:
+        if isinstance(event, LinkEvent):
+            link = f"{event.source}->{event.target}"
+            out.append((event.at_s, {"kind": "link", "link": link, "gbps": event.gbps}))
+        elif isinstance(event, StateEvent):
+            names = (
+                [event.instance]
+                if event.instance is not None
+                else list(members.get(event.cluster or "", ()))
+            )
+            for name in names:
+                out.append(
+                    (event.at_s, {"kind": "instance", "instance": name, "state": event.state})
+                )
+        else:
+            out.append(
+                (
+                    event.at_s,
+                    {"kind": "surge", "rate_scale": event.rate_scale, "cluster": event.cluster},
+                )
+            )
+    return sorted(out, key=lambda e: e[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Prefix caches that remember what they stored and evicted (for KV events)
 
@@ -502,7 +532,10 @@ class FleetEmulator:
         self.sim = self._fleet_build(workload)
         self._inventory_roles = {i.name: i.role for i in self.topology.instances}
         self._down_by_inventory: set[str] = set()
-        self._events = sorted(self._scenario_faults(), key=lambda e: e[0])
+        members: dict[str, list[str]] = {}
+        for p in self.sim.prefill_instances:
+            members.setdefault(p.cluster, []).append(p.name)
+        self._events = scenario_faults(scenario.events, members)
         self._decisions: dict[int, router.Decision | None] = {}
         self._kv_seq: dict[str, int] = {}
         self._link_sent: dict[str, float] = {k: 0.0 for k in self.sim.links}
@@ -576,35 +609,6 @@ class FleetEmulator:
             block_tokens=block,
             sample_s=0.0,
         )
-
-    def _scenario_faults(self) -> Iterator[tuple[float, dict[str, Any]]]:
-        for event in self.scenario.events:
-            if isinstance(event, LinkEvent):
-                yield (
-                    event.at_s,
-                    {
-                        "kind": "link",
-                        "link": f"{event.source}->{event.target}",
-                        "gbps": event.gbps,
-                    },
-                )
-            elif isinstance(event, StateEvent):
-                names = (
-                    [event.instance]
-                    if event.instance is not None
-                    else [p.name for p in self.sim.prefill_instances if p.cluster == event.cluster]
-                )
-                for name in names:
-                    yield event.at_s, {"kind": "instance", "instance": name, "state": event.state}
-            elif isinstance(event, RateEvent):
-                yield (
-                    event.at_s,
-                    {
-                        "kind": "surge",
-                        "rate_scale": event.rate_scale,
-                        "cluster": event.cluster,
-                    },
-                )
 
     # -- running ----------------------------------------------------------------------------
 

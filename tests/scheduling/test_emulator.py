@@ -25,7 +25,9 @@ from scheduling.emulator import (
     emulator_faults_pop,
     fault_validate,
     kv_batch_events,
+    scenario_faults,
 )
+from scheduling.scenario import LinkEvent, RateEvent, StateEvent
 from scheduling.simulator.workload import RequestSpec, Workload
 from tests.factories import InstanceFactory, LinkFactory
 
@@ -71,6 +73,27 @@ def test_faults_travel_through_the_redis_channel_in_order(redis_client: redis.Re
         {"kind": "surge", "rate_scale": 3.0, "cluster": "pd-a"},
     ]
     assert redis_client.llen(FAULTS_KEY) == 0
+
+
+def test_scenario_events_become_faults_in_time_order() -> None:
+    faults = scenario_faults(
+        [
+            RateEvent(at_s=30.0, cluster="pd-a", rate_scale=2.0),
+            LinkEvent(at_s=10.0, source="p", target="pd-a", gbps=5.0),
+            StateEvent(at_s=20.0, state="down", cluster="pd-a"),
+            StateEvent(at_s=25.0, state="active", instance="pd-a-1"),
+        ],
+        {"pd-a": ["pd-a-0", "pd-a-1"]},
+    )
+    assert faults == [
+        (10.0, {"kind": "link", "link": "p->pd-a", "gbps": 5.0}),
+        (20.0, {"kind": "instance", "instance": "pd-a-0", "state": "down"}),
+        (20.0, {"kind": "instance", "instance": "pd-a-1", "state": "down"}),
+        (25.0, {"kind": "instance", "instance": "pd-a-1", "state": "active"}),
+        (30.0, {"kind": "surge", "rate_scale": 2.0, "cluster": "pd-a"}),
+    ]
+    for _, fault in faults:
+        assert fault_validate(fault) == fault
 
 
 # -- the request stream ------------------------------------------------------------------------

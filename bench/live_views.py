@@ -43,6 +43,7 @@ django.setup()
 import uvicorn  # noqa: E402
 import websockets  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
+from django.contrib.auth.models import Group  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.test import Client  # noqa: E402
 
@@ -62,6 +63,7 @@ def _session_cookie() -> str:
     call_command("migrate", verbosity=0, interactive=False)
     user_model = get_user_model()
     user, _ = user_model.objects.get_or_create(username="bench-live-views")
+    user.groups.add(Group.objects.get(name="viewer"))  # the live views need the read role
     client = Client()
     client.force_login(user)
     return f"sessionid={client.cookies['sessionid'].value}"

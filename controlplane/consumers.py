@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from typing import Any
@@ -26,10 +27,13 @@ from channels.utils import await_many_dispatch
 
 from controlplane.dashboard import live_snapshot
 from controlplane.live import Frame, asequence_current, group_valid
+from controlplane.models import Scope
+from controlplane.roles import user_has_scope
 
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
 CLOSE_UNKNOWN_GROUP = 4404
 
 REORDER_WINDOW_S = 0.25
@@ -105,6 +109,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        if not await database_sync_to_async(user_has_scope)(user, Scope.READ):
+            await self.close(code=CLOSE_FORBIDDEN)  # logged in, but in no access group
+            return
         group = self.scope["url_route"]["kwargs"]["group"]
         if not group_valid(group):
             await self.close(code=CLOSE_UNKNOWN_GROUP)
@@ -122,6 +129,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             # On failure the membership expires on its own.
             with contextlib.suppress(redis.RedisError, OSError):
                 await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    @classmethod
+    async def decode_json(cls, text_data: str) -> Any:
+        try:
+            return json.loads(text_data)
+        except ValueError:
+            return None  # answered as an unknown message, the socket stays open
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not self.group:

@@ -643,3 +643,37 @@ async def test_route_survives_redis_going_away_and_recovers(
     await telemetry(client, fleet)
     d = await route(client, fleet, prompt_tokens=60_000)
     assert (d["route"], d["reason"]) == ("prfaas", "above_threshold")
+
+
+async def test_route_keeps_its_snapshot_when_the_database_is_unreachable(
+    client: AsyncClient, fleet: Fleet
+) -> None:
+    from django.db import connections
+
+    from scheduling import snapshot as snapshot_module
+
+    await telemetry(client, fleet)
+    before = await route(client, fleet, prompt_tokens=60_000)
+    port: dict[str, Any] = {}
+
+    # Connections are per thread: touch the one the snapshot rebuild will use.
+    def break_database() -> None:
+        conn = connections["default"]
+        port["saved"] = conn.settings_dict["PORT"]
+        conn.close()
+        conn.settings_dict["PORT"] = "1"  # nothing listens there: connecting fails at once
+
+    def repair_database() -> None:
+        conn = connections["default"]
+        conn.close()
+        conn.settings_dict["PORT"] = port["saved"]
+
+    await sync_to_async(break_database)()
+    try:
+        # An inventory change announced meanwhile makes every process try to rebuild.
+        await sync_to_async(snapshot_module.snapshot_version_bump)()
+        after = await route(client, fleet, prompt_tokens=60_000)
+    finally:
+        await sync_to_async(repair_database)()
+    assert (after["route"], after["reason"]) == (before["route"], before["reason"])
+    assert after["policy_version"] == before["policy_version"]

@@ -75,6 +75,8 @@ _FRESH_BASE = 1 << 52
 # Keep request bodies under the API's body limit (default 256 KiB): hashes per call.
 _MAX_HASHES_PER_CALL = 6000
 _MAX_BATCH = 500
+# Wall seconds the emulator may fall behind its clock before it stops trying to catch up.
+MAX_LAG_S = 5.0
 
 
 class EmulatorError(ValueError):
@@ -540,6 +542,7 @@ class FleetEmulator:
         self._kv_seq: dict[str, int] = {}
         self._link_sent: dict[str, float] = {k: 0.0 for k in self.sim.links}
         self._wall0 = 0.0
+        self._started = 0.0
         self._sim0 = 0.0
         self._next_telemetry = 0.0
         self._next_policy = 0.0
@@ -614,7 +617,7 @@ class FleetEmulator:
 
     def run(self) -> EmulatorStats:
         """Emulate until stopped (:meth:`stop`), ``duration_s`` passed or the workload ended."""
-        self._wall0 = self._clock()
+        self._wall0 = self._started = self._clock()
         self._sim0 = self.sim.now
         self._next_telemetry = self._wall0
         self._next_policy = self._wall0 + self.config.policy_s
@@ -638,13 +641,18 @@ class FleetEmulator:
         if self.stopping:
             raise _Stop
         now = self._clock()
-        if self.config.duration_s is not None and now - self._wall0 >= self.config.duration_s:
+        if self.config.duration_s is not None and now - self._started >= self.config.duration_s:
             raise _Stop
         target = self._wall0 + (self.sim.now - self._sim0) / self.config.speed
         if target > now:
             self._sleep(min(target - now, 1.0))
             if self.stopping:
                 raise _Stop
+        elif now - target > MAX_LAG_S:
+            # Fell behind (a stalled control plane, a suspended process): carry on from now
+            # rather than replay the backlog as a burst the fleet never offered.
+            self._wall0 += now - target
+            self._out(f"emulator: {now - target:.0f} s behind the wall clock; continuing from now")
 
     # -- Dispatcher protocol ----------------------------------------------------------------
 
@@ -1067,7 +1075,7 @@ class FleetEmulator:
 
     def _status(self, final: bool = False) -> None:
         s = self.stats
-        elapsed = max(1e-9, self._clock() - self._wall0)
+        elapsed = max(1e-9, self._clock() - self._started)
         lag = (self._wall0 + (self.sim.now - self._sim0) / self.config.speed) - self._clock()
         mix = ", ".join(f"{k} {v}" for k, v in s.reasons.most_common(4))
         line = (

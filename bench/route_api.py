@@ -349,13 +349,13 @@ def main() -> None:
         env["VAR_DIR"] = tmp
         env["LOG_LEVEL"] = "WARNING"
         env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-        manage(env, "migrate", "-v", "0")
-        manage(env, "topology", "apply", str(SCENARIO))
-        secret = manage(
-            env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
-        )
-        print(f"topology: {SCENARIO.name}; Redis: {env.get('REDIS_URL') or 'embedded'}")
         try:
+            manage(env, "migrate", "-v", "0")
+            manage(env, "topology", "apply", str(SCENARIO))
+            secret = manage(
+                env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
+            )
+            print(f"topology: {SCENARIO.name}; Redis: {env.get('REDIS_URL') or 'embedded'}")
             asyncio.run(run(args, env, secret))
         finally:
             if "REDIS_URL" not in env:

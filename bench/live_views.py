@@ -29,26 +29,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import websockets
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-_TMP = tempfile.mkdtemp(prefix="bench-live-")
-os.environ.setdefault("DATABASE_URL", f"sqlite:///{_TMP}/bench.sqlite3")
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
 
-import django  # noqa: E402
 
-django.setup()
+def _django_setup() -> Path:
+    """Django on a throw-away database and, without ``REDIS_URL``, an embedded Redis of its own
+    (stopped at the end). Only the parent process sets up Django: the clients need none."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-live-"))
+    os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp}/bench.sqlite3")
+    if not os.environ.get("REDIS_URL"):
+        os.environ["VAR_DIR"] = str(tmp)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
 
-import uvicorn  # noqa: E402
-import websockets  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.contrib.auth.models import Group  # noqa: E402
-from django.core.management import call_command  # noqa: E402
-from django.test import Client  # noqa: E402
+    django.setup()
+    return tmp
 
-from controlplane import live  # noqa: E402
-from controlplane.asgi import application  # noqa: E402
 
 LINK = "bench-prfaas>bench-pd"
 
@@ -60,6 +60,11 @@ def _free_port() -> int:
 
 
 def _session_cookie() -> str:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.core.management import call_command
+    from django.test import Client
+
     call_command("migrate", verbosity=0, interactive=False)
     user_model = get_user_model()
     user, _ = user_model.objects.get_or_create(username="bench-live-views")
@@ -69,7 +74,11 @@ def _session_cookie() -> str:
     return f"sessionid={client.cookies['sessionid'].value}"
 
 
-def _serve(port: int) -> tuple[uvicorn.Server, threading.Thread]:
+def _serve(port: int) -> tuple[Any, threading.Thread]:
+    import uvicorn
+
+    from controlplane.asgi import application
+
     server = uvicorn.Server(
         uvicorn.Config(
             application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
@@ -152,6 +161,8 @@ def _clients_process(
 
 
 async def _run(clients: int, rate: float, seconds: float) -> None:
+    from controlplane import live
+
     cookie = await asyncio.to_thread(_session_cookie)
     port = _free_port()
     server, thread = await asyncio.to_thread(_serve, port)
@@ -209,7 +220,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.clients < 1 or args.rate <= 0 or args.seconds <= 0:
         parser.error("--clients must be at least 1; --rate and --seconds must be positive")
-    asyncio.run(_run(args.clients, args.rate, args.seconds))
+    tmp = _django_setup()
+    try:
+        asyncio.run(_run(args.clients, args.rate, args.seconds))
+    finally:
+        if os.environ.get("VAR_DIR") == str(tmp):
+            from controlplane.embedded_redis import embedded_redis_stop
+
+            embedded_redis_stop(tmp)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ class Simulation:
     on_flip: Callable[[Simulation, str, str], None] | None = None
     _heap: list[tuple[float, int, int, object, object]] = field(default_factory=list)
     _seq: int = 0
+    _periodic: int = 0  # SAMPLE and TICK events in the heap: they alone never end a run
     prefill_by_name: dict[str, PrefillInstance] = field(default_factory=dict)
     decode_by_name: dict[str, DecodeInstance] = field(default_factory=dict)
     link_between: dict[tuple[str, str], FluidLink] = field(default_factory=dict)
@@ -141,8 +142,10 @@ class Simulation:
         tick_s = self.dispatcher.tick_s
         if tick_s:
             self._push(tick_s, _TICK)
+            self._periodic += 1
         if self.sample_s > 0:
             self._push(0.0, _SAMPLE)
+            self._periodic += 1
         heap = self._heap
         pop = heapq.heappop
         count = len(requests)
@@ -164,11 +167,14 @@ class Simulation:
                 elif kind == _DECODE_DONE:
                     self._decode_done(a, b)  # type: ignore[arg-type]
                 elif kind == _SAMPLE:
-                    self._sample(index < count)
+                    self._periodic -= 1
+                    self._sample(self._progress_possible(index < count))
                 elif kind == _TICK:
-                    if index < count or self.in_system:
+                    self._periodic -= 1
+                    if self._progress_possible(index < count):
                         self.dispatcher.tick(self)
                         self._push(at + (tick_s or 0.0), _TICK)
+                        self._periodic += 1
                 else:
                     self._fleet_event(a)  # type: ignore[arg-type]
             elif index < count:
@@ -183,6 +189,23 @@ class Simulation:
                 break
         for link in self.links.values():
             link.advance(self.now)
+        self._strand()
+
+    def _progress_possible(self, more_arrivals: bool) -> bool:
+        """Whether anything but the periodic events themselves can still happen."""
+        return more_arrivals or (self.in_system > 0 and len(self._heap) > self._periodic)
+
+    def _strand(self) -> None:
+        """Requests left when no event can move them (a link cut for good): counted as dropped,
+        and what their transfers had sent as aborted."""
+        if self.in_system <= 0:
+            return
+        for link in self.links.values():
+            for flow in list(link.flows):
+                link.abort(flow)
+        for request in self.requests[: self.arrived]:
+            if not request.dropped and math.isnan(request.finish_s):
+                self._drop(request, "stranded")
 
     def _count(self, change: int) -> None:
         now = self.now
@@ -502,7 +525,7 @@ class Simulation:
 
     # -- observation --------------------------------------------------------------------------
 
-    def _sample(self, more_arrivals: bool) -> None:
+    def _sample(self, again: bool) -> None:
         queued: dict[str, int] = {}
         for prefill in self.prefill_instances:
             queued[prefill.cluster] = queued.get(prefill.cluster, 0) + prefill.depth()
@@ -511,5 +534,6 @@ class Simulation:
             waiting[decode.cluster] = waiting.get(decode.cluster, 0) + len(decode.waiting)
         in_flight = {key: link.in_flight_bytes() for key, link in self.links.items()}
         self.samples.append(Sample(self.now, self.in_system, queued, waiting, in_flight))
-        if more_arrivals or self.in_system:
+        if again:
             self._push(self.now + self.sample_s, _SAMPLE)
+            self._periodic += 1

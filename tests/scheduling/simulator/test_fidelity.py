@@ -126,3 +126,31 @@ def test_the_same_seed_gives_identical_output(
         run.pop("wall_s")
     assert first == second
     assert first != other
+
+
+CUT_FOR_GOOD = """
+version: 1
+name: cut
+extends: {base}
+events:
+  - {{at_s: 50, link: "prfaas-h200->pd-h20", gbps: 0}}
+"""
+
+
+def test_a_link_cut_for_good_ends_the_run_and_counts_the_stranded_requests(
+    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
+) -> None:
+    scenario = scenario_load(
+        write_scenario(CUT_FOR_GOOD.format(base=scenarios_dir / "paper-case-study.yaml"))
+    )
+    result = simulate(
+        scenario,
+        SimulationConfig(policy="prfaas", rate_per_s=2.0, requests=400, seed=3),
+        plan=case_study_plan,
+    )
+    assert result.finished + result.dropped == result.requests == 400
+    assert result.dropped_by_reason.get("stranded", 0) > 0
+    # After the cut the router keeps everything local: it sees the link has no room.
+    assert result.reasons.get("link_congested", 0) > 0
+    (link,) = result.links
+    assert link.sent_bytes == pytest.approx(link.delivered_bytes + link.aborted_bytes, rel=1e-9)

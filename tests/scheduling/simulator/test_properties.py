@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from scheduling.planner import PlanResult
@@ -37,15 +37,15 @@ clusters:
   - {{name: prfaas, kind: prfaas, site: a, accelerator: H200, prefill_instances: {n_prfaas}}}
   - {{name: pd, kind: pd, site: b, accelerator: H20, prefill_instances: {n_p}, decode_instances: {n_d}}}
 links:
-  - {{source: prfaas, target: pd, gbps: {gbps}, rtt_ms: {rtt}}}
+  - {{source: prfaas, target: pd, gbps: {gbps:.4f}, rtt_ms: {rtt:.4f}}}
 workload:
-  arrival: {{process: poisson, rate_per_s: {rate}}}
+  arrival: {{process: poisson, rate_per_s: {rate:.4f}}}
   input_tokens: {{distribution: lognormal, mu: 9.5, sigma: 1.0, min: 128, max: 131072}}
   output_tokens: {{distribution: fixed, value: {output}}}
 events:
-  - {{at_s: {cut}, link: "prfaas->pd", gbps: {low}}}
-  - {{at_s: {fail}, instance: prfaas-0, state: down}}
-  - {{at_s: {back}, instance: prfaas-0, state: active}}
+  - {{at_s: {cut:.4f}, link: "prfaas->pd", gbps: {low:.4f}}}
+  - {{at_s: {fail:.4f}, instance: prfaas-0, state: down}}
+  - {{at_s: {back:.4f}, instance: prfaas-0, state: active}}
 """
 
 
@@ -122,7 +122,7 @@ def test_every_run_accounts_for_every_request_and_every_byte(
         assert r.finish_s - r.first_token_s == pytest.approx(r.output_tokens * 0.025)
         if r.route == "prfaas":
             # Layer-wise pipelining never lets the KV land before its prefill ends plus one RTT.
-            assert r.kv_ready_s >= r.prefill_end_s + rtt / 1000.0 - 1e-9
+            assert r.kv_ready_s >= r.prefill_end_s + scenario.links[0].rtt_ms / 1000.0 - 1e-9
         else:
             assert r.kv_ready_s == r.prefill_end_s
     assert not math.isnan(result.ttft.mean)

@@ -50,7 +50,11 @@ events:
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    # No "explain" phase: it traces every line of a failing run, far too slow for a simulation.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
 )
 @given(
     n_prfaas=st.integers(1, 3),

@@ -138,6 +138,17 @@ def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
     wait_for("web server", lambda: httpx.get(demo.base + "/api/v1/health").is_success, demo, 90)
     assert httpx.get(demo.base + "/accounts/login/").status_code == 200
     assert "login: operator / " in demo.output()
+    # A second demo on the same VAR_DIR would share, then stop, this one's embedded Redis.
+    second = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--port", str(free_port())],
+        cwd=ROOT,
+        env=demo.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 2
+    assert "a demo is already running with VAR_DIR=" in second.stderr
     decisions = wait_for(
         "routing decisions",
         lambda: len(api(demo, "/api/v1/decisions/recent", limit=50)) >= 20,

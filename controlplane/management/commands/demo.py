@@ -11,6 +11,7 @@ second run reuses the database, the account, its password and the tokens (all ke
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -81,6 +82,8 @@ class Command(BaseCommand):
         scenario = Path(options["scenario"])
         if not scenario.is_file():
             raise CommandError(f"scenario file not found: {scenario}", returncode=2)
+        if not options["setup_only"]:
+            self._lock = self._single_instance_lock()
 
         call_command("migrate", interactive=False, verbosity=0)
         call_command("topology", "apply", str(scenario))
@@ -155,6 +158,28 @@ class Command(BaseCommand):
             env.update(tokens)
             optional.add("emulator")
         self._supervise(commands, env, optional)
+
+    def _single_instance_lock(self) -> Any:
+        """One demo per VAR_DIR: a second one would share, then stop, the first one's embedded
+        Redis. The lock lives as long as this process (the OS drops it however we exit)."""
+        path = Path(settings.VAR_DIR) / "demo.lock"
+        handle = path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise CommandError(
+                f"a demo is already running with VAR_DIR={settings.VAR_DIR} (pid {holder}); "
+                "stop it first, or give this one its own VAR_DIR",
+                returncode=2,
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        return handle
 
     def _credentials(self) -> dict[str, Any]:
         path = Path(settings.VAR_DIR) / "demo-credentials.json"

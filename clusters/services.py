@@ -97,8 +97,20 @@ def _set_derived(obj: Versioned) -> None:
             obj.target_kind = obj.target.kind
 
 
+def _check_references(obj: Versioned) -> None:
+    """An id naming no object is a 404 (like one in the path), not a broken rule."""
+    for field in obj._meta.concrete_fields:
+        if not isinstance(field, models.ForeignKey):
+            continue
+        pk = getattr(obj, field.attname)
+        target = field.related_model
+        if pk is not None and not target._default_manager.filter(pk=pk).exists():
+            raise NotFound(f"{field.attname}: {_label(target)} {pk} does not exist")
+
+
 def _validate(obj: Versioned) -> None:
     """Field validators, ``clean()`` and uniqueness; CHECK constraints are the DB's last word."""
+    _check_references(obj)
     try:
         obj.full_clean(validate_constraints=False)
     except ValidationError as exc:

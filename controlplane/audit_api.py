@@ -5,9 +5,10 @@ from typing import Any
 
 from django.http import HttpRequest
 from ninja import Router, Schema
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from controlplane.auth import TokenAuth
+from controlplane.pagination import BoundedLimitOffsetPagination
 from controlplane.selectors import change_record_list
 
 router = Router(tags=["audit"])
@@ -30,7 +31,7 @@ class ChangeRecordOut(Schema):
 
 
 @router.get("/audit", response=list[ChangeRecordOut], auth=TokenAuth("read"))
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def audit_list(
     request: HttpRequest,
     object_type: str | None = None,

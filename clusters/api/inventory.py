@@ -2,13 +2,14 @@
 links. Reads need the ``read`` scope, writes ``admin``, drain/activate ``operate``.
 
 Lists are paginated (``?limit=&offset=``, answer ``{items, count}``) in a stable order. Updates
-are PATCH with the ``version`` last read; deletes take it as ``?version=N`` or ``If-Match: N``.
+are PATCH with the ``version`` last read; deletes take it as ``?version=N``
+(required).
 A stale version gets 409 naming the current one.
 """
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from clusters import selectors, services
 from clusters.api.schemas import (
@@ -49,7 +50,7 @@ from clusters.models import (
 )
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
-from controlplane.errors import Invalid
+from controlplane.pagination import BoundedLimitOffsetPagination
 
 router = Router(tags=["inventory"])
 
@@ -58,16 +59,11 @@ ADMIN = TokenAuth("admin")
 OPERATE = TokenAuth("operate")
 
 
-def delete_version(request: HttpRequest, version: int | None) -> int:
-    """The expected version of a DELETE: ``?version=N``, else the ``If-Match`` header."""
-    if version is not None:
-        return version
-    header = request.headers.get("If-Match", "").strip().removeprefix("W/").strip('"')
-    if not header:
-        raise Invalid("version: required (?version=N or If-Match: N)")
-    if not header.isdigit() or int(header) < 1:
-        raise Invalid(f"version: If-Match must be a positive integer, got {header!r}")
-    return int(header)
+# Versions are PostgreSQL integers: a larger number is a bad request, not a database error.
+MAX_VERSION = 2**31 - 1
+DELETE_VERSION = Query(
+    ..., ge=1, le=MAX_VERSION, description="the version you last read; stale -> 409"
+)
 
 
 def _deleted() -> HttpResponse:
@@ -78,7 +74,7 @@ def _deleted() -> HttpResponse:
 
 
 @router.get("/sites", response=list[SiteOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def site_list(request: HttpRequest, name: str | None = None):
     return selectors.site_list(name=name)
 
@@ -106,10 +102,10 @@ def site_update(request: HttpRequest, site_id: int, payload: SitePatch) -> Site:
 
 
 @router.delete("/sites/{site_id}", response={204: None}, auth=ADMIN)
-def site_delete(request: HttpRequest, site_id: int, version: int | None = None) -> HttpResponse:
+def site_delete(request: HttpRequest, site_id: int, version: int = DELETE_VERSION) -> HttpResponse:
     services.site_delete(
         site_id=site_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -119,7 +115,7 @@ def site_delete(request: HttpRequest, site_id: int, version: int | None = None) 
 
 
 @router.get("/accelerators", response=list[AcceleratorOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def accelerator_list(request: HttpRequest, name: str | None = None):
     return selectors.accelerator_list(name=name)
 
@@ -151,11 +147,11 @@ def accelerator_update(
 
 @router.delete("/accelerators/{accelerator_id}", response={204: None}, auth=ADMIN)
 def accelerator_delete(
-    request: HttpRequest, accelerator_id: int, version: int | None = None
+    request: HttpRequest, accelerator_id: int, version: int = DELETE_VERSION
 ) -> HttpResponse:
     services.accelerator_delete(
         accelerator_id=accelerator_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -165,7 +161,7 @@ def accelerator_delete(
 
 
 @router.get("/model-profiles", response=list[ModelProfileOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def model_profile_list(request: HttpRequest, name: str | None = None):
     return selectors.model_profile_list(name=name)
 
@@ -197,11 +193,11 @@ def model_profile_update(
 
 @router.delete("/model-profiles/{model_profile_id}", response={204: None}, auth=ADMIN)
 def model_profile_delete(
-    request: HttpRequest, model_profile_id: int, version: int | None = None
+    request: HttpRequest, model_profile_id: int, version: int = DELETE_VERSION
 ) -> HttpResponse:
     services.model_profile_delete(
         model_profile_id=model_profile_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -211,7 +207,7 @@ def model_profile_delete(
 
 
 @router.get("/performance-profiles", response=list[PerformanceProfileOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def performance_profile_list(
     request: HttpRequest, accelerator_id: int | None = None, model_id: int | None = None
 ):
@@ -255,11 +251,11 @@ def performance_profile_update(
 
 @router.delete("/performance-profiles/{performance_profile_id}", response={204: None}, auth=ADMIN)
 def performance_profile_delete(
-    request: HttpRequest, performance_profile_id: int, version: int | None = None
+    request: HttpRequest, performance_profile_id: int, version: int = DELETE_VERSION
 ) -> HttpResponse:
     services.performance_profile_delete(
         performance_profile_id=performance_profile_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -269,7 +265,7 @@ def performance_profile_delete(
 
 
 @router.get("/clusters", response=list[ClusterOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def cluster_list(
     request: HttpRequest,
     name: str | None = None,
@@ -307,11 +303,11 @@ def cluster_update(request: HttpRequest, cluster_id: int, payload: ClusterPatch)
 
 @router.delete("/clusters/{cluster_id}", response={204: None}, auth=ADMIN)
 def cluster_delete(
-    request: HttpRequest, cluster_id: int, version: int | None = None
+    request: HttpRequest, cluster_id: int, version: int = DELETE_VERSION
 ) -> HttpResponse:
     services.cluster_delete(
         cluster_id=cluster_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -321,7 +317,7 @@ def cluster_delete(
 
 
 @router.get("/instances", response=list[InstanceOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def instance_list(
     request: HttpRequest,
     name: str | None = None,
@@ -356,11 +352,11 @@ def instance_update(request: HttpRequest, instance_id: int, payload: InstancePat
 
 @router.delete("/instances/{instance_id}", response={204: None}, auth=ADMIN)
 def instance_delete(
-    request: HttpRequest, instance_id: int, version: int | None = None
+    request: HttpRequest, instance_id: int, version: int = DELETE_VERSION
 ) -> HttpResponse:
     services.instance_delete(
         instance_id=instance_id,
-        version=delete_version(request, version),
+        version=version,
         actor=actor_from_request(request),
     )
     return _deleted()
@@ -368,7 +364,7 @@ def instance_delete(
 
 @router.post("/instances/{instance_id}/drain", response=InstanceOut, auth=OPERATE)
 def instance_drain(
-    request: HttpRequest, instance_id: int, version: int | None = Query(None, ge=1)
+    request: HttpRequest, instance_id: int, version: int | None = Query(None, ge=1, le=MAX_VERSION)
 ) -> Instance:
     return services.instance_drain(
         instance_id=instance_id, version=version, actor=actor_from_request(request)
@@ -377,7 +373,7 @@ def instance_drain(
 
 @router.post("/instances/{instance_id}/activate", response=InstanceOut, auth=OPERATE)
 def instance_activate(
-    request: HttpRequest, instance_id: int, version: int | None = Query(None, ge=1)
+    request: HttpRequest, instance_id: int, version: int | None = Query(None, ge=1, le=MAX_VERSION)
 ) -> Instance:
     return services.instance_activate(
         instance_id=instance_id, version=version, actor=actor_from_request(request)
@@ -388,7 +384,7 @@ def instance_activate(
 
 
 @router.get("/links", response=list[LinkOut], auth=READ)
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffsetPagination)
 def link_list(request: HttpRequest, source_id: int | None = None, target_id: int | None = None):
     return selectors.link_list(source_id=source_id, target_id=target_id)
 
@@ -416,8 +412,6 @@ def link_update(request: HttpRequest, link_id: int, payload: LinkPatch) -> Link:
 
 
 @router.delete("/links/{link_id}", response={204: None}, auth=ADMIN)
-def link_delete(request: HttpRequest, link_id: int, version: int | None = None) -> HttpResponse:
-    services.link_delete(
-        link_id=link_id, version=delete_version(request, version), actor=actor_from_request(request)
-    )
+def link_delete(request: HttpRequest, link_id: int, version: int = DELETE_VERSION) -> HttpResponse:
+    services.link_delete(link_id=link_id, version=version, actor=actor_from_request(request))
     return _deleted()

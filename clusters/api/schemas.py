@@ -6,17 +6,34 @@ fields, so a misspelt field is a 422 rather than silently ignored.
 """
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
 
 Table = list[tuple[int, float]]
+# What a request may send as a table: at least two points (interpolation needs a segment) of a
+# positive token count and a positive value. That tokens increase is checked by the model (422).
+TableIn = Annotated[
+    list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]],
+    Field(min_length=2),
+]
 Kind = Literal["prfaas", "pd"]
 Role = Literal["prefill", "decode"]
 State = Literal["active", "draining", "down"]
+
+
+# Fields that may be set to null explicitly in a PATCH; any other field may be left out, not null.
+NULLABLE_FIELDS = frozenset(
+    {"attention", "linear_state_mib", "decode_max_batch", "decode_step_seconds", "kv_budget_bytes"}
+)
+
+# A PATCH field that may be left out but not sent as null: the schema shows only its type, and
+# ``PatchIn`` refuses a null for it (422), as the schema says.
+Omitted = SkipJsonSchema[None]
 
 
 class StrictIn(Schema):
@@ -24,7 +41,14 @@ class StrictIn(Schema):
 
 
 class PatchIn(StrictIn):
-    version: int = Field(ge=1, description="the version you last read; stale -> 409")
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_only_where_meaningful(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and info.field_name not in NULLABLE_FIELDS:
+            raise ValueError("may not be null")
+        return value
+
+    version: int = Field(ge=1, le=2**31 - 1, description="the version you last read; stale -> 409")
 
 
 class VersionedOut(Schema):
@@ -40,8 +64,8 @@ class SiteIn(StrictIn):
 
 
 class SitePatch(PatchIn):
-    name: str | None = Field(None, min_length=1, max_length=100)
-    description: str | None = None
+    name: str | Omitted = Field(None, min_length=1, max_length=100)
+    description: str | Omitted = None
 
 
 class SiteOut(VersionedOut):
@@ -55,8 +79,8 @@ class AcceleratorIn(StrictIn):
 
 
 class AcceleratorPatch(PatchIn):
-    name: str | None = Field(None, min_length=1, max_length=100)
-    gpu_hour_cost: float | None = Field(None, gt=0)
+    name: str | Omitted = Field(None, min_length=1, max_length=100)
+    gpu_hour_cost: float | Omitted = Field(None, gt=0)
 
 
 class AcceleratorOut(VersionedOut):
@@ -68,15 +92,15 @@ class ModelProfileIn(StrictIn):
     name: str = Field(min_length=1, max_length=200)
     attention: dict[str, Any] | None = None
     block_tokens: int = Field(gt=0)
-    kv_cache_mib: Table
+    kv_cache_mib: TableIn
     linear_state_mib: float | None = Field(None, ge=0)
 
 
 class ModelProfilePatch(PatchIn):
-    name: str | None = Field(None, min_length=1, max_length=200)
+    name: str | Omitted = Field(None, min_length=1, max_length=200)
     attention: dict[str, Any] | None = None
-    block_tokens: int | None = Field(None, gt=0)
-    kv_cache_mib: Table | None = None
+    block_tokens: int | Omitted = Field(None, gt=0)
+    kv_cache_mib: TableIn | Omitted = None
     linear_state_mib: float | None = Field(None, ge=0)
 
 
@@ -92,16 +116,16 @@ class PerformanceProfileIn(StrictIn):
     accelerator_id: int
     model_id: int
     gpus_per_instance: int = Field(gt=0)
-    prefill_seconds: Table
+    prefill_seconds: TableIn
     decode_max_batch: int | None = Field(None, gt=0)
     decode_step_seconds: float | None = Field(None, gt=0)
 
 
 class PerformanceProfilePatch(PatchIn):
-    accelerator_id: int | None = None
-    model_id: int | None = None
-    gpus_per_instance: int | None = Field(None, gt=0)
-    prefill_seconds: Table | None = None
+    accelerator_id: int | Omitted = None
+    model_id: int | Omitted = None
+    gpus_per_instance: int | Omitted = Field(None, gt=0)
+    prefill_seconds: TableIn | Omitted = None
     decode_max_batch: int | None = Field(None, gt=0)
     decode_step_seconds: float | None = Field(None, gt=0)
 
@@ -124,11 +148,11 @@ class ClusterIn(StrictIn):
 
 
 class ClusterPatch(PatchIn):
-    name: str | None = Field(None, min_length=1, max_length=100)
-    kind: Kind | None = None
-    site_id: int | None = None
-    accelerator_id: int | None = None
-    model_id: int | None = None
+    name: str | Omitted = Field(None, min_length=1, max_length=100)
+    kind: Kind | Omitted = None
+    site_id: int | Omitted = None
+    accelerator_id: int | Omitted = None
+    model_id: int | Omitted = None
 
 
 class ClusterOut(VersionedOut):
@@ -164,12 +188,12 @@ class InstanceIn(StrictIn):
 
 
 class InstancePatch(PatchIn):
-    cluster_id: int | None = None
-    name: str | None = Field(None, min_length=1, max_length=150)
-    role: Role | None = None
-    state: State | None = None
-    endpoint: str | None = Field(None, max_length=500)
-    labels: dict[str, str] | None = None
+    cluster_id: int | Omitted = None
+    name: str | Omitted = Field(None, min_length=1, max_length=150)
+    role: Role | Omitted = None
+    state: State | Omitted = None
+    endpoint: str | Omitted = Field(None, max_length=500)
+    labels: dict[str, str] | Omitted = None
 
 
 class InstanceOut(VersionedOut):
@@ -195,10 +219,10 @@ class LinkIn(StrictIn):
 
 
 class LinkPatch(PatchIn):
-    source_id: int | None = None
-    target_id: int | None = None
-    gbps: float | None = Field(None, ge=0)
-    rtt_ms: float | None = Field(None, ge=0)
+    source_id: int | Omitted = None
+    target_id: int | Omitted = None
+    gbps: float | Omitted = Field(None, ge=0)
+    rtt_ms: float | Omitted = Field(None, ge=0)
     kv_budget_bytes: int | None = Field(None, gt=0)
 
 
@@ -218,12 +242,6 @@ class LinkOut(VersionedOut):
     @staticmethod
     def resolve_target(obj: Any) -> str:
         return str(obj.target.name)
-
-
-# Fields that may be set to null explicitly in a PATCH; for all others null means "not sent".
-NULLABLE_FIELDS = frozenset(
-    {"attention", "linear_state_mib", "decode_max_batch", "decode_step_seconds", "kv_budget_bytes"}
-)
 
 
 TABLE_FIELDS = frozenset({"kv_cache_mib", "prefill_seconds"})

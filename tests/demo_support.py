@@ -5,14 +5,7 @@ against real services, so that a demo never touches the suite's test database.""
 from __future__ import annotations
 
 import os
-import socket
 from urllib.parse import urlsplit, urlunsplit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _database_url(url: str, suffix: str) -> str:

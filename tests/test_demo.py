@@ -25,7 +25,8 @@ import psutil
 import pytest
 from django.conf import settings
 
-from tests.demo_support import free_port, services_env
+from tests.demo_support import services_env
+from tests.support.servers import free_port
 
 ROOT = Path(settings.BASE_DIR)
 pytestmark = pytest.mark.timeout(240)

@@ -21,18 +21,14 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from tests.support.servers import free_port
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SCREENSHOTS = Path(settings.BASE_DIR) / "docs" / "screenshots"
 PASSWORD = "correct horse battery"
 
 pytestmark = pytest.mark.browser
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout_s: float = 15.0) -> None:
@@ -52,7 +48,7 @@ def live_url(django_db_setup: Any, django_db_blocker: Any) -> Iterator[str]:
 
     from controlplane.asgi import application
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
             application, host="127.0.0.1", port=port, log_level="warning", lifespan="off"

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +38,7 @@ from tests.factories import (
     UserFactory,
     api_token,
 )
+from tests.support.servers import free_port, redis_server_start, redis_server_stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
 
@@ -237,47 +236,13 @@ async def test_a_lost_last_frame_is_noticed_by_the_heartbeat() -> None:
     await comm.disconnect()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _redis_server_start(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            if client.ping():
-                return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"redis-server on port {port} did not start")
-
-
 @pytest.fixture
 def own_redis(tmp_path: Path, settings: Any) -> Iterator[Callable[[], None]]:
     """A private redis-server (never the shared one) and a way to restart it, empty."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server not installed")
-    port = _free_port()
-    procs = [_redis_server_start(port, tmp_path)]
+    port = free_port()
+    procs = [redis_server_start(port, tmp_path)]
     url = f"redis://127.0.0.1:{port}/0"
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = {
@@ -287,13 +252,11 @@ def own_redis(tmp_path: Path, settings: Any) -> Iterator[Callable[[], None]]:
     def restart() -> None:
         procs[-1].terminate()
         procs[-1].wait(timeout=10)
-        procs.append(_redis_server_start(port, tmp_path))
+        procs.append(redis_server_start(port, tmp_path))
 
     yield restart
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=10)
+        redis_server_stop(proc)
 
 
 async def test_the_socket_keeps_streaming_after_redis_restarts(

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,6 +61,7 @@ from tests.factories import (
     PrfaasClusterFactory,
     api_token,
 )
+from tests.support.servers import control_plane_serve
 
 TOKEN = "router-test-token"
 PD = "pd-h20"
@@ -414,12 +413,6 @@ def test_bad_client_settings_are_refused(kwargs: dict[str, Any], message: str) -
 # --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_fleet() -> tuple[str, str]:
     """pd-e (H20: 2 prefill, 2 decode) <- 100 Gbps <- prfaas-e (H200: 2 prefill), a policy
     with t = 19,400, and (router secret, agent secret)."""
@@ -453,49 +446,8 @@ def real_app(
     from django.db import connection
 
     router_secret, agent_secret = _real_fleet()
-    port = _free_port()
-    db = connection.settings_dict
-    env = {
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "PATH": "/usr/bin:/bin",
-        "LOG_LEVEL": "WARNING",
-    }
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [
-            str(root / ".venv/bin/uvicorn"),
-            "controlplane.asgi:application",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--log-level",
-            "warning",
-        ],
-        cwd=root,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail(
-                f"uvicorn did not start: {proc.stderr.read().decode() if proc.stderr else ''}"
-            )
+    with control_plane_serve(connection.settings_dict, settings.REDIS_URL) as (base, proc):
         yield base, router_secret, agent_secret, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=20)
 
 
 def test_with_the_real_control_plane_stopped_mid_run_decisions_continue_locally(

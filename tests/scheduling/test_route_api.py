@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -41,6 +39,12 @@ from tests.factories import (
     PrfaasClusterFactory,
     api_token,
     bearer,
+)
+from tests.support.servers import (
+    control_plane_serve,
+    free_port,
+    redis_server_start,
+    redis_server_stop,
 )
 
 BLOCK = 512
@@ -464,12 +468,6 @@ async def test_wrong_scope_gets_403_with_the_shape(client: AsyncClient, fleet: F
 # --- link budget under concurrency --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def uvicorn_two_workers(
     transactional_db: None, clean_state: None, settings: Any
@@ -478,49 +476,9 @@ def uvicorn_two_workers(
     from django.db import connection
 
     fleet = _fleet(budget_bytes=6 * 2**30)
-    port = _free_port()
-    db = connection.settings_dict
-    env = {
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "PATH": "/usr/bin:/bin",
-        "LOG_LEVEL": "WARNING",
-    }
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [
-            str(root / ".venv/bin/uvicorn"),
-            "controlplane.asgi:application",
-            "--workers",
-            "2",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--log-level",
-            "warning",
-        ],
-        cwd=root,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            pytest.fail(f"uvicorn did not start: {err}")
+    served = control_plane_serve(connection.settings_dict, settings.REDIS_URL, workers=2)
+    with served as (base, _):
         yield base, fleet
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def test_concurrent_long_requests_never_reserve_more_than_the_budget(
@@ -583,40 +541,16 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A private redis-server (never the shared one) that the test may stop and start."""
-    port = _free_port()
+    port = free_port()
     handle: dict[str, Any] = {"port": port, "proc": None}
 
     def start() -> None:
-        handle["proc"] = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        pytest.fail("private redis-server did not start")
+        handle["proc"] = redis_server_start(port, tmp_path)
 
     def stop() -> None:
         proc = handle["proc"]
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
+            redis_server_stop(proc)
             handle["proc"] = None
 
     handle["start"], handle["stop"] = start, stop

@@ -1,5 +1,5 @@
 """A plan the rebalancer really proposed (case-study fleet, drifted traffic, one tick), for
-the plan pages' tests and the browser tests."""
+the plan pages' tests, the drain-and-route test and the browser tests."""
 
 from __future__ import annotations
 

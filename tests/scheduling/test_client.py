@@ -25,7 +25,6 @@ import httpx
 import pytest
 import redis
 
-from clusters.models import InstanceRole
 from controlplane.audit import CLI_ACTOR
 from scheduling.client import (
     RouterApiError,
@@ -52,15 +51,9 @@ from scheduling.router import (
     route_decide,
 )
 from tests.factories import (
-    AcceleratorFactory,
-    ClusterFactory,
-    InstanceFactory,
-    LinkFactory,
-    ModelProfileFactory,
-    PerformanceProfileFactory,
-    PrfaasClusterFactory,
     api_token,
 )
+from tests.support.fleets import pd_prfaas_fleet
 from tests.support.servers import control_plane_serve
 
 TOKEN = "router-test-token"
@@ -416,24 +409,9 @@ def test_bad_client_settings_are_refused(kwargs: dict[str, Any], message: str) -
 def _real_fleet() -> tuple[str, str]:
     """pd-e (H20: 2 prefill, 2 decode) <- 100 Gbps <- prfaas-e (H200: 2 prefill), a policy
     with t = 19,400, and (router secret, agent secret)."""
-    model = ModelProfileFactory(block_tokens=512)
-    h20 = AcceleratorFactory(name="H20")
-    h200 = AcceleratorFactory(name="H200")
-    PerformanceProfileFactory(
-        accelerator=h20,
-        model=model,
-        prefill_seconds=[[1024, 0.6], [32768, 5.0], [131072, 22.5]],
+    pd_prfaas_fleet(
+        "pd-e", "prfaas-e", h20_prefill_seconds=[[1024, 0.6], [32768, 5.0], [131072, 22.5]]
     )
-    PerformanceProfileFactory(
-        accelerator=h200, model=model, decode_max_batch=None, decode_step_seconds=None
-    )
-    pd = ClusterFactory(name="pd-e", accelerator=h20, model=model)
-    pf = PrfaasClusterFactory(name="prfaas-e", accelerator=h200, model=model)
-    for i in range(2):
-        InstanceFactory(cluster=pd, name=f"pd-e-p{i}", role=InstanceRole.PREFILL)
-        InstanceFactory(cluster=pd, name=f"pd-e-d{i}", role=InstanceRole.DECODE)
-        InstanceFactory(cluster=pf, name=f"prfaas-e-p{i}", role=InstanceRole.PREFILL)
-    LinkFactory(source=pf, target=pd, gbps=100.0, rtt_ms=10.0)
     policy_create(actor=CLI_ACTOR, thresholds={"pd-e": T})
     return api_token("router")[1], api_token("agent")[1]
 

@@ -22,7 +22,7 @@ import redis
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from clusters.models import Instance, InstanceRole, InstanceState
+from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
 from controlplane.audit import CLI_ACTOR
 from controlplane.auth import token_cache_clear
@@ -30,16 +30,10 @@ from scheduling import decisions
 from scheduling.policies import policy_create
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, snapshot_reset
 from tests.factories import (
-    AcceleratorFactory,
-    ClusterFactory,
-    InstanceFactory,
-    LinkFactory,
-    ModelProfileFactory,
-    PerformanceProfileFactory,
-    PrfaasClusterFactory,
     api_token,
     bearer,
 )
+from tests.support.fleets import BLOCK_TOKENS, LINK_GBPS, pd_prfaas_fleet
 from tests.support.servers import (
     control_plane_serve,
     free_port,
@@ -47,8 +41,7 @@ from tests.support.servers import (
     redis_server_stop,
 )
 
-BLOCK = 512
-LINK_GBPS = 100.0
+BLOCK = BLOCK_TOKENS
 _seq = itertools.count()
 
 
@@ -63,24 +56,12 @@ class Fleet:
 
 
 def _fleet(budget_bytes: int) -> Fleet:
-    model = ModelProfileFactory(block_tokens=BLOCK)
-    h20 = AcceleratorFactory(name="H20")
-    h200 = AcceleratorFactory(name="H200")
-    PerformanceProfileFactory(
-        accelerator=h20,
-        model=model,
-        prefill_seconds=[[1024, 0.9], [8192, 2.4], [32768, 7.5], [131072, 36.0]],
+    pd_prfaas_fleet(
+        "pd-a",
+        "prfaas-x",
+        h20_prefill_seconds=[[1024, 0.9], [8192, 2.4], [32768, 7.5], [131072, 36.0]],
+        kv_budget_bytes=budget_bytes,
     )
-    PerformanceProfileFactory(
-        accelerator=h200, model=model, decode_max_batch=None, decode_step_seconds=None
-    )
-    pd = ClusterFactory(name="pd-a", accelerator=h20, model=model)
-    pf = PrfaasClusterFactory(name="prfaas-x", accelerator=h200, model=model)
-    for i in range(2):
-        InstanceFactory(cluster=pd, name=f"pd-a-p{i}", role=InstanceRole.PREFILL)
-        InstanceFactory(cluster=pd, name=f"pd-a-d{i}", role=InstanceRole.DECODE)
-        InstanceFactory(cluster=pf, name=f"prfaas-x-p{i}", role=InstanceRole.PREFILL)
-    LinkFactory(source=pf, target=pd, gbps=LINK_GBPS, rtt_ms=10.0, kv_budget_bytes=budget_bytes)
     return Fleet(
         router=bearer(api_token("router")[1]),
         agent=bearer(api_token("agent")[1]),

@@ -13,6 +13,9 @@ In one run it:
    output length) against both, single requests at a fixed concurrency, then batches;
 5. prints decisions/s and p50/p99 per HTTP call for each, and app/bare ratios.
 
+The load comes from a few processes of raw keep-alive HTTP/1.1 connections (pre-built
+request bytes), not from an HTTP client library, so the bare endpoint measures the servers.
+
 Loopback only, bounded by ``--requests``/``--batches``. It measures; it never gates.
 Targets (issue 4): single >= 1,000 decisions/s with p99 <= 25 ms; batch >= 10,000 decisions/s.
 
@@ -89,7 +92,10 @@ async def bare_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [(b"content-type", b"application/json")],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": payload})
@@ -147,6 +153,13 @@ def load_trace(limit: int) -> list[dict[str, Any]]:
 
 
 # --- load --------------------------------------------------------------------------------------------
+#
+# The load generator must not be the bottleneck: an httpx client in one process tops out at a
+# few hundred calls/s, below what a bare uvicorn endpoint serves. So several processes, each
+# with raw keep-alive HTTP/1.1 connections on asyncio streams (pre-built request bytes, only
+# the status line and Content-Length / chunked framing parsed), drive the servers.
+
+LOAD_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -156,7 +169,70 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def drive(
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    length = -1
+    chunked = False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if not chunked:
+        return status, await reader.readexactly(max(length, 0))
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            return status, b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+async def _drive_slice(
+    port: int, requests: list[bytes], connections: int, keep: int
+) -> tuple[list[float], dict[int, int], list[bytes], float, float]:
+    latencies: list[float] = []
+    errors: Counter[int] = Counter()
+    answers: list[bytes] = []
+    queue = list(reversed(requests))
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while queue:
+                raw = queue.pop()
+                started = time.perf_counter()
+                writer.write(raw)
+                status, body = await _read_response(reader)
+                latencies.append(time.perf_counter() - started)
+                if status != 200:
+                    errors[status] += 1
+                elif len(answers) < keep:
+                    answers.append(body)
+        finally:
+            writer.close()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(connection() for _ in range(connections)))
+    return latencies, dict(errors), answers, began, time.perf_counter()
+
+
+def _drive_process(
+    args: tuple[int, list[bytes], int, int, float],
+) -> tuple[list[float], dict[int, int], list[bytes], float, float]:
+    port, requests, connections, keep, start_at = args
+    # All processes start together so that the wall time covers one shared burst.
+    time.sleep(max(0.0, start_at - time.time()))
+    return asyncio.run(_drive_slice(port, requests, connections, keep))
+
+
+def drive(
     base: str,
     path: str,
     bodies: list[bytes],
@@ -165,32 +241,32 @@ async def drive(
     per_call: int,
 ) -> dict[str, Any]:
     """POST every body with ``concurrency`` in flight; latency per call, decisions per second."""
-    import httpx
+    from concurrent.futures import ProcessPoolExecutor
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    latencies: list[float] = []
-    answers: list[bytes] = []
-    errors = Counter[int]()
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-    for b in bodies:
-        queue.put_nowait(b)
-    headers = {**headers, "content-type": "application/json"}
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            body = queue.get_nowait()
-            started = time.perf_counter()
-            r = await client.post(path, content=body, headers=headers)
-            latencies.append(time.perf_counter() - started)
-            if r.status_code != 200:
-                errors[r.status_code] += 1
-            elif len(answers) < 2000:
-                answers.append(r.content)
-
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - started
+    port = int(base.rsplit(":", 1)[1])
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    requests = [
+        (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{head}"
+            f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n"
+        ).encode()
+        + b
+        for b in bodies
+    ]
+    procs = max(1, min(LOAD_PROCESSES, concurrency, len(requests)))
+    slices = [requests[k::procs] for k in range(procs)]
+    conns = [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
+    start_at = time.time() + 0.3
+    jobs = [
+        (port, s, max(1, c), 2000 // procs, start_at) for s, c in zip(slices, conns, strict=True)
+    ]
+    with ProcessPoolExecutor(procs) as pool:
+        results = list(pool.map(_drive_process, jobs))
+    latencies = [x for r in results for x in r[0]]
+    errors: Counter[int] = Counter()
+    for r in results:
+        errors.update(r[1])
+    wall = max(r[4] for r in results) - min(r[3] for r in results)
     return {
         "calls": len(bodies),
         "decisions_per_s": len(bodies) * per_call / wall,
@@ -198,7 +274,7 @@ async def drive(
         "p99_ms": percentile(latencies, 0.99) * 1e3,
         "mean_ms": statistics.fmean(latencies) * 1e3 if latencies else float("nan"),
         "errors": dict(errors),
-        "answers": answers,
+        "answers": [a for r in results for a in r[2]],
     }
 
 
@@ -288,10 +364,18 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
 
         singles = [json.dumps(r).encode() for r in requests[: args.requests]]
         warm = singles[: min(400, len(singles))]
-        await drive(app_base, "/api/v1/route", warm, headers, args.concurrency, 1)
-        await drive(bare_base, "/api/v1/route", warm, headers, args.concurrency, 1)
-        app = await drive(app_base, "/api/v1/route", singles, headers, args.concurrency, 1)
-        bare = await drive(bare_base, "/api/v1/route", singles, headers, args.concurrency, 1)
+        await asyncio.to_thread(
+            drive, app_base, "/api/v1/route", warm, headers, args.concurrency, 1
+        )
+        await asyncio.to_thread(
+            drive, bare_base, "/api/v1/route", warm, headers, args.concurrency, 1
+        )
+        app = await asyncio.to_thread(
+            drive, app_base, "/api/v1/route", singles, headers, args.concurrency, 1
+        )
+        bare = await asyncio.to_thread(
+            drive, bare_base, "/api/v1/route", singles, headers, args.concurrency, 1
+        )
         report(f"single requests, concurrency {args.concurrency}", app, bare)
         reasons = Counter(json.loads(a)["reason"] for a in app["answers"])
         print(f"  app decisions by reason (first {sum(reasons.values())}): {dict(reasons)}")
@@ -302,9 +386,15 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
             for i in range(args.batches)
         ]
         bconc = args.batch_concurrency
-        await drive(app_base, "/api/v1/route/batch", batches[:2], headers, bconc, size)
-        app_b = await drive(app_base, "/api/v1/route/batch", batches, headers, bconc, size)
-        bare_b = await drive(bare_base, "/api/v1/route/batch", batches, headers, bconc, size)
+        await asyncio.to_thread(
+            drive, app_base, "/api/v1/route/batch", batches[:2], headers, bconc, size
+        )
+        app_b = await asyncio.to_thread(
+            drive, app_base, "/api/v1/route/batch", batches, headers, bconc, size
+        )
+        bare_b = await asyncio.to_thread(
+            drive, bare_base, "/api/v1/route/batch", batches, headers, bconc, size
+        )
         report(f"batches of {size}, concurrency {bconc}", app_b, bare_b)
 
         stop.set()

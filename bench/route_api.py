@@ -184,7 +184,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
             chunked = True
     if not chunked:
         return status, await reader.readexactly(max(length, 0))
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
         if size == 0:

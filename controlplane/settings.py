@@ -151,6 +151,8 @@ STATIC_URL = "/static/"
 # Pages work without `collectstatic` (demo, tests): WhiteNoise also serves from the finders.
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT = VAR_DIR / "staticfiles"
+# WhiteNoise warns on every request while collectstatic has not run; the folder may be empty.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Only the dist files the pages use are served from node_modules (installed by `make setup`).
 _VENDOR_DIRS = {"vendor/htmx": "htmx.org/dist", "vendor/uplot": "uplot/dist"}
 STATICFILES_DIRS: list[Path | tuple[str, Path]] = [

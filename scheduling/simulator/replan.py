@@ -3,82 +3,24 @@
 :class:`PlannerReplanner` is the default :class:`~scheduling.simulator.routing.Replanner`: at
 every tick it hands the rebalancer's pure decision (:func:`scheduling.rebalancer.rebalance_decide`,
 with its guards: dead band, bounded steps, persistence, cool-down, reversal limit) the traffic
-window the simulated route path observed, and a planner port that evaluates settings with the
-project's planner (:func:`scheduling.planner.evaluate` / :func:`scheduling.planner.plan_fleet`)
-on the window's empirical incremental-length distribution. Its answer (new threshold, roles to
-flip) is applied through drain-then-flip by the engine.
+window the simulated route path observed, and the rebalancer's own planner port
+(:class:`scheduling.rebalancer.FleetPlanner`, the one the Celery tick uses), which evaluates
+settings with the project's planner on the window's empirical incremental-length distribution.
+Its answer (new threshold, roles to flip) is applied through drain-then-flip by the engine.
 
-With several PD clusters each is planned on its own (the PrfaaS pools in full), a
-simplification of the joint plan that the per-request controller corrects at run time.
+With several PD clusters each is planned on its own (with the PrfaaS pools linked to it, in
+full), a simplification of the joint plan that the per-request controller corrects at run time.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from scheduling import rebalancer
-from scheduling.performance import DiscreteLengths
-from scheduling.planner import Evaluation, FleetSpec, evaluate, fleet_from_scenario, plan_fleet
+from scheduling.planner import fleet_from_scenario
 from scheduling.scenario import Scenario, empirical_from_lengths
 from scheduling.simulator.routing import Replan, ReplanInput
-
-
-@dataclass(frozen=True)
-class _WindowPlanner:
-    """The rebalancer's PlannerPort over one PD cluster of the simulated fleet."""
-
-    fleet: FleetSpec
-    cluster: str
-
-    def _fleet(self, n_total: int) -> FleetSpec:
-        pool = replace(self.fleet.pd_pool(self.cluster), instances=n_total, share=1.0)
-        links = tuple(link for link in self.fleet.links if link.target == self.cluster)
-        return FleetSpec(self.fleet.kv_mib, self.fleet.prfaas, (pool,), links)
-
-    def _prediction(
-        self, window: rebalancer.TrafficWindow, ev: Evaluation
-    ) -> rebalancer.Prediction:
-        c = ev.cluster(self.cluster)
-        setting = rebalancer.Setting(threshold=c.threshold_tokens, n_p=c.n_p, n_d=c.n_d)
-        return rebalancer.Prediction(
-            setting=setting,
-            capacity_rps=ev.throughput_rps,
-            throughput_rps=min(ev.throughput_rps, window.arrival_rate),
-            offload_fraction=c.offload_fraction,
-            ttft_mean_s=c.ttft_mean_s,
-            ttft_p90_s=c.ttft_p90_s,
-            egress_gbps=c.egress_gbps,
-            bottleneck=ev.bottleneck,
-        )
-
-    @staticmethod
-    def _lengths(window: rebalancer.TrafficWindow) -> DiscreteLengths:
-        return DiscreteLengths.from_points(window.incremental_tokens)
-
-    def evaluate(
-        self, window: rebalancer.TrafficWindow, setting: rebalancer.Setting
-    ) -> rebalancer.Prediction:
-        fleet = self._fleet(setting.n_p + setting.n_d)
-        ev = evaluate(
-            fleet,
-            self._lengths(window),
-            window.output_tokens_mean or 1.0,
-            {self.cluster: setting.threshold},
-            {self.cluster: setting.n_p},
-        )
-        return self._prediction(window, ev)
-
-    def best(
-        self, window: rebalancer.TrafficWindow, n_total: int, n_p_range: tuple[int, int]
-    ) -> rebalancer.Prediction:
-        ev = plan_fleet(
-            self._fleet(n_total),
-            self._lengths(window),
-            window.output_tokens_mean or 1.0,
-            split_bounds={self.cluster: n_p_range},
-        )
-        return self._prediction(window, ev)
 
 
 @dataclass(eq=False)
@@ -142,7 +84,7 @@ class PlannerReplanner:
                 guards=self.guards,
                 history=history,
             ),
-            _WindowPlanner(self._fleet, inp.cluster),
+            rebalancer.FleetPlanner(self._fleet, inp.cluster),
         )
         applied = decision.action == "propose"
         self.history[inp.cluster] = rebalancer.history_after(history, decision, inp.now, applied)

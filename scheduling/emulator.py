@@ -776,9 +776,7 @@ class FleetEmulator:
         transfer_bytes = 0.0
         moved = decision.cache_transfer
         if moved is not None and moved.bytes > 0:
-            transfer_link = sim.link_between.get(
-                (moved.source_cluster, moved.target_cluster)
-            ) or sim.link_between.get((moved.target_cluster, moved.source_cluster))
+            transfer_link = sim.link_joining(moved.source_cluster, moved.target_cluster)
             if transfer_link is not None:
                 transfer_bytes = float(moved.bytes)
                 cached = max(cached, moved.tokens)

@@ -128,6 +128,11 @@ class Simulation:
         for link in self.links.values():
             self.link_between[(link.source, link.target)] = link
 
+    def link_joining(self, a: str, b: str) -> FluidLink | None:
+        """The link from cluster ``a`` to ``b``, else the one from ``b`` to ``a``: a cache
+        transfer between two clusters rides whichever link joins them."""
+        return self.link_between.get((a, b)) or self.link_between.get((b, a))
+
     # -- events -------------------------------------------------------------------------------
 
     def _push(self, at: float, kind: int, a: object = None, b: object = None) -> None:

@@ -273,9 +273,7 @@ class RouterDispatcher:
         transfer_bytes = 0.0
         moved = decision.cache_transfer
         if moved is not None and moved.bytes > 0:
-            transfer_link = sim.link_between.get(
-                (moved.source_cluster, moved.target_cluster)
-            ) or sim.link_between.get((moved.target_cluster, moved.source_cluster))
+            transfer_link = sim.link_joining(moved.source_cluster, moved.target_cluster)
             transfer_bytes = float(moved.bytes)
         return Assignment(
             route=route,

@@ -1443,6 +1443,19 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
     # Offload only when no cluster's rule keeps it local: a prefix that one PrfaaS cluster
     # could move to the origin wins over offloading to another.
     wanting = options if min(o.decision_tokens for o in options) > t_eff else []
+    # A PrfaaS backlog raises t to shed queue, not to make requests slower: a request that
+    # the policy's own t would offload still goes to PrfaaS when it would start prefilling
+    # there sooner than locally, backlog included (shortest expected delay). Link congestion
+    # is different: there the budget, not the wait, is the limit.
+    if (
+        not wanting
+        and not stale
+        and control is not None
+        and control.cause == "backlog"
+        and min(o.decision_tokens for o in options) > t0
+    ):
+        sooner = local_ttft()
+        wanting = [o for o in options if o.ttft < sooner]
     if stale:
         if wanting:
             best = min(wanting, key=lambda o: (o.ttft, o.cluster))

@@ -205,6 +205,19 @@ def test_a_threshold_raised_by_prfaas_backlog_keeps_the_request_local_as_prfaas_
     assert (d.route, d.reason) == ("local", Reason.PRFAAS_BACKLOG)
 
 
+def test_a_backlog_raised_threshold_still_offloads_what_would_start_sooner_on_prfaas() -> None:
+    control = ControlState(
+        threshold_factor=1.5, congested_since=990.0, scarce=True, cause="backlog"
+    )
+    busy = {f"{PF}-p{i}": InstanceLoad(queued_prefill_s=6.0) for i in range(4)}
+    # The local prefill queue is longer still: waiting behind PrfaaS's backlog is faster.
+    local_busy = {f"pd-p{i}": InstanceLoad(queued_prefill_s=30.0) for i in range(3)}
+    live = fresh(instances={**busy, **local_busy}, control={PD: control})
+    d = route_decide(req(25000), make_policy(), make_topology(), live)
+    assert (d.route, d.reason) == ("prfaas", Reason.ABOVE_THRESHOLD)
+    assert d.ttft_estimate_s.prfaas < d.ttft_estimate_s.local
+
+
 def test_a_backlog_above_the_hard_limit_keeps_even_very_long_prompts_local() -> None:
     busy = {f"{PF}-p{i}": InstanceLoad(queued_prefill_s=60.0) for i in range(4)}
     d = route_decide(req(120000), make_policy(), make_topology(), fresh(instances=busy))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -32,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
@@ -237,8 +237,19 @@ def _record(item: RouteInput, d: router.Decision, now: float) -> traffic.Traffic
     )
 
 
-def _recent_entry(item: RouteInput, d: router.Decision, now: float) -> str:
-    return json.dumps(
+def _decision_dict(d: router.Decision, memo: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``decision_to_dict`` once per decision of a call: the recent-decisions entry and the
+    response share it (``memo`` keeps the decisions themselves alive for the call)."""
+    got = memo.get(id(d))
+    if got is None:
+        got = memo[id(d)] = router.decision_to_dict(d)
+    return got
+
+
+def _recent_entry(
+    item: RouteInput, d: router.Decision, now: float, memo: dict[int, dict[str, Any]]
+) -> str:
+    return orjson.dumps(
         {
             "ts": now,
             "inputs": {
@@ -248,10 +259,9 @@ def _recent_entry(item: RouteInput, d: router.Decision, now: float) -> str:
                 "cached_tokens": dict(item.cached_tokens),
                 "request_id": item.request_id,
             },
-            "decision": router.decision_to_dict(d),
-        },
-        separators=(",", ":"),
-    )
+            "decision": _decision_dict(d, memo),
+        }
+    ).decode()
 
 
 def _transfer_end(snap: Snapshot, d: router.Decision, now: float) -> float:
@@ -283,13 +293,16 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     read: _Read | None = None
     if _redis_available():
         try:
-            read = await asyncio.wait_for(_read(snap, chains, now), REDIS_DEADLINE_S)
+            # asyncio.timeout, not wait_for: no extra task per call on the hot path.
+            async with asyncio.timeout(REDIS_DEADLINE_S):
+                read = await _read(snap, chains, now)
             if snapshot_needs_refresh(snap, read.version):
                 fresh = await snapshot_refresh_async(read.version)
                 if fresh is not snap:
                     snap = fresh
                     # Rare (inventory or policy changed): read again against the new fleet.
-                    read = await asyncio.wait_for(_read(snap, chains, now), REDIS_DEADLINE_S)
+                    async with asyncio.timeout(REDIS_DEADLINE_S):
+                        read = await _read(snap, chains, now)
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041 - both on 3.11
             if isinstance(exc, ApiError):
                 raise
@@ -327,12 +340,14 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
                 )
             fallbacks[i] = fb
     elapsed = time.perf_counter() - started
+    memo: dict[int, dict[str, Any]] = {}
 
     if read is not None:
         try:
-            admitted = await asyncio.wait_for(
-                _write(snap, inputs, decisions, fallbacks, now, elapsed, batch), REDIS_DEADLINE_S
-            )
+            async with asyncio.timeout(REDIS_DEADLINE_S):
+                admitted = await _write(
+                    snap, inputs, decisions, fallbacks, now, elapsed, batch, memo
+                )
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
             _redis_failed(exc)
             # Reservations unknown: keep the budget safe, send every offload local.
@@ -345,7 +360,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         # what the static rule would offload stays local, still saying telemetry_stale.
         for i, fb in fallbacks.items():
             decisions[i] = fb
-    return [router.decision_to_dict(d) for d in decisions]
+    return [_decision_dict(d, memo) for d in decisions]
 
 
 async def _write(
@@ -356,6 +371,7 @@ async def _write(
     now: float,
     elapsed: float,
     batch: bool,
+    memo: dict[int, dict[str, Any]],
 ) -> dict[int, bool]:
     r = redis_async()
     await scripts_ensure_async(r)
@@ -374,15 +390,15 @@ async def _write(
             plain.add(_record(item, d, now))
             counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
             if keep_recent:
-                traffic.recent_queue(pipe, _recent_entry(item, d, now))
+                traffic.recent_queue(pipe, _recent_entry(item, d, now, memo))
             continue
         rv = d.reservation
         assert rv is not None
         outcome = traffic.reservation_outcome(
             _record(item, d, now),
             _record(item, fb, now),
-            _recent_entry(item, d, now) if keep_recent else "",
-            _recent_entry(item, fb, now) if keep_recent else "",
+            _recent_entry(item, d, now, memo) if keep_recent else "",
+            _recent_entry(item, fb, now, memo) if keep_recent else "",
             extra_admitted=[metrics.decision_increment(d.route, d.reason)],
             extra_refused=[metrics.decision_increment(fb.route, fb.reason)],
         )

@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from tests.support.servers import free_port
+from tests.support.servers import celery_worker_start, celery_worker_stop, free_port
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -69,40 +68,10 @@ def celery_worker_process(django_db_setup: Any) -> Iterator[subprocess.Popen[byt
 
     Module-scoped: it consumes the default queue, so it must be gone before other modules'
     tests enqueue tasks they expect no worker (or their own) to run."""
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-    }
-    log = open(Path(settings.VAR_DIR) / "browser-test-worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool",
-            "solo",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "WARNING",
-        ],
-        cwd=settings.BASE_DIR,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with open(Path(settings.VAR_DIR) / "browser-test-worker.log", "wb") as log:
+        proc = celery_worker_start(log)
+        yield proc
+        celery_worker_stop(proc)
 
 
 @pytest.fixture(scope="module")

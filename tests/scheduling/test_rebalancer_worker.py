@@ -3,10 +3,8 @@ Redis): auto-applied ticks, exactly one plan per period, and a worker killed mid
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -39,49 +36,9 @@ from tests.scheduling.rebalance_support import (
     telemetry_fresh,
     traffic_record,
 )
+from tests.support.servers import celery_worker_start, celery_worker_stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def worker_start() -> subprocess.Popen[bytes]:
-    """``celery -A controlplane worker`` on the test database (the one this test writes)."""
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env["DATABASE_URL"] = (
-        f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    )
-    env["REDIS_URL"] = settings.REDIS_URL
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool=solo",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "WARNING",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def worker_stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture
@@ -89,13 +46,13 @@ def worker(redis_client) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        proc = worker_start()
+        proc = celery_worker_start()
         started.append(proc)
         return proc
 
     yield start
     for proc in started:
-        worker_stop(proc)
+        celery_worker_stop(proc)
     connection.close()
 
 
@@ -261,7 +218,7 @@ def test_a_worker_killed_during_apply_leaves_a_plan_a_retry_completes_once(fleet
         first = worker()
         rebalance_tick_task.delay(fleet.pk, period.isoformat())
         assert automation.flip_seen.wait(90), "the worker never reached a flip"
-        worker_stop(first, signal.SIGKILL)  # dies mid-step, holding an unfinished flip
+        celery_worker_stop(first, signal.SIGKILL)  # dies mid-step, holding an unfinished flip
         plan = Plan.objects.get()
         assert plan.status == PlanStatus.APPLYING
         automation.release.set()

@@ -1,18 +1,24 @@
-"""Real servers that tests start on a free local port: the control plane under uvicorn and a
-private redis-server, each stopped when the test is done with it."""
+"""Real servers that tests start: the control plane under uvicorn and a private redis-server,
+each on a free local port, and a Celery worker on the test database; each stopped when the
+test is done with it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
 import redis
+from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,3 +110,49 @@ def redis_server_stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def celery_worker_start(log: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """``celery -A controlplane worker`` (solo pool) on the test database and the app's Redis,
+    in its own session so that :func:`celery_worker_stop` can signal it whole.
+
+    ``log``: where its output goes (the test's own output when None).
+    """
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    )
+    env["REDIS_URL"] = settings.REDIS_URL
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "--pool=solo",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        start_new_session=True,
+    )
+
+
+def celery_worker_stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the worker's session (SIGKILL to crash it); SIGKILL after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

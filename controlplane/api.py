@@ -9,6 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
 from controlplane.errors import ApiError, location_path
 
 api = NinjaAPI(

@@ -889,6 +889,9 @@ def _caches(value: Any, clusters: Mapping[str, ClusterSpec]) -> dict[str, CacheS
 
 _TOP_REQUIRED = ("version", "name", "model", "accelerators", "profiles", "clusters")
 _TOP_OPTIONAL = ("description", "links", "workload", "events", "caches", "slo", "expected")
+# The top level of a scenario, for those describing it elsewhere (the topology API's schema).
+SCENARIO_REQUIRED_KEYS = _TOP_REQUIRED
+SCENARIO_OPTIONAL_KEYS = (*_TOP_OPTIONAL, "extends")
 
 
 def _build(data: Mapping[str, Any], *, source: Path | None) -> Scenario:

@@ -6,7 +6,7 @@ fields, so a misspelt field is a 422 rather than silently ignored.
 """
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from ninja import Schema
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
@@ -14,13 +14,25 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
 
-Table = list[tuple[int, float]]
+# A table as read back: [[tokens, value], ...]. Pairs are fixed-length arrays rather than tuples
+# because some OpenAPI tools (schemathesis among them) mis-read ``prefixItems`` in responses.
+Table = list[Annotated[list[int | float], Field(min_length=2, max_length=2)]]
+
+
 # What a request may send as a table: at least two points (interpolation needs a segment) of a
-# positive token count and a positive value. That tokens increase is checked by the model (422).
+# positive token count and a positive value, no point twice. That tokens increase, which JSON
+# Schema cannot say, is checked by the model (422).
 TableIn = Annotated[
     list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]],
-    Field(min_length=2),
+    Field(
+        min_length=2,
+        description="[[tokens, value], ...] with tokens strictly increasing",
+        json_schema_extra={"uniqueItems": True},
+    ),
 ]
+# PostgreSQL integer columns: a larger number is a bad request, not a database error.
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
 Kind = Literal["prfaas", "pd"]
 Role = Literal["prefill", "decode"]
 State = Literal["active", "draining", "down"]
@@ -31,13 +43,38 @@ NULLABLE_FIELDS = frozenset(
     {"attention", "linear_state_mib", "decode_max_batch", "decode_step_seconds", "kv_budget_bytes"}
 )
 
+TABLE_FIELDS = frozenset({"kv_cache_mib", "prefill_seconds"})
+
 # A PATCH field that may be left out but not sent as null: the schema shows only its type, and
 # ``PatchIn`` refuses a null for it (422), as the schema says.
 Omitted = SkipJsonSchema[None]
 
 
+def _is_number(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(_is_number(arg) for arg in get_args(annotation))
+
+
+def _not_a_json_number(value: Any) -> bool:
+    return isinstance(value, bool | str)
+
+
 class StrictIn(Schema):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_as_json_means_them(cls, value: Any, info: ValidationInfo) -> Any:
+        """Pydantic's lax mode would read true or "5" as a number; the schema says number."""
+        name = info.field_name or ""
+        if name in TABLE_FIELDS and isinstance(value, list):
+            for point in value:
+                if isinstance(point, list) and any(_not_a_json_number(p) for p in point):
+                    raise ValueError("a point must be a pair of numbers")
+        elif _not_a_json_number(value) and _is_number(cls.model_fields[name].annotation):
+            raise ValueError("must be a number")
+        return value
 
 
 class PatchIn(StrictIn):
@@ -48,7 +85,7 @@ class PatchIn(StrictIn):
             raise ValueError("may not be null")
         return value
 
-    version: int = Field(ge=1, le=2**31 - 1, description="the version you last read; stale -> 409")
+    version: int = Field(ge=1, le=MAX_INT, description="the version you last read; stale -> 409")
 
 
 class VersionedOut(Schema):
@@ -64,7 +101,7 @@ class SiteIn(StrictIn):
 
 
 class SitePatch(PatchIn):
-    name: str | Omitted = Field(None, min_length=1, max_length=100)
+    name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
     description: str | Omitted = None
 
 
@@ -79,8 +116,8 @@ class AcceleratorIn(StrictIn):
 
 
 class AcceleratorPatch(PatchIn):
-    name: str | Omitted = Field(None, min_length=1, max_length=100)
-    gpu_hour_cost: float | Omitted = Field(None, gt=0)
+    name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
+    gpu_hour_cost: Annotated[float, Field(gt=0)] | Omitted = None
 
 
 class AcceleratorOut(VersionedOut):
@@ -91,15 +128,15 @@ class AcceleratorOut(VersionedOut):
 class ModelProfileIn(StrictIn):
     name: str = Field(min_length=1, max_length=200)
     attention: dict[str, Any] | None = None
-    block_tokens: int = Field(gt=0)
+    block_tokens: int = Field(gt=0, le=MAX_INT)
     kv_cache_mib: TableIn
     linear_state_mib: float | None = Field(None, ge=0)
 
 
 class ModelProfilePatch(PatchIn):
-    name: str | Omitted = Field(None, min_length=1, max_length=200)
+    name: Annotated[str, Field(min_length=1, max_length=200)] | Omitted = None
     attention: dict[str, Any] | None = None
-    block_tokens: int | Omitted = Field(None, gt=0)
+    block_tokens: Annotated[int, Field(gt=0, le=MAX_INT)] | Omitted = None
     kv_cache_mib: TableIn | Omitted = None
     linear_state_mib: float | None = Field(None, ge=0)
 
@@ -115,18 +152,18 @@ class ModelProfileOut(VersionedOut):
 class PerformanceProfileIn(StrictIn):
     accelerator_id: int
     model_id: int
-    gpus_per_instance: int = Field(gt=0)
+    gpus_per_instance: int = Field(gt=0, le=MAX_INT)
     prefill_seconds: TableIn
-    decode_max_batch: int | None = Field(None, gt=0)
+    decode_max_batch: int | None = Field(None, gt=0, le=MAX_INT)
     decode_step_seconds: float | None = Field(None, gt=0)
 
 
 class PerformanceProfilePatch(PatchIn):
     accelerator_id: int | Omitted = None
     model_id: int | Omitted = None
-    gpus_per_instance: int | Omitted = Field(None, gt=0)
+    gpus_per_instance: Annotated[int, Field(gt=0, le=MAX_INT)] | Omitted = None
     prefill_seconds: TableIn | Omitted = None
-    decode_max_batch: int | None = Field(None, gt=0)
+    decode_max_batch: int | None = Field(None, gt=0, le=MAX_INT)
     decode_step_seconds: float | None = Field(None, gt=0)
 
 
@@ -148,7 +185,7 @@ class ClusterIn(StrictIn):
 
 
 class ClusterPatch(PatchIn):
-    name: str | Omitted = Field(None, min_length=1, max_length=100)
+    name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
     kind: Kind | Omitted = None
     site_id: int | Omitted = None
     accelerator_id: int | Omitted = None
@@ -189,10 +226,10 @@ class InstanceIn(StrictIn):
 
 class InstancePatch(PatchIn):
     cluster_id: int | Omitted = None
-    name: str | Omitted = Field(None, min_length=1, max_length=150)
+    name: Annotated[str, Field(min_length=1, max_length=150)] | Omitted = None
     role: Role | Omitted = None
     state: State | Omitted = None
-    endpoint: str | Omitted = Field(None, max_length=500)
+    endpoint: Annotated[str, Field(max_length=500)] | Omitted = None
     labels: dict[str, str] | Omitted = None
 
 
@@ -215,15 +252,15 @@ class LinkIn(StrictIn):
     target_id: int
     gbps: float = Field(ge=0, description="0 means the link is down")
     rtt_ms: float = Field(ge=0)
-    kv_budget_bytes: int | None = Field(None, gt=0)
+    kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
 
 
 class LinkPatch(PatchIn):
     source_id: int | Omitted = None
     target_id: int | Omitted = None
-    gbps: float | Omitted = Field(None, ge=0)
-    rtt_ms: float | Omitted = Field(None, ge=0)
-    kv_budget_bytes: int | None = Field(None, gt=0)
+    gbps: Annotated[float, Field(ge=0)] | Omitted = None
+    rtt_ms: Annotated[float, Field(ge=0)] | Omitted = None
+    kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
 
 
 class LinkOut(VersionedOut):
@@ -242,9 +279,6 @@ class LinkOut(VersionedOut):
     @staticmethod
     def resolve_target(obj: Any) -> str:
         return str(obj.target.name)
-
-
-TABLE_FIELDS = frozenset({"kv_cache_mib", "prefill_seconds"})
 
 
 def payload_fields(payload: Schema, *, exclude: set[str] | None = None) -> dict[str, Any]:

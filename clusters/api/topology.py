@@ -11,7 +11,7 @@ from clusters.topology import topology_apply_mapping, topology_export
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
 from controlplane.errors import Invalid
-from scheduling.scenario import ScenarioError
+from scheduling.scenario import SCENARIO_OPTIONAL_KEYS, SCENARIO_REQUIRED_KEYS, ScenarioError
 
 router = Router(tags=["topology"])
 SCENARIO_BODY = Body(..., description="a scenario mapping (the YAML file as JSON)")
@@ -38,7 +38,29 @@ def topology_get(request: HttpRequest) -> dict[str, Any]:
         raise Invalid(str(exc), code="not_exportable") from exc
 
 
-@router.post("/topology", response=TopologyApplyOut, auth=TokenAuth("admin"))
+# The body's schema states the top level of a scenario (its keys, which are required unless
+# ``extends`` names a base file that gives them); what is inside each key is the scenario format
+# (shared/scenarios/SCHEMA.md), checked by the reader with a 422 naming the key path.
+SCENARIO_SCHEMA = {
+    "type": "object",
+    "description": "a scenario mapping (the YAML file as JSON); see shared/scenarios/SCHEMA.md",
+    "properties": {key: {} for key in (*SCENARIO_REQUIRED_KEYS, *SCENARIO_OPTIONAL_KEYS)},
+    "additionalProperties": False,
+    "anyOf": [{"required": list(SCENARIO_REQUIRED_KEYS)}, {"required": ["extends"]}],
+}
+
+
+@router.post(
+    "/topology",
+    response=TopologyApplyOut,
+    auth=TokenAuth("admin"),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": SCENARIO_SCHEMA}},
+        }
+    },
+)
 def topology_post(
     request: HttpRequest,
     scenario: dict[str, Any] = SCENARIO_BODY,

@@ -281,6 +281,41 @@ def test_list_with_a_bad_limit_is_a_422(admin_client: Client, name: str) -> None
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_list_with_an_offset_or_limit_out_of_bounds_is_a_422_naming_it(
+    admin_client: Client, name: str
+) -> None:
+    path = RESOURCES[name].path
+    assert_error(admin_client.get(f"{path}?offset={2**63}"), 422, "offset")
+    assert_error(admin_client.get(f"{path}?offset=-1"), 422, "offset")
+    assert_error(admin_client.get(f"{path}?limit=1001"), 422, "limit")
+    assert_error(admin_client.get(f"{path}?limit=0"), 422, "limit")
+
+
+def test_list_with_an_unknown_or_repeated_query_parameter_is_a_422_naming_it(
+    admin_client: Client,
+) -> None:
+    assert_error(admin_client.get("/api/v1/sites?nme=dc"), 422, "nme", "not a parameter")
+    response = admin_client.get("/api/v1/sites?name=a&name=b")
+    assert_error(response, 422, "name", "more than once")
+
+
+def test_a_boolean_or_a_string_for_a_number_is_a_422(admin_client: Client) -> None:
+    payload = RESOURCES["links"].create() | {"gbps": True}
+    assert_error(_send(admin_client, "post", "/api/v1/links", payload), 422, "gbps", "number")
+    payload = RESOURCES["links"].create() | {"rtt_ms": "5"}
+    assert_error(_send(admin_client, "post", "/api/v1/links", payload), 422, "rtt_ms", "number")
+    payload = RESOURCES["model-profiles"].create() | {"kv_cache_mib": [[1, 1.0], ["2", 2.0]]}
+    response = _send(admin_client, "post", "/api/v1/model-profiles", payload)
+    assert_error(response, 422, "kv_cache_mib", "pair of numbers")
+
+
+def test_a_count_beyond_the_database_integer_is_a_422(admin_client: Client) -> None:
+    payload = RESOURCES["model-profiles"].create() | {"block_tokens": 2**31}
+    response = _send(admin_client, "post", "/api/v1/model-profiles", payload)
+    assert_error(response, 422, "block_tokens")
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_delete_with_the_current_version_removes_it_and_records_it(
     admin_client: Client, name: str
 ) -> None:

@@ -36,7 +36,12 @@ from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
 from clusters.live.connection import redis_async
-from clusters.live.scripts import is_noscript, scripts_ensure_async, scripts_forget
+from clusters.live.scripts import (
+    counters_queue,
+    is_noscript,
+    scripts_ensure_async,
+    scripts_forget,
+)
 from controlplane.errors import ApiError, Invalid
 from scheduling import metrics, router, traffic
 from scheduling.snapshot import (
@@ -381,6 +386,7 @@ async def _write(
     recent_left = RECENT_PER_BATCH if batch else len(decisions)
     order: list[int] = []
     reservations: list[telemetry.Reservation] = []
+    entries: list[str] = []
     for i, d in enumerate(decisions):
         item = inputs[i]
         keep_recent = recent_left > 0
@@ -390,7 +396,7 @@ async def _write(
             plain.add(_record(item, d, now))
             counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
             if keep_recent:
-                traffic.recent_queue(pipe, _recent_entry(item, d, now, memo))
+                entries.append(_recent_entry(item, d, now, memo))
             continue
         rv = d.reservation
         assert rv is not None
@@ -413,12 +419,20 @@ async def _write(
                 outcome=outcome,
             )
         )
+    # Every counter and the plain decisions' recent entries in one scripted command, queued
+    # before the reservations so that the recent list keeps the decisions' order as before.
+    ints, floats = metrics.latency_increments("batch" if batch else "single", elapsed)
+    counters_queue(
+        pipe,
+        plain.increments() + metrics.decision_increments(counts) + ints,
+        floats,
+        list_key=traffic.RECENT_KEY,
+        list_cap=traffic.RECENT_CAP,
+        entries=entries,
+    )
     at = len(pipe)
     if reservations:
         telemetry.link_reserve_many_queue(pipe, reservations, now, by_sha=True)
-    plain.queue(pipe)
-    metrics.decisions_queue(pipe, counts)
-    metrics.latency_queue(pipe, "batch" if batch else "single", elapsed)
     raw = await pipe.execute()
     if not reservations:
         return {}

@@ -76,6 +76,22 @@ def latency_queue(pipe: Any, mode: str, seconds: float) -> None:
     pipe.hincrby(key, "count", 1)
 
 
+def latency_increments(
+    mode: str, seconds: float
+) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, float, int]]]:
+    """What :func:`latency_queue` queues, as integer and float ``(key, field, incr, 0)`` rows."""
+    key = latency_key(mode)
+    bucket = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
+    return [(key, f"b{bucket}", 1, 0), (key, "count", 1, 0)], [(key, "sum", seconds, 0)]
+
+
+def decision_increments(
+    counts: Mapping[tuple[str, str], int],
+) -> list[tuple[str, str, int, int]]:
+    """What :func:`decisions_queue` queues, as ``(key, field, incr, 0)`` rows."""
+    return [(DECISIONS_KEY, f"{route}|{reason}", n, 0) for (route, reason), n in counts.items()]
+
+
 async def route_error_count_async(code: str, timeout_s: float) -> None:
     """Count a refused route call (best effort: metrics never fail a request)."""
     with contextlib.suppress(Exception):

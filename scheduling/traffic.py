@@ -120,6 +120,14 @@ class TrafficAggregate:
                 pipe.hincrby(key, name, incr)
             pipe.expire(key, RETENTION_S)
 
+    def increments(self) -> list[tuple[str, str, int, int]]:
+        """The same counters as ``(key, field, incr, ttl_s)`` rows (for one scripted write)."""
+        return [
+            (key, name, incr, RETENTION_S)
+            for key, fields in self.fields.items()
+            for name, incr in fields.items()
+        ]
+
 
 def reservation_outcome(
     admitted: TrafficRecord,

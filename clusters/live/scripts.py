@@ -56,3 +56,54 @@ def scripts_forget(client: aioredis.Redis) -> None:
 
 def is_noscript(exc: BaseException) -> bool:
     return "NOSCRIPT" in str(exc)
+
+
+# Hash counters and a capped list in ONE command: a call's traffic and metrics counters and
+# its recent-decisions entries, instead of one HINCRBY/EXPIRE/LPUSH each (redis-py's
+# per-command cost dominated the route call). ARGV: list key, list cap, the number of integer
+# rows, the number of float rows, then the rows (key, field, incr, ttl_s or 0), then the
+# entries to push in order.
+_COUNTERS_LUA = """
+local list_key, list_cap = ARGV[1], tonumber(ARGV[2])
+local n_int, n_float = tonumber(ARGV[3]), tonumber(ARGV[4])
+local pos = 5
+for i = 1, n_int + n_float do
+  local key, field, incr, ttl = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], tonumber(ARGV[pos + 3])
+  if i <= n_int then
+    redis.call('HINCRBY', key, field, incr)
+  else
+    redis.call('HINCRBYFLOAT', key, field, incr)
+  end
+  if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+  pos = pos + 4
+end
+if pos <= #ARGV then
+  for i = pos, #ARGV do redis.call('LPUSH', list_key, ARGV[i]) end
+  redis.call('LTRIM', list_key, 0, list_cap - 1)
+end
+return 0
+"""
+COUNTERS_SCRIPT = lua_script(_COUNTERS_LUA)
+
+Increment = tuple[str, str, Any, int]
+
+
+def counters_queue(
+    pipe: Any,
+    ints: Sequence[Increment],
+    floats: Sequence[Increment] = (),
+    list_key: str = "",
+    list_cap: int = 1,
+    entries: Sequence[str] = (),
+) -> None:
+    """Queue one EVALSHA applying ``(key, field, incr, ttl_s or 0)`` hash increments (integer
+    ones, then float ones) and pushing ``entries`` (in order) onto the capped ``list_key``."""
+    if not ints and not floats and not entries:
+        return
+    args: list[Any] = [list_key or "live:nolist", list_cap, len(ints), len(floats)]
+    for key, name, incr, ttl in ints:
+        args += [key, name, int(incr), ttl]
+    for key, name, incr, ttl in floats:
+        args += [key, name, repr(float(incr)), ttl]
+    args += entries
+    COUNTERS_SCRIPT.queue(pipe, [], args)

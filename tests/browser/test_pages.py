@@ -49,6 +49,10 @@ def _post_telemetry(live_url: str, secret: str, link: Link, gbps: float, queue: 
         ],
         "instances": [{"instance": "prfaas-h200-0", "ts": now, "queue_depth": queue, "running": 2}],
     }
+    _telemetry_post(live_url, secret, body)
+
+
+def _telemetry_post(live_url: str, secret: str, body: dict[str, Any]) -> None:
     response = httpx.post(
         f"{live_url}/api/v1/telemetry",
         json=body,
@@ -87,13 +91,7 @@ def _post_history(live_url: str, secret: str, link: Link, seconds: int) -> None:
             for i in range(seconds)
         ],
     }
-    response = httpx.post(
-        f"{live_url}/api/v1/telemetry",
-        json=body,
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=5,
-    )
-    assert response.status_code == 200, response.text
+    _telemetry_post(live_url, secret, body)
 
 
 def _csrf_post(page: Any, live_url: str, path: str, data: dict[str, str] | None = None) -> Any:

@@ -12,7 +12,7 @@ import pytest
 from scheduling.planner import PlanResult
 from scheduling.scenario import Scenario, scenario_load
 from scheduling.simulator.policies import fleet_as_configured
-from scheduling.simulator.run import SimulationConfig, simulate
+from scheduling.simulator.run import SimulationConfig, SimulationResult, simulate
 from tests.scheduling.simulator.conftest import ONE_INSTANCE
 
 SERVICE_S = 1.0
@@ -58,6 +58,25 @@ def test_littles_law_holds_for_the_whole_run(
     assert result.mean_in_system > 1.0
 
 
+@pytest.fixture
+def case_study_run(
+    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
+) -> Callable[..., SimulationResult]:
+    """Runs the case study as extended by a scenario template (``{base}`` is the case study),
+    under the ``prfaas`` policy at 2 req/s on the case study's plan."""
+
+    def run(
+        template: str, requests: int, seed: int, keep_requests: bool = False
+    ) -> SimulationResult:
+        path = write_scenario(template.format(base=scenarios_dir / "paper-case-study.yaml"))
+        config = SimulationConfig(policy="prfaas", rate_per_s=2.0, requests=requests, seed=seed)
+        return simulate(
+            scenario_load(path), config, plan=case_study_plan, keep_requests=keep_requests
+        )
+
+    return run
+
+
 FAILURES = """
 version: 1
 name: failures
@@ -73,17 +92,9 @@ events:
 
 
 def test_every_request_finishes_or_is_counted_as_dropped_through_failures(
-    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
+    case_study_run: Callable[..., SimulationResult],
 ) -> None:
-    scenario = scenario_load(
-        write_scenario(FAILURES.format(base=scenarios_dir / "paper-case-study.yaml"))
-    )
-    result = simulate(
-        scenario,
-        SimulationConfig(policy="prfaas", rate_per_s=2.0, requests=1500, seed=5),
-        plan=case_study_plan,
-        keep_requests=True,
-    )
+    result = case_study_run(FAILURES, requests=1500, seed=5, keep_requests=True)
     assert result.finished + result.dropped == result.requests == 1500
     assert result.dropped == sum(result.dropped_by_reason.values())
     # The decode instance that failed had requests running: they are lost, and said so.
@@ -94,17 +105,9 @@ def test_every_request_finishes_or_is_counted_as_dropped_through_failures(
 
 
 def test_kv_bytes_sent_equal_bytes_received(
-    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
+    case_study_run: Callable[..., SimulationResult],
 ) -> None:
-    scenario = scenario_load(
-        write_scenario(FAILURES.format(base=scenarios_dir / "paper-case-study.yaml"))
-    )
-    result = simulate(
-        scenario,
-        SimulationConfig(policy="prfaas", rate_per_s=2.0, requests=1500, seed=7),
-        plan=case_study_plan,
-        keep_requests=True,
-    )
+    result = case_study_run(FAILURES, requests=1500, seed=7, keep_requests=True)
     (link,) = result.links
     assert link.sent_bytes > 0
     # Everything that left the PrfaaS side arrived, except transfers cut by the failure.
@@ -138,16 +141,9 @@ events:
 
 
 def test_a_link_cut_for_good_ends_the_run_and_counts_the_stranded_requests(
-    write_scenario: Callable[..., Path], scenarios_dir: Path, case_study_plan: PlanResult
+    case_study_run: Callable[..., SimulationResult],
 ) -> None:
-    scenario = scenario_load(
-        write_scenario(CUT_FOR_GOOD.format(base=scenarios_dir / "paper-case-study.yaml"))
-    )
-    result = simulate(
-        scenario,
-        SimulationConfig(policy="prfaas", rate_per_s=2.0, requests=400, seed=3),
-        plan=case_study_plan,
-    )
+    result = case_study_run(CUT_FOR_GOOD, requests=400, seed=3)
     assert result.finished + result.dropped == result.requests == 400
     assert result.dropped_by_reason.get("stranded", 0) > 0
     # After the cut the router keeps everything local: it sees the link has no room.

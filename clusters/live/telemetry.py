@@ -458,6 +458,13 @@ def link_reserve_queue(
     link_reserve_many_queue(pipe, [item], now)
 
 
+def _reserve_one_args(
+    link: str, reservation_id: str, nbytes: int, end_ts: float, budget_bytes: int, now: float | None
+) -> list[Any]:
+    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes)
+    return _reserve_args([item], time.time() if now is None else now)
+
+
 def link_reserve(
     link: str,
     reservation_id: str,
@@ -469,8 +476,7 @@ def link_reserve(
 ) -> bool:
     """Reserve ``nbytes`` on ``link`` until ``end_ts`` if the budget allows; True if admitted."""
     r = client or redis_sync()
-    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes)
-    args = _reserve_args([item], time.time() if now is None else now)
+    args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
     admitted, _ = r.eval(_RESERVE_LUA, 0, *args)
     return bool(admitted)
 
@@ -486,8 +492,7 @@ async def link_reserve_async(
 ) -> bool:
     """Async twin of :func:`link_reserve`."""
     r = client or redis_async()
-    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes)
-    args = _reserve_args([item], time.time() if now is None else now)
+    args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
     admitted, _ = await r.eval(_RESERVE_LUA, 0, *args)
     return bool(admitted)
 

@@ -52,7 +52,7 @@ from scheduling.models import (
 from scheduling.planner import fleet_from_scenario
 from scheduling.policies import policy_create, policy_current
 from scheduling.scenario import ScenarioError
-from scheduling.snapshot import snapshot_version_bump
+from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, snapshot_version_bump
 from scheduling.traffic import traffic_window_read
 
 SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
@@ -314,9 +314,10 @@ def planner_for_cluster(cluster: Cluster, context: Mapping[str, Any]) -> rebalan
 
 
 def policy_threshold(policy: Policy | None, cluster: Cluster) -> float:
+    """The threshold routers apply to ``cluster`` now (the snapshot's rule, default included)."""
     if policy is None:
-        return 0.0
-    return float(policy.thresholds.get(cluster.name, 0))
+        return float(DEFAULT_THRESHOLD_TOKENS)
+    return float(policy.thresholds.get(cluster.name, DEFAULT_THRESHOLD_TOKENS))
 
 
 def _prediction_json(p: rebalancer.Prediction | None) -> dict[str, Any] | None:

@@ -185,7 +185,12 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
 
         policy = router.Policy(
             version=current.version,
-            thresholds={k: int(v) for k, v in current.thresholds.items()},
+            # A PD cluster the policy does not name yet (added since) gets the default, the
+            # same value the rebalancer takes as its current setting.
+            thresholds={
+                name: int(current.thresholds.get(name, DEFAULT_THRESHOLD_TOKENS))
+                for name in pd_clusters
+            },
             guards=guards_from_json(current.guards),
         )
     data = router.policy_snapshot_to_dict(router.PolicySnapshot(policy=policy, topology=topology))

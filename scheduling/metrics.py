@@ -56,30 +56,16 @@ def latency_key(mode: str) -> str:
     return f"metrics:latency:{mode}"
 
 
-def decisions_queue(pipe: Any, counts: Mapping[tuple[str, str], int]) -> None:
-    """Queue decision counts by ``(route, reason)``."""
-    for (route, reason), n in counts.items():
-        pipe.hincrby(DECISIONS_KEY, f"{route}|{reason}", n)
-
-
 def decision_increment(route: str, reason: str) -> tuple[str, str, int, int]:
     """The decision counter of one branch of a link reservation (see ReservationOutcome)."""
     return (DECISIONS_KEY, f"{route}|{reason}", 1, 0)
 
 
-def latency_queue(pipe: Any, mode: str, seconds: float) -> None:
-    """Queue one observation of an API call's decision latency."""
-    key = latency_key(mode)
-    bucket = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
-    pipe.hincrby(key, f"b{bucket}", 1)
-    pipe.hincrbyfloat(key, "sum", seconds)
-    pipe.hincrby(key, "count", 1)
-
-
 def latency_increments(
     mode: str, seconds: float
 ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, float, int]]]:
-    """What :func:`latency_queue` queues, as integer and float ``(key, field, incr, 0)`` rows."""
+    """One observation of an API call's decision latency, as integer and float
+    ``(key, field, incr, 0)`` rows (for :func:`clusters.live.scripts.counters_queue`)."""
     key = latency_key(mode)
     bucket = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
     return [(key, f"b{bucket}", 1, 0), (key, "count", 1, 0)], [(key, "sum", seconds, 0)]
@@ -88,7 +74,7 @@ def latency_increments(
 def decision_increments(
     counts: Mapping[tuple[str, str], int],
 ) -> list[tuple[str, str, int, int]]:
-    """What :func:`decisions_queue` queues, as ``(key, field, incr, 0)`` rows."""
+    """Decision counts by ``(route, reason)``, as ``(key, field, incr, 0)`` rows."""
     return [(DECISIONS_KEY, f"{route}|{reason}", n, 0) for (route, reason), n in counts.items()]
 
 

@@ -39,6 +39,24 @@ def redis_client() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def route_state_clean(redis_client: redis.Redis) -> Iterator[None]:
+    """The route path's per-process state (policy snapshot, token cache, Redis back-off) reset
+    before and after the test, on the emptied real Redis: no test sees another's."""
+    from controlplane.auth import token_cache_clear
+    from scheduling import decisions
+    from scheduling.snapshot import snapshot_reset
+
+    def reset() -> None:
+        snapshot_reset()
+        token_cache_clear()
+        decisions._redis_skip_until = 0.0
+
+    reset()
+    yield
+    reset()
+
+
+@pytest.fixture
 def client_as(client: Any) -> Callable[..., Any]:
     """The Django test client, logged in as a new user in the given access groups."""
     from tests.factories import UserFactory

@@ -20,8 +20,6 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
 from clusters.models import InstanceRole
-from controlplane.auth import token_cache_clear
-from scheduling.snapshot import snapshot_reset
 from tests.factories import (
     AcceleratorFactory,
     ClusterFactory,
@@ -31,15 +29,16 @@ from tests.factories import (
     PerformanceProfileFactory,
     PrfaasClusterFactory,
     api_token,
+    bearer,
 )
 
 FUZZ_EXAMPLES = 12
 
 
 @pytest.fixture
-def admin_headers(db: None, redis_client: redis.Redis) -> Iterator[dict[str, str]]:
-    snapshot_reset()
-    token_cache_clear()
+def admin_headers(
+    db: None, redis_client: redis.Redis, route_state_clean: None
+) -> Iterator[dict[str, str]]:
     model = ModelProfileFactory(block_tokens=16)
     h20, h200 = AcceleratorFactory(), AcceleratorFactory()
     PerformanceProfileFactory(accelerator=h20, model=model)
@@ -55,12 +54,10 @@ def admin_headers(db: None, redis_client: redis.Redis) -> Iterator[dict[str, str
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:
-        yield {"Authorization": f"Bearer {api_token('admin')[1]}"}
+        yield bearer(api_token("admin")[1])
     finally:
         request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)
-    snapshot_reset()
-    token_cache_clear()
 
 
 # A body over API_MAX_BODY_BYTES is refused with 413 before it is parsed: that is a rejection

@@ -10,9 +10,7 @@ from django.test import Client
 
 from clusters.models import Instance, InstanceState
 from controlplane.audit import Actor
-from controlplane.auth import token_cache_clear
 from scheduling import plans
-from scheduling.snapshot import snapshot_reset
 from tests.factories import api_token, bearer
 from tests.scheduling.plan_pages_support import proposed_plan
 from tests.scheduling.rebalance_support import PD, telemetry_fresh
@@ -38,9 +36,9 @@ def routed_instances(client: Client, headers: dict[str, str]) -> set[str]:
     return used
 
 
-def test_a_drained_instance_receives_no_new_route_decisions(scenarios_dir: Path, redis_client):
-    snapshot_reset()
-    token_cache_clear()
+def test_a_drained_instance_receives_no_new_route_decisions(
+    scenarios_dir: Path, route_state_clean: None
+) -> None:
     plan = proposed_plan(scenarios_dir)
     target = plan.role_changes[0]["instance"]
     router = bearer(api_token("router")[1])
@@ -51,4 +49,3 @@ def test_a_drained_instance_receives_no_new_route_decisions(scenarios_dir: Path,
     plans.plan_apply_step(plan_id=plan.pk)  # the drain step
     assert Instance.objects.get(name=target).state == InstanceState.DRAINING
     assert target not in routed_instances(Client(), router)
-    snapshot_reset()

@@ -25,10 +25,9 @@ from django.test import AsyncClient
 from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
 from controlplane.audit import CLI_ACTOR
-from controlplane.auth import token_cache_clear
 from scheduling import decisions
 from scheduling.policies import policy_create
-from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, snapshot_reset
+from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from tests.factories import (
     api_token,
     bearer,
@@ -71,18 +70,7 @@ def _fleet(budget_bytes: int) -> Fleet:
 
 
 @pytest.fixture
-def clean_state(redis_client: redis.Redis) -> Iterator[None]:
-    snapshot_reset()
-    token_cache_clear()
-    decisions._redis_skip_until = 0.0
-    yield
-    snapshot_reset()
-    token_cache_clear()
-    decisions._redis_skip_until = 0.0
-
-
-@pytest.fixture
-def fleet(transactional_db: None, clean_state: None) -> Fleet:
+def fleet(transactional_db: None, route_state_clean: None) -> Fleet:
     return _fleet(budget_bytes=50 * 2**30)
 
 
@@ -451,7 +439,7 @@ async def test_wrong_scope_gets_403_with_the_shape(client: AsyncClient, fleet: F
 
 @pytest.fixture
 def uvicorn_two_workers(
-    transactional_db: None, clean_state: None, settings: Any
+    transactional_db: None, route_state_clean: None, settings: Any
 ) -> Iterator[tuple[str, Fleet]]:
     """The real app under uvicorn with 2 worker processes, on the test database."""
     from django.db import connection

@@ -4,31 +4,19 @@ same decisions, same auth rules, same error shapes and limits."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from django.test import AsyncClient
 
-from controlplane.auth import token_cache_clear
-from scheduling import decisions
-from scheduling.snapshot import snapshot_reset
 from tests.scheduling.test_route_api import Fleet, _fleet, telemetry
 
 
-def _reset() -> None:
-    snapshot_reset()
-    token_cache_clear()
-    decisions._redis_skip_until = 0.0
-
-
 @pytest.fixture
-def fleet(transactional_db: None, redis_client: redis.Redis) -> Iterator[Fleet]:
-    _reset()
-    yield _fleet(budget_bytes=50 * 2**30)
-    _reset()
+def fleet(transactional_db: None, route_state_clean: None) -> Fleet:
+    return _fleet(budget_bytes=50 * 2**30)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,8 +13,6 @@ from django.test import Client
 
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
-from controlplane.auth import token_cache_clear
-from scheduling.snapshot import snapshot_reset
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,
@@ -27,17 +24,13 @@ from tests.factories import (
 
 
 @pytest.fixture
-def agent(db: None, redis_client: redis.Redis) -> Iterator[dict[str, str]]:
-    snapshot_reset()
-    token_cache_clear()
+def agent(db: None, redis_client: redis.Redis, route_state_clean: None) -> dict[str, str]:
     pd = ClusterFactory(name="pd-a")
     pf = PrfaasClusterFactory(name="prfaas-x", model=pd.model)
     InstanceFactory(cluster=pd, name="pd-a-p0", role=InstanceRole.PREFILL)
     InstanceFactory(cluster=pd, name="pd-a-d0", role=InstanceRole.DECODE)
     LinkFactory(source=pf, target=pd)
-    headers = bearer(api_token("agent")[1])
-    yield headers
-    snapshot_reset()
+    return bearer(api_token("agent")[1])
 
 
 def post(path: str, body: Any, headers: dict[str, str]) -> Any:

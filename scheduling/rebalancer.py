@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -412,6 +412,27 @@ def threshold_move(split_dir: int, thr_dir: int) -> int:
     is re-solved for the new split, so its direction follows the split and is not a move of
     its own (counting it would call every split change after a threshold change a reversal)."""
     return thr_dir if split_dir == 0 else 0
+
+
+def reversals_per_hour(ticks: Iterable[tuple[float, Decision]]) -> dict[int, int]:
+    """Flapping, measured: plans that reverse the last change of the split or of the
+    threshold (its own moves only, see :func:`threshold_move`), counted per clock hour."""
+    out: dict[int, int] = {}
+    last = {"split": 0, "threshold": 0}
+    for now, d in ticks:
+        if d.action != "propose":
+            continue
+        moves = (
+            ("split", d.split_direction),
+            ("threshold", threshold_move(d.split_direction, d.threshold_direction)),
+        )
+        if any(direction and last[name] == -direction for name, direction in moves):
+            hour = int((now - 1) // 3600)
+            out[hour] = out.get(hour, 0) + 1
+        for name, direction in moves:
+            if direction:
+                last[name] = direction
+    return out
 
 
 def _sign(x: float) -> int:

@@ -31,7 +31,8 @@ class PlannerReplanner:
     guards: rebalancer.Guards = field(default_factory=rebalancer.Guards)
     histogram_bin_tokens: float = 256.0
     history: dict[str, rebalancer.History] = field(default_factory=dict)
-    decisions: list[tuple[float, str, str]] = field(default_factory=list)
+    # Every tick's decision, held or proposed, for reports and tests: (time, cluster, decision).
+    decisions: list[tuple[float, str, rebalancer.Decision]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._fleet = fleet_from_scenario(self.scenario)
@@ -88,7 +89,7 @@ class PlannerReplanner:
         )
         applied = decision.action == "propose"
         self.history[inp.cluster] = rebalancer.history_after(history, decision, inp.now, applied)
-        self.decisions.append((inp.now, inp.cluster, decision.reason))
+        self.decisions.append((inp.now, inp.cluster, decision))
         if not applied or decision.proposed is None:
             return None
         return Replan(

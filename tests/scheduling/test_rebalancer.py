@@ -349,27 +349,6 @@ def drive(fleet, seed, mu_at, *, hours, noise, start, guards=None):
     return ticks
 
 
-def reversals_per_hour(ticks) -> dict[int, int]:
-    """Plans that reverse the last change of the split or of the threshold, per clock hour."""
-    out: dict[int, int] = {}
-    last = {"split": 0, "threshold": 0}
-    for now, d, _, _ in ticks:
-        if d.action != "propose":
-            continue
-        # A threshold re-solved for a new split follows the split; only its own moves count.
-        moves = (
-            ("split", d.split_direction),
-            ("threshold", rb.threshold_move(d.split_direction, d.threshold_direction)),
-        )
-        if any(direction and last[name] == -direction for name, direction in moves):
-            hour = int((now - 1) // 3600)
-            out[hour] = out.get(hour, 0) + 1
-        for name, direction in moves:
-            if direction:
-                last[name] = direction
-    return out
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_constant_traffic_with_twenty_percent_noise_does_not_flap(fleet, seed):
     nominal = plan_fleet(fleet, TruncatedLognormal(9.9, 1.0, 128, 131072), 1024.0).cluster(CLUSTER)
@@ -381,7 +360,8 @@ def test_constant_traffic_with_twenty_percent_noise_does_not_flap(fleet, seed):
         noise=0.2,
         start=(nominal.threshold_tokens, nominal.n_p),
     )
-    assert all(count <= 1 for count in reversals_per_hour(ticks).values())
+    flaps = rb.reversals_per_hour((now, d) for now, d, _, _ in ticks)
+    assert all(count <= 1 for count in flaps.values())
     for _, d, _, _ in ticks:
         if d.gain is not None and d.gain < rb.Guards().dead_band:
             assert d.action == "hold" and d.role_changes == ()

@@ -70,5 +70,5 @@ def test_re_planning_follows_prompts_that_grow_longer(scenarios_dir: Path) -> No
     assert result.thresholds["pd-h20"] >= first_threshold
     # Longer prompts move the optimum towards more offloading per request and more prefill.
     assert result.thresholds["pd-h20"] > 8500
-    reasons = {reason for _, _, reason in replanner.decisions}
+    reasons = {decision.reason for _, _, decision in replanner.decisions}
     assert "gain" in reasons

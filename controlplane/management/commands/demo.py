@@ -32,6 +32,9 @@ from controlplane.audit import CLI_ACTOR
 from controlplane.embedded_redis import embedded_redis_stop
 from controlplane.models import ApiToken
 from controlplane.services import token_create, token_hash
+from scheduling.planner import plan_scenario
+from scheduling.policies import policy_create, policy_current
+from scheduling.scenario import ScenarioError, scenario_load
 
 # The emulator's credentials: a router, an agent, and an admin token it uses only to record
 # the link and instance faults it injects in the inventory (as a network monitor would).
@@ -87,6 +90,7 @@ class Command(BaseCommand):
 
         call_command("migrate", interactive=False, verbosity=0)
         call_command("topology", "apply", str(scenario))
+        self._initial_policy(scenario)
         username, password = self._operator_account()
         tokens = self._emulator_tokens()
 
@@ -158,6 +162,25 @@ class Command(BaseCommand):
             env.update(tokens)
             optional.add("emulator")
         self._supervise(commands, env, optional)
+
+    def _initial_policy(self, scenario: Path) -> None:
+        """On a first run, publish the offline plan's thresholds for the scenario's own
+        workload, as an operator deploying the paper's design would; the rebalancer then
+        corrects it from the traffic the emulator really sends."""
+        if policy_current() is not None:
+            return
+        try:
+            plan = plan_scenario(scenario_load(scenario))
+        except (ScenarioError, ValueError) as exc:
+            self.stderr.write(f"no initial policy (the scenario cannot be planned: {exc})")
+            return
+        thresholds = {c.name: int(c.threshold_tokens) for c in plan.prfaas.clusters}
+        policy_create(
+            actor=CLI_ACTOR,
+            thresholds=thresholds,
+            note=f"initial: offline plan of {scenario.name}",
+        )
+        self.stdout.write(f"initial policy: thresholds {thresholds}")
 
     def _single_instance_lock(self) -> Any:
         """One demo per VAR_DIR: a second one would share, then stop, the first one's embedded

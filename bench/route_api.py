@@ -10,7 +10,7 @@ In one run it:
 3. keeps live state fresh (telemetry every 2 s through the API) and registers the prefix
    blocks of part of the trace on instances (KV events), so lookups find cache hits;
 4. replays Mooncake conversation requests (prompt length, 512-token prefix-block hash ids,
-   output length) against both, single requests at a fixed concurrency, then batches;
+   output length) against both, single requests at several levels in flight, then batches;
 5. prints decisions/s and p50/p99 per HTTP call for each, and app/bare ratios.
 
 The load comes from a few processes of raw keep-alive HTTP/1.1 connections (pre-built
@@ -19,7 +19,7 @@ request bytes), not from an HTTP client library, so the bare endpoint measures t
 Loopback only, bounded by ``--requests``/``--batches``. It measures; it never gates.
 Targets (issue 4): single >= 1,000 decisions/s with p99 <= 25 ms; batch >= 10,000 decisions/s.
 
-    .venv/bin/python bench/route_api.py [--requests 4000] [--concurrency 32]
+    .venv/bin/python bench/route_api.py [--requests 4000] [--concurrency 8,16,32]
                                         [--batches 40] [--batch-size 500]
 """
 
@@ -364,21 +364,23 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
 
         singles = [json.dumps(r).encode() for r in requests[: args.requests]]
         warm = singles[: min(400, len(singles))]
-        await asyncio.to_thread(
-            drive, app_base, "/api/v1/route", warm, headers, args.concurrency, 1
-        )
-        await asyncio.to_thread(
-            drive, bare_base, "/api/v1/route", warm, headers, args.concurrency, 1
-        )
-        app = await asyncio.to_thread(
-            drive, app_base, "/api/v1/route", singles, headers, args.concurrency, 1
-        )
-        bare = await asyncio.to_thread(
-            drive, bare_base, "/api/v1/route", singles, headers, args.concurrency, 1
-        )
-        report(f"single requests, concurrency {args.concurrency}", app, bare)
-        reasons = Counter(json.loads(a)["reason"] for a in app["answers"])
-        print(f"  app decisions by reason (first {sum(reasons.values())}): {dict(reasons)}")
+        # A closed loop at several levels in flight: the target is a rate *at* a latency, so
+        # the question is the most the app serves while its p99 stays within 25 ms.
+        singles_met: list[int] = []
+        for level in args.concurrency:
+            for base in (app_base, bare_base):
+                await asyncio.to_thread(drive, base, "/api/v1/route", warm, headers, level, 1)
+            app = await asyncio.to_thread(
+                drive, app_base, "/api/v1/route", singles, headers, level, 1
+            )
+            bare = await asyncio.to_thread(
+                drive, bare_base, "/api/v1/route", singles, headers, level, 1
+            )
+            report(f"single requests, concurrency {level}", app, bare)
+            reasons = Counter(json.loads(a)["reason"] for a in app["answers"])
+            print(f"  app decisions by reason (first {sum(reasons.values())}): {dict(reasons)}")
+            if app["decisions_per_s"] >= 1000 and app["p99_ms"] <= 25:
+                singles_met.append(level)
 
         size = args.batch_size
         batches = [
@@ -401,7 +403,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
         await fresh
         print(
             "\ntargets (issue 4): single >= 1000 decisions/s with p99 <= 25 ms: "
-            f"{'met' if app['decisions_per_s'] >= 1000 and app['p99_ms'] <= 25 else 'NOT met'}; "
+            f"{f'met at concurrency {singles_met}' if singles_met else 'NOT met'}; "
             f"batch >= 10000 decisions/s: {'met' if app_b['decisions_per_s'] >= 10000 else 'NOT met'}"
         )
         print(
@@ -417,14 +419,21 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--concurrency",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[8, 16, 32],
+        help="single-request levels in flight, comma-separated (default 8,16,32)",
+    )
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-concurrency", type=int, default=4)
     args = parser.parse_args()
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be between 1 and 1000 (the API's batch limit)")
-    for name in ("requests", "concurrency", "batches", "batch_concurrency"):
+    if min(args.concurrency) < 1:
+        parser.error("--concurrency levels must be at least 1")
+    for name in ("requests", "batches", "batch_concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 

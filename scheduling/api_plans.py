@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -171,40 +172,33 @@ def plans_get(request: HttpRequest, plan_id: int = PLAN_ID) -> dict[str, Any]:
     return _plan_detail(plans.plan_get(plan_id))
 
 
+def _plan_transition(
+    service: Callable[..., Plan], request: HttpRequest, plan_id: int, version: int | None
+) -> dict[str, Any]:
+    """Approve, reject and roll back are one shape: the service moves the plan, we show it."""
+    plan = service(plan_id=plan_id, actor=actor_from_request(request), version=version)
+    return _plan_detail(plans.plan_get(plan.pk))
+
+
 @router.post("/plans/{plan_id}/approve", response=PlanDetailOut, auth=OPERATE)
 def plans_approve(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    plan = plans.plan_approve(
-        plan_id=plan_id,
-        actor=actor_from_request(request),
-        version=version,
-    )
-    return _plan_detail(plans.plan_get(plan.pk))
+    return _plan_transition(plans.plan_approve, request, plan_id, version)
 
 
 @router.post("/plans/{plan_id}/reject", response=PlanDetailOut, auth=OPERATE)
 def plans_reject(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    plan = plans.plan_reject(
-        plan_id=plan_id,
-        actor=actor_from_request(request),
-        version=version,
-    )
-    return _plan_detail(plans.plan_get(plan.pk))
+    return _plan_transition(plans.plan_reject, request, plan_id, version)
 
 
 @router.post("/plans/{plan_id}/rollback", response=PlanDetailOut, auth=OPERATE)
 def plans_rollback(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    plan = plans.plan_rollback(
-        plan_id=plan_id,
-        actor=actor_from_request(request),
-        version=version,
-    )
-    return _plan_detail(plans.plan_get(plan.pk))
+    return _plan_transition(plans.plan_rollback, request, plan_id, version)
 
 
 @router.get("/rebalance/ticks", response=RebalanceOut, auth=READ)

@@ -27,14 +27,14 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduling.planner import (  # noqa: E402
+from scheduling.core.planner import (  # noqa: E402
     evaluate,
     fleet_from_scenario,
     plan,
     threshold_grid,
     workload_lengths,
 )
-from scheduling.scenario import LognormalDist, Scenario, scenario_load  # noqa: E402
+from scheduling.core.scenario import LognormalDist, Scenario, scenario_load  # noqa: E402
 
 BUDGET_S = 0.5
 

@@ -25,17 +25,17 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduling import router  # noqa: E402
-from scheduling.planner import plan_scenario  # noqa: E402
-from scheduling.scenario import scenario_load  # noqa: E402
-from scheduling.simulator.policies import fleet_plan  # noqa: E402
-from scheduling.simulator.run import (  # noqa: E402
+from scheduling.core import routing  # noqa: E402
+from scheduling.core.planner import plan_scenario  # noqa: E402
+from scheduling.core.scenario import scenario_load  # noqa: E402
+from scheduling.core.simulator.policies import fleet_plan  # noqa: E402
+from scheduling.core.simulator.run import (  # noqa: E402
     SimulationConfig,
     result_build,
     simulate,
     simulation_build,
 )
-from scheduling.simulator.workload import workload_build  # noqa: E402
+from scheduling.core.simulator.workload import workload_build  # noqa: E402
 
 DURATION_S = 6 * 3600.0
 
@@ -47,7 +47,7 @@ def dual_without_backlog_rule(scenario, plan, seed: int, slo: float) -> float:
     workload = workload_build(scenario, rate_per_s=None, seed=seed, duration_s=DURATION_S)
     fleet = fleet_plan(scenario, "prfaas-dual", plan)
     sim, dispatcher = simulation_build(scenario, fleet, workload, config)
-    off = router.Guards(
+    off = routing.RouteGuards(
         prfaas_backlog_s=1e9, prfaas_backlog_clear_s=1e9, prfaas_backlog_reject_s=1e10
     )
     dispatcher.policy = dataclasses.replace(dispatcher.policy, guards=off)

@@ -4,7 +4,7 @@ Standalone: sets up nothing Django, no Redis. Builds the paper's hardware at a l
 (one PD cluster of 64 prefill + 64 decode H20 instances, two PrfaaS H200 clusters of 16 and
 8 instances over 100 and 40 Gbps links), replays Mooncake conversation requests (prompt
 lengths and prefix-block hash ids, 512-token blocks) through
-:func:`scheduling.router.route_decide`, and prints p50/p99 per decision and decisions/s.
+:func:`scheduling.core.routing.route_decide`, and prints p50/p99 per decision and decisions/s.
 
 The prefix index is simulated outside the timed region (the server reads it from Redis): each
 decision's prefill instance is recorded as holding the request's blocks, so later turns of
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduling.router import (  # noqa: E402
+from scheduling.core.routing import (  # noqa: E402
     ClusterSpec,
     ControlState,
     DecodeProfile,
@@ -46,7 +46,7 @@ from scheduling.router import (  # noqa: E402
     LinkSpec,
     LiveState,
     ModelSpec,
-    Policy,
+    RoutingPolicy,
     PrefixMatch,
     RouteRequest,
     Topology,
@@ -75,7 +75,7 @@ PRFAAS = {"prfaas-a": (16, 100.0), "prfaas-b": (8, 40.0)}
 THRESHOLD = 19400
 
 
-def build_fleet(rng: random.Random) -> tuple[Topology, Policy, LiveState]:
+def build_fleet(rng: random.Random) -> tuple[Topology, RoutingPolicy, LiveState]:
     clusters = [ClusterSpec(PD, "pd", H20, "H20", decode=DecodeProfile(20, 0.025))]
     instances: list[InstanceSpec] = []
     links: list[LinkSpec] = []
@@ -119,7 +119,7 @@ def build_fleet(rng: random.Random) -> tuple[Topology, Policy, LiveState]:
         control={PD: ControlState(updated_at=999.0)},
         telemetry_at=999.5,
     )
-    return topology, Policy(1, {PD: THRESHOLD}), live
+    return topology, RoutingPolicy(1, {PD: THRESHOLD}), live
 
 
 def load_requests(path: Path, limit: int) -> list[tuple[int, list[int]]]:

@@ -20,13 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduling.planner import plan_scenario  # noqa: E402
-from scheduling.scenario import scenario_load  # noqa: E402
-from scheduling.simulator.engine import Assignment, Simulation  # noqa: E402
-from scheduling.simulator.fleet import ACTIVE, SimRequest  # noqa: E402
-from scheduling.simulator.policies import fleet_plan  # noqa: E402
-from scheduling.simulator.run import SimulationConfig, simulate, simulation_build  # noqa: E402
-from scheduling.simulator.workload import workload_build  # noqa: E402
+from scheduling.core.planner import plan_scenario  # noqa: E402
+from scheduling.core.scenario import scenario_load  # noqa: E402
+from scheduling.core.simulator.engine import Assignment, Simulation  # noqa: E402
+from scheduling.core.simulator.fleet import ACTIVE, SimRequest  # noqa: E402
+from scheduling.core.simulator.policies import fleet_plan  # noqa: E402
+from scheduling.core.simulator.run import SimulationConfig, simulate, simulation_build  # noqa: E402
+from scheduling.core.simulator.workload import workload_build  # noqa: E402
 
 
 class BareDispatcher:

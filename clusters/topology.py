@@ -1,6 +1,6 @@
 """Topology as code: make the inventory match a scenario file, and write the inventory back out.
 
-The file is read by the one scenario reader (:mod:`scheduling.scenario`); this module only maps
+The file is read by the one scenario reader (:mod:`scheduling.core.scenario`); this module only maps
 the validated :class:`Scenario` onto rows through the inventory services, so every change is
 validated, versioned and audited like any other write.
 
@@ -15,7 +15,7 @@ Apply rules:
   the rest decode, reusing (and re-roling) rows with those names and deleting the others.
 - ``prune`` also deletes every inventory object the file does not mention.
 - Everything happens in one transaction; ``dry_run`` rolls it back after counting.
-- Any problem is a :class:`~scheduling.scenario.ScenarioError` naming the key path, and leaves
+- Any problem is a :class:`~scheduling.core.scenario.ScenarioError` naming the key path, and leaves
   the database as it was.
 """
 
@@ -44,12 +44,12 @@ from clusters.models import (
 )
 from controlplane.audit import Actor
 from controlplane.errors import ApiError
-from scheduling.scenario import (
+from scheduling.core.scenario import (
     AcceleratorSpec,
-    ClusterSpec,
+    ScenarioCluster,
     DecodeSpec,
-    LinkSpec,
-    ModelSpec,
+    ScenarioLink,
+    ScenarioModel,
     ProfileSpec,
     Scenario,
     ScenarioError,
@@ -249,7 +249,7 @@ class _Applier:
         return out
 
     def instances(
-        self, cluster: Cluster, spec: ClusterSpec, path: str, *, before_kind_change: bool
+        self, cluster: Cluster, spec: ScenarioCluster, path: str, *, before_kind_change: bool
     ) -> None:
         """Reconcile a cluster's instances with the file's counts (see the module docstring).
 
@@ -397,7 +397,7 @@ def topology_scenario() -> Scenario:
     for cluster in Cluster.objects.filter(model=model).select_related("site", "accelerator"):
         roles = list(cluster.instances.values_list("role", flat=True))
         clusters.append(
-            ClusterSpec(
+            ScenarioCluster(
                 name=cluster.name,
                 kind=cluster.kind,  # type: ignore[arg-type]
                 site=cluster.site.name,
@@ -412,7 +412,7 @@ def topology_scenario() -> Scenario:
         version=1,
         name=EXPORT_NAME,
         description="",
-        model=ModelSpec(
+        model=ScenarioModel(
             name=model.name,
             attention=model.attention or {},
             block_tokens=model.block_tokens,
@@ -437,7 +437,7 @@ def topology_scenario() -> Scenario:
         ),
         clusters=tuple(clusters),
         links=tuple(
-            LinkSpec(
+            ScenarioLink(
                 source=link.source.name, target=link.target.name, gbps=link.gbps, rtt_ms=link.rtt_ms
             )
             for link in Link.objects.select_related("source", "target").order_by(

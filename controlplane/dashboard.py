@@ -19,7 +19,7 @@ from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
 from scheduling.policies import guards_from_json, policy_current
-from scheduling.router import Guards
+from scheduling.core.routing import RouteGuards
 from scheduling.traffic import traffic_window_read
 
 # The window of the time-series charts.
@@ -37,16 +37,16 @@ def link_live_key(link: Link) -> str:
     return f"{link.source.name}>{link.target.name}"
 
 
-def guards_current() -> tuple[int | None, dict[str, Any], Guards]:
+def guards_current() -> tuple[int | None, dict[str, Any], RouteGuards]:
     """The current policy's version, thresholds and guards (defaults before any policy)."""
     policy = policy_current()
     if policy is None:
-        return None, {}, Guards()
+        return None, {}, RouteGuards()
     return policy.version, dict(policy.thresholds), guards_from_json(policy.guards)
 
 
 def links_overview(
-    guards: Guards, now: float | None = None, window_s: int = CHART_WINDOW_S
+    guards: RouteGuards, now: float | None = None, window_s: int = CHART_WINDOW_S
 ) -> list[dict[str, Any]]:
     """Every link with its capacity, congestion budget, latest egress and 1 s history."""
     now = time.time() if now is None else now
@@ -154,7 +154,7 @@ def decision_mix(
 def alerts_current(
     links: list[dict[str, Any]],
     clusters: list[dict[str, Any]],
-    guards: Guards,
+    guards: RouteGuards,
     now: float | None = None,
 ) -> list[live.Alert]:
     """Conditions operators should see now: stale telemetry, degraded prefix index, congestion."""

@@ -180,7 +180,7 @@ async def route_batch(request: HttpRequest, payload: RouteBatchIn) -> HttpRespon
 )
 async def policy(request: HttpRequest) -> HttpResponse:
     """Everything a router needs to decide locally: thresholds, guards, clusters, instances
-    and endpoints, links and their budgets (``scheduling.router.policy_snapshot_from_dict``
+    and endpoints, links and their budgets (``scheduling.core.routing.policy_snapshot_from_dict``
     reads it). Send ``If-None-Match`` with the last ETag to get 304 when nothing changed."""
     snap = await snapshot_current_async()
     etags = {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}

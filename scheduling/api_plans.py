@@ -250,7 +250,7 @@ class RebalanceSettingsPatch(Schema):
     enabled: bool | None = None
     mode: Literal["auto", "manual"] | None = None
     guards: dict[str, float | int | None] | None = Field(
-        None, description="overrides of the rebalancer's guards (scheduling.rebalancer.Guards)"
+        None, description="overrides of the rebalancer's guards (scheduling.core.rebalancer.RebalanceGuards)"
     )
     drain_timeout_s: int | None = Field(None, ge=1, le=86400)
     drain_poll_s: int | None = Field(None, ge=1, le=3600)

@@ -6,12 +6,12 @@ Per API call (one request or a batch):
 2. ONE pipelined Redis read: snapshot version, control state, every instance's and link's
    latest sample, the links' in-flight bytes, and the longest cached prefix per instance of
    every block chain of the call (walked server-side by one script);
-3. the pure decision (:func:`scheduling.router.route_decide_many`);
+3. the pure decision (:func:`scheduling.core.routing.route_decide_many`);
 4. ONE write pipeline: the atomic link reservation of each offload (which also records the
    branch it took in the traffic store), the traffic counters of the others, metrics.
 
 A decision whose reservation Redis refuses becomes the router's local fallback
-(:func:`scheduling.router.route_fallback_local`, ``link_congested``). When Redis is slow or
+(:func:`scheduling.core.routing.route_fallback_local`, ``link_congested``). When Redis is slow or
 down, the read gives up after ``REDIS_DEADLINE_S``; the call is decided from the snapshot with
 stale live state (``telemetry_stale``: the policy's static rule, no cache transfer; as nothing
 can be reserved, what the rule would offload stays local) and Redis is left alone for ``REDIS_BACKOFF_S`` so no call waits on it; the first
@@ -43,7 +43,8 @@ from clusters.live.scripts import (
     scripts_forget,
 )
 from controlplane.errors import ApiError, Invalid
-from scheduling import metrics, router, traffic
+from scheduling import metrics, traffic
+from scheduling.core import routing
 from scheduling.snapshot import (
     SNAPSHOT_VERSION_KEY,
     Snapshot,
@@ -105,7 +106,7 @@ def _redis_failed(exc: BaseException) -> None:
 @dataclass
 class _Read:
     version: int
-    live: router.LiveState
+    live: routing.LiveState
     matches: list[prefix_index.PrefixMatch] | None
 
 
@@ -134,9 +135,9 @@ async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _R
     if chains:
         matches = prefix_index.prefix_matches_parse(raw[at], len(chains), snap.block_tokens)
     newest: float | None = None
-    loads: dict[str, router.InstanceLoad] = {}
+    loads: dict[str, routing.InstanceLoad] = {}
     for name, s in inst.items():
-        loads[name] = router.InstanceLoad(
+        loads[name] = routing.InstanceLoad(
             queue_depth=s.queue_depth,
             queued_prefill_tokens=s.queued_prefill_tokens,
             running=s.running,
@@ -145,23 +146,23 @@ async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _R
             updated_at=s.ts,
         )
         newest = s.ts if newest is None else max(newest, s.ts)
-    link_loads: dict[tuple[str, str], router.LinkLoad] = {}
+    link_loads: dict[tuple[str, str], routing.LinkLoad] = {}
     for pair, key in zip(snap.link_pairs, snap.link_keys, strict=True):
         ls = links.get(key)
         if ls is None:
             continue
-        link_loads[pair] = router.LinkLoad(
+        link_loads[pair] = routing.LinkLoad(
             egress_gbps=ls.gbps, inflight_bytes=ls.reserved_bytes, updated_at=ls.ts or None
         )
         if ls.ts:
             newest = ls.ts if newest is None else max(newest, ls.ts)
-    control: dict[str, router.ControlState] = {}
+    control: dict[str, routing.ControlState] = {}
     for cluster, fields in control_raw.items():
         try:
-            control[cluster] = router.ControlState(**fields)
+            control[cluster] = routing.ControlState(**fields)
         except TypeError:
             continue
-    live = router.LiveState(
+    live = routing.LiveState(
         now=now,
         instances=loads,
         links=link_loads,
@@ -173,15 +174,15 @@ async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _R
         # Advance each PD cluster's control state to now (pure; the telemetry path persists it).
         guards = snap.policy.guards
         advanced = {
-            pd: router.control_update(
-                control.get(pd) or router.control_initial(),
-                router.control_signals(pd, snap.topology, live),
+            pd: routing.control_update(
+                control.get(pd) or routing.control_initial(),
+                routing.control_signals(pd, snap.topology, live),
                 guards,
                 now,
             )
             for pd in snap.pd_clusters
         }
-        live = router.LiveState(
+        live = routing.LiveState(
             now=now,
             instances=loads,
             links=link_loads,
@@ -196,18 +197,18 @@ def _requests(
     snap: Snapshot,
     inputs: Sequence[RouteInput],
     found_by_chain: list[prefix_index.PrefixMatch] | None,
-) -> list[router.RouteRequest]:
+) -> list[routing.RouteRequest]:
     """Router requests; ``found_by_chain``: the prefix matches of the inputs that have a chain,
     in order."""
     out = []
     cluster_of = snap.cluster_of
     found_iter = iter(found_by_chain or ())
     for item in inputs:
-        matches: tuple[router.PrefixMatch, ...] = ()
+        matches: tuple[routing.PrefixMatch, ...] = ()
         if found_by_chain is not None and item.chain:
             found = next(found_iter)
             matches = tuple(
-                router.PrefixMatch(
+                routing.PrefixMatch(
                     cluster=cluster_of[inst],
                     tokens=tokens,
                     instance=inst,
@@ -217,7 +218,7 @@ def _requests(
                 if inst in cluster_of
             )
         out.append(
-            router.RouteRequest(
+            routing.RouteRequest(
                 origin=item.origin,
                 prompt_tokens=item.prompt_tokens,
                 prefix_matches=matches,
@@ -230,7 +231,7 @@ def _requests(
     return out
 
 
-def _record(item: RouteInput, d: router.Decision, now: float) -> traffic.TrafficRecord:
+def _record(item: RouteInput, d: routing.RouteDecision, now: float) -> traffic.TrafficRecord:
     return traffic.TrafficRecord(
         origin=item.origin,
         ts=now,
@@ -242,17 +243,17 @@ def _record(item: RouteInput, d: router.Decision, now: float) -> traffic.Traffic
     )
 
 
-def _decision_dict(d: router.Decision, memo: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def _decision_dict(d: routing.RouteDecision, memo: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """``decision_to_dict`` once per decision of a call: the recent-decisions entry and the
     response share it (``memo`` keeps the decisions themselves alive for the call)."""
     got = memo.get(id(d))
     if got is None:
-        got = memo[id(d)] = router.decision_to_dict(d)
+        got = memo[id(d)] = routing.decision_to_dict(d)
     return got
 
 
 def _recent_entry(
-    item: RouteInput, d: router.Decision, now: float, memo: dict[int, dict[str, Any]]
+    item: RouteInput, d: routing.RouteDecision, now: float, memo: dict[int, dict[str, Any]]
 ) -> str:
     return orjson.dumps(
         {
@@ -269,7 +270,7 @@ def _recent_entry(
     ).decode()
 
 
-def _transfer_end(snap: Snapshot, d: router.Decision, now: float) -> float:
+def _transfer_end(snap: Snapshot, d: routing.RouteDecision, now: float) -> float:
     """Predicted end of the decision's transfers: when its reservation expires by itself."""
     rv = d.reservation
     assert rv is not None
@@ -281,9 +282,9 @@ def _transfer_end(snap: Snapshot, d: router.Decision, now: float) -> float:
     return now + head + rv.bytes / rate + rtt
 
 
-def _error(exc: router.RouteError, batch: bool) -> ApiError:
+def _error(exc: routing.RouteError, batch: bool) -> ApiError:
     where = f"requests[{exc.index}]: " if batch and exc.index is not None else ""
-    if isinstance(exc, router.RouteUnavailable):
+    if isinstance(exc, routing.RouteUnavailable):
         return RouteUnavailableError(where + exc.detail, code=exc.code)
     status = 404 if exc.code == "unknown_origin" else 422
     return Invalid(where + exc.detail, code=exc.code, status=status)
@@ -313,11 +314,11 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
                 raise
             _redis_failed(exc)
             read = None
-    live = read.live if read is not None else router.LiveState(now=now, stale=True)
+    live = read.live if read is not None else routing.LiveState(now=now, stale=True)
     requests = _requests(snap, inputs, read.matches if read is not None else None)
     try:
-        decisions = router.route_decide_many(requests, snap.policy, snap.topology, live)
-    except router.RouteError as exc:
+        decisions = routing.route_decide_many(requests, snap.policy, snap.topology, live)
+    except routing.RouteError as exc:
         if read is not None:
             await metrics.route_error_count_async(exc.code, REDIS_DEADLINE_S)
         raise _error(exc, batch) from None
@@ -327,10 +328,10 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     originals = [
         d if d.reservation is not None and d.reservation.bytes > 0 else None for d in decisions
     ]
-    fallbacks: dict[int, router.Decision] = {}
+    fallbacks: dict[int, routing.RouteDecision] = {}
     if any(o is not None for o in originals):
-        reason = router.Reason.LINK_CONGESTED if read is not None else router.Reason.TELEMETRY_STALE
-        computed = router.route_fallback_local_many(
+        reason = routing.Reason.LINK_CONGESTED if read is not None else routing.Reason.TELEMETRY_STALE
+        computed = routing.route_fallback_local_many(
             requests, originals, snap.policy, snap.topology, live, reason=reason
         )
         for i, (original, fb) in enumerate(zip(originals, computed, strict=True)):
@@ -341,7 +342,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
                     (f"requests[{i}]: " if batch else "")
                     + f"{original.prefill.cluster} is needed for this request but its link "
                     "reservation may be refused, and the origin has no active prefill instance",
-                    code=router.Reason.ORIGIN_UNAVAILABLE,
+                    code=routing.Reason.ORIGIN_UNAVAILABLE,
                 )
             fallbacks[i] = fb
     elapsed = time.perf_counter() - started
@@ -371,8 +372,8 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
 async def _write(
     snap: Snapshot,
     inputs: Sequence[RouteInput],
-    decisions: Sequence[router.Decision],
-    fallbacks: Mapping[int, router.Decision],
+    decisions: Sequence[routing.RouteDecision],
+    fallbacks: Mapping[int, routing.RouteDecision],
     now: float,
     elapsed: float,
     batch: bool,
@@ -440,7 +441,7 @@ async def _write(
     return {i: bool(int(flat[2 * k])) for k, i in enumerate(order)}
 
 
-async def control_tick_async() -> dict[str, router.ControlState]:
+async def control_tick_async() -> dict[str, routing.ControlState]:
     """Advance and store every PD cluster's control state from the live state now (called
     after telemetry arrives, so congestion raises thresholds without waiting for a route)."""
     snap = await snapshot_get_async()

@@ -12,7 +12,7 @@ class Policy(models.Model):
     ``thresholds`` maps each PD cluster (by name) to its threshold ``t`` in tokens: a request
     whose incremental length is above ``t`` is offloaded to a PrfaaS cluster. A PD cluster
     missing from the map never offloads. ``guards`` overrides the short-term control
-    parameters of :class:`scheduling.router.Guards` (congestion, backlog, staleness, cache
+    parameters of :class:`scheduling.core.routing.RouteGuards` (congestion, backlog, staleness, cache
     transfers). Versions only grow; the current policy is the highest version. Rows are never
     edited: a change is a new version, so any decision can be traced to the policy it used.
     """
@@ -52,7 +52,7 @@ class ActuatorKind(models.TextChoices):
 class RebalanceSettings(models.Model):
     """How the long-term rebalancer treats one PD cluster: whether it applies plans by itself
     or waits for an operator, overrides of the rebalancer's guards (defaults documented in
-    ``scheduling.rebalancer``), how long a drain may take, and the actuator that carries role
+    ``scheduling.core.rebalancer``), how long a drain may take, and the actuator that carries role
     changes out to the fleet."""
 
     cluster = models.OneToOneField(

@@ -1,6 +1,6 @@
 """Plans: the Django side of the long-term rebalancer (services and selectors).
 
-``rebalance_tick`` runs the pure decision (:func:`scheduling.rebalancer.rebalance_decide`) for
+``rebalance_tick`` runs the pure decision (:func:`scheduling.core.rebalancer.rebalance_decide`) for
 one PD cluster and period on the observed traffic window and the inventory, and records the
 outcome exactly once per tick id ``(cluster, period_start)``: a unique constraint, not a lock,
 makes a second beat or a retry of the same period return the first tick's row.
@@ -38,7 +38,7 @@ from clusters.topology import topology_scenario
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
-from scheduling import rebalancer
+from scheduling.core import rebalancer
 from scheduling.actuators import Actuator, ActuatorError, StepNotice, actuator_for
 from scheduling.models import (
     Plan,
@@ -49,9 +49,9 @@ from scheduling.models import (
     RebalanceSettings,
     RebalanceTick,
 )
-from scheduling.planner import fleet_from_scenario
+from scheduling.core.planner import fleet_from_scenario
 from scheduling.policies import policy_create, policy_current
-from scheduling.scenario import ScenarioError
+from scheduling.core.scenario import ScenarioError
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, snapshot_version_bump
 from scheduling.traffic import traffic_window_read
 
@@ -122,9 +122,9 @@ def rebalance_settings_for(cluster: Cluster) -> RebalanceSettings:
     return found if found is not None else RebalanceSettings(cluster=cluster)
 
 
-def guards_for(settings_row: RebalanceSettings) -> rebalancer.Guards:
+def guards_for(settings_row: RebalanceSettings) -> rebalancer.RebalanceGuards:
     try:
-        return rebalancer.Guards().with_overrides(dict(settings_row.guards or {}))
+        return rebalancer.RebalanceGuards().with_overrides(dict(settings_row.guards or {}))
     except (TypeError, ValueError) as exc:
         raise Invalid(f"guards: {exc}") from exc
 
@@ -203,7 +203,7 @@ def _settings_snapshot(row: RebalanceSettings) -> dict[str, Any]:
 
 def window_from_traffic(
     raw: Any, *, recorder_seen_at: float | None, default_output_tokens: float
-) -> rebalancer.TrafficWindow:
+) -> rebalancer.TrafficSummary:
     """The rebalancer's window from the traffic store's (``scheduling.traffic.TrafficWindow``).
 
     Routers rarely know output lengths; without any, the cluster's configured mean is used.
@@ -213,7 +213,7 @@ def window_from_traffic(
     output_mean = (
         raw.output_tokens / raw.output_known if raw.output_known else float(default_output_tokens)
     )
-    return rebalancer.TrafficWindow(
+    return rebalancer.TrafficSummary(
         start_s=raw.start,
         end_s=raw.end,
         arrivals=raw.arrivals,
@@ -395,7 +395,7 @@ def rebalance_tick(
         try:
             port = factory(cluster, {"window": window})
         except (ScenarioError, KeyError, AssertionError, ValueError) as exc:
-            decision = rebalancer.Decision(
+            decision = rebalancer.RebalanceDecision(
                 action="hold",
                 reason=HOLD_INVENTORY_INCOMPLETE,
                 detail=f"the inventory cannot be planned: {exc}",
@@ -442,7 +442,7 @@ def _plan_from_decision(
     tick: RebalanceTick,
     cluster: Cluster,
     row: RebalanceSettings,
-    decision: rebalancer.Decision,
+    decision: rebalancer.RebalanceDecision,
     policy: Policy | None,
     actor: Actor,
 ) -> Plan | None:

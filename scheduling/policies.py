@@ -17,15 +17,15 @@ from django.db.models import Max
 from clusters.models import Cluster, ClusterKind
 from controlplane.audit import Actor, change_record_create, snapshot
 from controlplane.errors import Conflict, Invalid
-from scheduling import router
+from scheduling.core import routing
 from scheduling.models import Policy
 
 # Largest threshold a policy may hold; far beyond any context window, still a finite number.
 MAX_THRESHOLD_TOKENS = 100_000_000
-_GUARD_FIELDS = {f.name for f in dataclasses.fields(router.Guards)}
+_GUARD_FIELDS = {f.name for f in dataclasses.fields(routing.RouteGuards)}
 
 
-def guards_from_json(guards: Mapping[str, Any]) -> router.Guards:
+def guards_from_json(guards: Mapping[str, Any]) -> routing.RouteGuards:
     """The router's guards with ``guards`` overriding the defaults; Invalid names the problem."""
     if not isinstance(guards, Mapping):
         raise Invalid("guards: must be an object")
@@ -35,7 +35,7 @@ def guards_from_json(guards: Mapping[str, Any]) -> router.Guards:
             f"guards.{unknown[0]}: unknown guard (known: {', '.join(sorted(_GUARD_FIELDS))})"
         )
     for name, value in guards.items():
-        expected = type(getattr(router.Guards(), name))
+        expected = type(getattr(routing.RouteGuards(), name))
         if expected is bool:
             ok = isinstance(value, bool)
         elif expected is str:
@@ -49,7 +49,7 @@ def guards_from_json(guards: Mapping[str, Any]) -> router.Guards:
         if not ok:
             raise Invalid(f"guards.{name}: must be a {expected.__name__}")
     try:
-        return router.Guards(**dict(guards))
+        return routing.RouteGuards(**dict(guards))
     except (TypeError, ValueError) as exc:
         raise Invalid(str(exc)) from None
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from clusters.models import Link, ModelProfile, PerformanceProfile
 from scheduling.models import Policy
-from scheduling.performance import (
+from scheduling.core.performance import (
     Table,
     cluster_egress_gbps,
     kv_bytes,

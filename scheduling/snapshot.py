@@ -1,7 +1,7 @@
 """The in-process topology and policy snapshot the request path decides with.
 
 The route endpoint must not query the database per request, so each web process builds the
-pure :class:`scheduling.router.Topology` and :class:`scheduling.router.Policy` from the
+pure :class:`scheduling.core.routing.Topology` and :class:`scheduling.core.routing.RoutingPolicy` from the
 database once and keeps them in memory, together with the serialised ``GET /api/v1/policy``
 body and its ETag.
 
@@ -43,7 +43,7 @@ from clusters.models import (
     PerformanceProfile,
     Site,
 )
-from scheduling import router
+from scheduling.core import routing
 from scheduling.models import Policy
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ def link_key(source: str, target: str) -> str:
 class Snapshot:
     """Everything the request path needs that changes only with inventory or policy."""
 
-    policy: router.Policy
-    topology: router.Topology
+    policy: routing.RoutingPolicy
+    topology: routing.Topology
     redis_version: int | None
     built_at: float
     body: bytes
@@ -88,8 +88,8 @@ class Snapshot:
     known_links: frozenset[str] = frozenset()
 
 
-def _model_spec(model: ModelProfile) -> router.ModelSpec:
-    return router.ModelSpec(
+def _model_spec(model: ModelProfile) -> routing.ModelSpec:
+    return routing.ModelSpec(
         name=model.name,
         block_tokens=model.block_tokens,
         kv_cache_mib=tuple((float(x), float(y)) for x, y in model.kv_cache_mib),
@@ -119,7 +119,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
     profiles = {(p.accelerator_id, p.model_id): p for p in PerformanceProfile.objects.all()}
     model = _choose_model(clusters)
     skipped: list[str] = []
-    specs: list[router.ClusterSpec] = []
+    specs: list[routing.ClusterSpec] = []
     for c in clusters:
         if model is None or c.model_id != model.pk:
             skipped.append(f"cluster {c.name}: serves another model")
@@ -130,9 +130,9 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             continue
         decode = None
         if prof.decode_max_batch is not None and prof.decode_step_seconds is not None:
-            decode = router.DecodeProfile(prof.decode_max_batch, prof.decode_step_seconds)
+            decode = routing.DecodeProfile(prof.decode_max_batch, prof.decode_step_seconds)
         specs.append(
-            router.ClusterSpec(
+            routing.ClusterSpec(
                 name=c.name,
                 kind=c.kind,
                 prefill_seconds=tuple((float(x), float(y)) for x, y in prof.prefill_seconds),
@@ -144,13 +144,13 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
     kept = {s.name for s in specs}
     all_instances = list(Instance.objects.select_related("cluster"))
     instances = tuple(
-        router.InstanceSpec(
+        routing.InstanceSpec(
             name=i.name, cluster=i.cluster.name, role=i.role, state=i.state, endpoint=i.endpoint
         )
         for i in all_instances
         if i.cluster.name in kept
     )
-    links: list[router.LinkSpec] = []
+    links: list[routing.LinkSpec] = []
     all_links = list(Link.objects.select_related("source", "target"))
     for lk in all_links:
         if lk.source.name not in kept or lk.target.name not in kept:
@@ -159,7 +159,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             skipped.append(f"link {lk.source.name}->{lk.target.name}: 0 Gbps (down)")
             continue
         links.append(
-            router.LinkSpec(
+            routing.LinkSpec(
                 source=lk.source.name,
                 target=lk.target.name,
                 gbps=lk.gbps,
@@ -168,22 +168,22 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             )
         )
     if model is None:
-        model_spec = router.ModelSpec(name="", block_tokens=16, kv_cache_mib=((1.0, 0.0),))
+        model_spec = routing.ModelSpec(name="", block_tokens=16, kv_cache_mib=((1.0, 0.0),))
     else:
         model_spec = _model_spec(model)
-    topology = router.Topology(
+    topology = routing.Topology(
         model=model_spec, clusters=tuple(specs), instances=instances, links=tuple(links)
     )
     pd_clusters = tuple(s.name for s in specs if s.kind == ClusterKind.PD)
     current = Policy.objects.order_by("-version").first()
     if current is None:
-        policy = router.Policy(
+        policy = routing.RoutingPolicy(
             version=0, thresholds={name: DEFAULT_THRESHOLD_TOKENS for name in pd_clusters}
         )
     else:
         from scheduling.policies import guards_from_json
 
-        policy = router.Policy(
+        policy = routing.RoutingPolicy(
             version=current.version,
             # A PD cluster the policy does not name yet (added since) gets the default, the
             # same value the rebalancer takes as its current setting.
@@ -193,7 +193,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             },
             guards=guards_from_json(current.guards),
         )
-    data = router.policy_snapshot_to_dict(router.PolicySnapshot(policy=policy, topology=topology))
+    data = routing.policy_snapshot_to_dict(routing.PolicySnapshot(policy=policy, topology=topology))
     body = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     return Snapshot(
         policy=policy,

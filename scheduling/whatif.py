@@ -30,8 +30,8 @@ from clusters.live.connection import redis_sync
 from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
-from scheduling.planner import plan_scenario
-from scheduling.scenario import (
+from scheduling.core.planner import plan_scenario
+from scheduling.core.scenario import (
     Scenario,
     ScenarioError,
     scenario_load,
@@ -41,7 +41,7 @@ from scheduling.scenario import (
 from scheduling.traffic import traffic_window_read
 
 if TYPE_CHECKING:
-    from scheduling.simulator import SimulationConfig, SimulationResult
+    from scheduling.core.simulator import SimulationConfig, SimulationResult
 
 INVENTORY = "inventory"
 RunStatus = Literal["queued", "running", "finished", "failed"]
@@ -264,10 +264,10 @@ class _Reporting(list[Any]):
 def _simulate(
     scenario: Scenario, config: SimulationConfig, report: Callable[[int], None]
 ) -> SimulationResult:
-    # scheduling.simulator.run.simulate, with the request list wrapped to report progress.
-    from scheduling.simulator.policies import fleet_plan
-    from scheduling.simulator.run import result_build, simulation_build
-    from scheduling.simulator.workload import workload_build
+    # scheduling.core.simulator.run.simulate, with the request list wrapped to report progress.
+    from scheduling.core.simulator.policies import fleet_plan
+    from scheduling.core.simulator.run import result_build, simulation_build
+    from scheduling.core.simulator.workload import workload_build
 
     started = time.perf_counter()
     fleet = fleet_plan(scenario, config.policy, plan_scenario(scenario), threshold=config.threshold)
@@ -329,8 +329,8 @@ def result_summary(result: SimulationResult) -> dict[str, Any]:
 
 def whatif_execute(run_id: int) -> dict[str, Any]:
     """Run both simulations of a stored run, publishing progress; store and return the result."""
-    from scheduling.simulator import SimulationConfig
-    from scheduling.simulator.workload import WorkloadError
+    from scheduling.core.simulator import SimulationConfig
+    from scheduling.core.simulator.workload import WorkloadError
 
     run = whatif_get(run_id)
     params = WhatIfParams(**run["params"])

@@ -11,7 +11,7 @@ from clusters.topology import topology_apply_mapping, topology_export
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
 from controlplane.errors import Invalid
-from scheduling.scenario import SCENARIO_OPTIONAL_KEYS, SCENARIO_REQUIRED_KEYS, ScenarioError
+from scheduling.core.scenario import SCENARIO_OPTIONAL_KEYS, SCENARIO_REQUIRED_KEYS, ScenarioError
 
 router = Router(tags=["topology"])
 SCENARIO_BODY = Body(..., description="a scenario mapping (the YAML file as JSON)")

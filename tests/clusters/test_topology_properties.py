@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from clusters.models import Cluster, Instance, Link
 from clusters.topology import topology_apply, topology_export
 from controlplane.audit import CLI_ACTOR
-from scheduling.scenario import scenario_parse
+from scheduling.core.scenario import scenario_parse
 
 
 @st.composite

@@ -16,7 +16,8 @@ from clusters.models import Cluster, Instance, InstanceState
 from controlplane.audit import Actor
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.models import ChangeRecord
-from scheduling import plans, rebalancer
+from scheduling import plans
+from scheduling.core import rebalancer
 from scheduling.models import Plan, PlanStatus, PlanStep, Policy, RebalanceTick
 from scheduling.policies import policy_current
 from tests.scheduling.rebalance_support import (

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import yaml
 
-from scheduling.performance import TruncatedLognormal
-from scheduling.planner import fleet_from_scenario, plan_fleet, plan_scenario
-from scheduling.rebalancer import Guards, reversals_per_hour
-from scheduling.scenario import Scenario, scenario_load, scenario_parse
-from scheduling.simulator.replan import PlannerReplanner
-from scheduling.simulator.run import SimulationConfig, simulate
+from scheduling.core.performance import TruncatedLognormal
+from scheduling.core.planner import fleet_from_scenario, plan_fleet, plan_scenario
+from scheduling.core.rebalancer import RebalanceGuards, reversals_per_hour
+from scheduling.core.scenario import Scenario, scenario_load, scenario_parse
+from scheduling.core.simulator.replan import PlannerReplanner
+from scheduling.core.simulator.run import SimulationConfig, simulate
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_noisy_constant_traffic_does_not_flap_in_the_simulator(scenarios_dir: Pa
     assert len(ticks) >= 30  # the long-term loop really ran every ten minutes for six hours
     assert all(count <= 1 for count in reversals_per_hour(ticks).values())
     for now, decision in ticks:
-        if decision.gain is not None and decision.gain < Guards().dead_band:
+        if decision.gain is not None and decision.gain < RebalanceGuards().dead_band:
             # Inside the dead band nothing changes: no plan, no role change, no new threshold.
             assert decision.action == "hold" and decision.role_changes == ()
             assert all(t != now for t, *_ in result.replans)

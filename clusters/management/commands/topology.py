@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from clusters.topology import topology_apply, topology_export
 from controlplane.audit import Actor
-from scheduling.scenario import ScenarioError, scenario_load
+from scheduling.core.scenario import ScenarioError, scenario_load
 
 # A bad scenario file is a usage error: exit status 2, like argparse.
 BAD_INPUT = 2

@@ -1,6 +1,6 @@
 """``manage.py emulate [SCENARIO]``: an emulated PrfaaS fleet driving the control plane over HTTP.
 
-The logic is :mod:`scheduling.emulator`; this command reads the scenario, builds its workload,
+The logic is :mod:`fleet.emulator`; this command reads the scenario, builds its workload,
 finds the tokens and the control plane's address, and runs until Ctrl-C (or ``--duration``).
 """
 
@@ -19,9 +19,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from clusters.live.connection import redis_sync
-from scheduling.emulator import EmulatorConfig, EmulatorError, FleetEmulator
-from scheduling.scenario import ScenarioError, scenario_load
-from scheduling.simulator.workload import WorkloadError, workload_build
+from fleet.emulator import EmulatorConfig, EmulatorError, FleetEmulator
+from scheduling.core.scenario import ScenarioError, scenario_load
+from scheduling.core.simulator.workload import WorkloadError, workload_build
 
 
 def default_scenario() -> Path:

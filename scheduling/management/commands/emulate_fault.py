@@ -1,6 +1,6 @@
 """``manage.py emulate_fault``: inject a fault into the running fleet emulator.
 
-The fault goes on the emulator's Redis list (:data:`scheduling.emulator.FAULTS_KEY`); the
+The fault goes on the emulator's Redis list (:data:`fleet.emulator.FAULTS_KEY`); the
 emulator applies it at its next tick (a fraction of a second). Names are checked against the
 inventory first, so a typo is an error here rather than a warning in the emulator's log.
 
@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind, Instance, Link
-from scheduling.emulator import FaultError, emulator_fault_push, emulator_status_read
+from fleet.emulator import FaultError, emulator_fault_push, emulator_status_read
 
 
 class Command(BaseCommand):

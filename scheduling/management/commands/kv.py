@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.performance import (
+from scheduling.core.performance import (
     MIB,
     Table,
     cluster_egress_gbps,
@@ -19,7 +19,7 @@ from scheduling.performance import (
     phi_kv_gbps,
     prefill_seconds,
 )
-from scheduling.scenario import ScenarioError, scenario_load
+from scheduling.core.scenario import ScenarioError, scenario_load
 
 MAX_TOKENS = 10_000_000
 

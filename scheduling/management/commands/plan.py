@@ -1,6 +1,6 @@
 """``manage.py plan FILE``: the planner's answer for a scenario, with the paper's baselines.
 
-A thin wrapper: the model lives in :mod:`scheduling.planner`.
+A thin wrapper: the model lives in :mod:`scheduling.core.planner`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.planner import (
+from scheduling.core.planner import (
     Evaluation,
     PlanResult,
     SplitSweep,
@@ -26,7 +26,7 @@ from scheduling.planner import (
     sweep_threshold,
     workload_lengths,
 )
-from scheduling.scenario import ScenarioError, scenario_load
+from scheduling.core.scenario import ScenarioError, scenario_load
 
 
 def _num(x: float | None, fmt: str = ".2f") -> str:

@@ -1,6 +1,6 @@
 """``manage.py simulate FILE --policy P (--rate R | --capacity)``: replay a scenario or trace.
 
-A thin wrapper over :mod:`scheduling.simulator`. Bad arguments and unusable files print a
+A thin wrapper over :mod:`scheduling.core.simulator`. Bad arguments and unusable files print a
 message naming the problem and exit with status 2.
 """
 
@@ -15,14 +15,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.scenario import ScenarioError, scenario_load
-from scheduling.simulator.capacity import CapacityResult, capacity_search
-from scheduling.simulator.policies import POLICIES, PolicyError
-from scheduling.simulator.report import report_write, requests_csv_write
-from scheduling.simulator.routing import ROUTING_LENGTHS
-from scheduling.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
-from scheduling.simulator.trace import TraceError
-from scheduling.simulator.workload import WorkloadError
+from scheduling.core.scenario import ScenarioError, scenario_load
+from scheduling.core.simulator.capacity import CapacityResult, capacity_search
+from scheduling.core.simulator.policies import POLICIES, PolicyError
+from scheduling.core.simulator.report import report_write, requests_csv_write
+from scheduling.core.simulator.routing import ROUTING_LENGTHS
+from scheduling.core.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
+from scheduling.core.simulator.trace import TraceError
+from scheduling.core.simulator.workload import WorkloadError
 
 DEFAULT_REQUESTS = 10_000
 MAX_REQUESTS = 10_000_000

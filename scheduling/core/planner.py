@@ -1,0 +1,914 @@
+"""The long-term planner: PrfaaS's throughput model (paper Eqs. 3-6) and the search for the
+offload threshold t and the prefill/decode split that maximise sustainable throughput.
+
+Pure Python and numpy (scipy for one LP): no Django. Frozen dataclasses in and out. The CLI,
+the rebalancer and the simulator all call :func:`plan_fleet` / :func:`evaluate`, so a fleet
+need not come from a scenario file (the rebalancer builds :class:`FleetSpec` from the database
+and an empirical :class:`~scheduling.core.performance.DiscreteLengths` from observed traffic).
+
+Model, generalised beyond the paper's single pair. The total arrival rate is Lambda; PD cluster
+c receives the share s_c of it and offloads the fraction p_c = P(L > t_c) to PrfaaS, all of
+mean length l_long,c; the rest, of mean length l_short,c, prefills on its N_p,c PD-P
+instances; all of it decodes on its N_d,c PD-D instances. Stage bounds on Lambda:
+
+* PD-P of c:  N_p,c / ((1 - p_c) s_c T_c(l_short,c))                       (Eq. 4)
+* PD-D of c:  N_d,c * BS_max / (T_decode L_out) / s_c                        (Eq. 5)
+* PrfaaS: compute shared by all PD clusters, each link (j -> c) within its capacity:
+  one PrfaaS cluster: N_j / sum_c s_c p_c T_j(l_long,c) and B_jc / (s_c p_c S_kv(l_long,c));
+  several: the largest Lambda a linear program can route (flows f_jc) within every cluster's
+  compute and every link.                                                   (Eq. 3)
+
+Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck.
+
+Search. One PD cluster: exhaustive over the threshold grid x the integer split, vectorised, the
+exact argmax. Several PD clusters: the feasible set shrinks as Lambda grows, so Lambda_max is
+found by bisection; at each Lambda every PD cluster independently picks, among its (t, split)
+cells whose local bounds and link allow Lambda, the one that costs PrfaaS the fewest
+compute-seconds per second; with one PrfaaS cluster this choice is exact (the clusters couple
+only through that sum). With several PrfaaS clusters the cost is measured on the fastest linked
+one and the LP checks the result: a heuristic, but every answer is evaluated exactly.
+
+Ties (equal Lambda) go to the smaller offload fraction, then the smaller threshold, then fewer
+prefill instances: keep traffic local when offloading buys nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linprog
+
+from scheduling.core.performance import (
+    FloatArray,
+    LengthDistribution,
+    Table,
+    decode_rate_per_instance,
+    kv_bytes,
+    length_distribution,
+    length_split,
+    prefill_seconds,
+    weighted_quantile,
+)
+from scheduling.core.scenario import Scenario, ScenarioError, workload_length_distributions
+
+INF = math.inf
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class PrfaasPool:
+    """A PrfaaS cluster as the planner sees it: prefill-only instances of one accelerator."""
+
+    name: str
+    instances: int
+    prefill: Table
+    gpus_per_instance: int = 8
+    gpu_hour_cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class PdPool:
+    """A PD cluster as the planner sees it: ``instances`` to split between prefill and
+    decode, and the share of the total traffic that arrives there."""
+
+    name: str
+    instances: int
+    prefill: Table
+    max_batch: int
+    step_seconds: float
+    share: float = 1.0
+    gpus_per_instance: int = 8
+    gpu_hour_cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class FleetLink:
+    """Capacity of the path from a PrfaaS cluster to a PD cluster (0 = down)."""
+
+    source: str
+    target: str
+    gbps: float
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """Everything about the hardware the model needs, wherever it was read from."""
+
+    kv_mib: Table
+    prfaas: tuple[PrfaasPool, ...]
+    pd: tuple[PdPool, ...]
+    links: tuple[FleetLink, ...] = ()
+
+    def link_gbps(self, source: str, target: str) -> float:
+        return sum(
+            link.gbps for link in self.links if link.source == source and link.target == target
+        )
+
+    def pd_pool(self, name: str) -> PdPool:
+        for pool in self.pd:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+
+
+@dataclass(frozen=True)
+class ClusterResult:
+    """One PD cluster at one setting. Thetas are absolute rates in req/s, as in the paper:
+    ``theta_prfaas`` is what the PrfaaS stage can take of this cluster's offloaded traffic."""
+
+    name: str
+    share: float
+    threshold_tokens: float
+    offload_fraction: float
+    l_long: float | None
+    l_short: float | None
+    n_p: int
+    n_d: int
+    theta_prfaas: float | None
+    theta_pd_p: float | None
+    theta_pd_d: float
+    throughput_rps: float
+    egress_gbps: float
+    link_gbps: float
+    ttft_mean_s: float
+    ttft_p90_s: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The model at one setting: Lambda_max, every stage's bound on it and the bottleneck."""
+
+    throughput_rps: float
+    bottleneck: str
+    bottleneck_at: str
+    stage_bounds: Mapping[str, float]
+    clusters: tuple[ClusterResult, ...]
+    n_prfaas: int
+    egress_gbps: float
+    ttft_mean_s: float
+    ttft_p90_s: float
+
+    def cluster(self, name: str) -> ClusterResult:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The optimum and the paper's three baselines, with the throughput gains over each."""
+
+    prfaas: Evaluation
+    homogeneous: Evaluation
+    naive_heterogeneous: Evaluation
+    equal_cost_homogeneous: Evaluation
+    homogeneous_instances: int
+    equal_cost_instances: int
+    gains: Mapping[str, float | None]
+    threshold_step: float
+    output_tokens: float
+    mean_input_tokens: float
+
+
+@dataclass(frozen=True)
+class ThresholdSweep:
+    """Figure 5(b): the bounds on Lambda of one PD cluster as t moves, split fixed."""
+
+    cluster: str
+    n_p: int
+    n_d: int
+    thresholds: tuple[float, ...]
+    offload_fraction: tuple[float, ...]
+    bound_prfaas: tuple[float, ...]
+    bound_pd_p: tuple[float, ...]
+    bound_pd_d: tuple[float, ...]
+    throughput: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SplitSweep:
+    """Figure 5(a): the bounds on Lambda of one PD cluster as its split moves, t fixed."""
+
+    cluster: str
+    threshold_tokens: float
+    n_p: tuple[int, ...]
+    bound_prfaas: tuple[float, ...]
+    bound_pd_p: tuple[float, ...]
+    bound_pd_d: tuple[float, ...]
+    throughput: tuple[float, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# From a scenario
+
+
+def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
+    """The fleet a scenario describes, with each PD cluster's traffic share."""
+    origins = scenario.workload.origins if scenario.workload is not None else {}
+
+    def cost(acc: str) -> float:
+        return scenario.accelerator(acc).gpu_hour_cost
+
+    prfaas = []
+    pd = []
+    for c in scenario.clusters:
+        prof = scenario.profile_for(c.accelerator)
+        table = Table.from_points(prof.prefill_seconds)
+        if c.kind == "prfaas":
+            prfaas.append(
+                PrfaasPool(
+                    c.name, c.prefill_instances, table, prof.gpus_per_instance, cost(c.accelerator)
+                )
+            )
+        else:
+            assert prof.decode is not None  # the reader guarantees it for pd clusters
+            share = origins.get(c.name, 1.0 if len(scenario.pd_clusters) == 1 else 0.0)
+            pd.append(
+                PdPool(
+                    c.name,
+                    c.instances,
+                    table,
+                    prof.decode.max_batch,
+                    prof.decode.step_seconds,
+                    share,
+                    prof.gpus_per_instance,
+                    cost(c.accelerator),
+                )
+            )
+    links = tuple(FleetLink(link.source, link.target, link.gbps) for link in scenario.links)
+    return FleetSpec(
+        Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), links
+    )
+
+
+def workload_lengths(scenario: Scenario) -> tuple[LengthDistribution, float]:
+    """The uncached input-length distribution and the mean output length of a scenario's
+    workload (a prefix-hit fraction h shrinks every length to (1 - h) of it)."""
+    if scenario.workload is None:
+        raise ScenarioError("workload", "required key is missing (the planner needs the traffic)")
+    inp, out = workload_length_distributions(scenario.workload, bin_tokens=16)
+    hit = scenario.workload.prefix_hit_fraction or 0.0
+    if hit >= 1.0:
+        raise ScenarioError(
+            "workload.prefix_hit_fraction", "every token cached leaves nothing to plan"
+        )
+    return length_distribution(inp, scale=1.0 - hit), length_distribution(out).mean
+
+
+# --------------------------------------------------------------------------------------------
+# The model at one setting
+
+
+def _div(num: float, den: float) -> float:
+    if den <= 0:
+        return INF if num > 0 or (den == 0 and num == 0) else 0.0
+    return num / den
+
+
+def _linked(fleet: FleetSpec, c: PdPool) -> list[tuple[PrfaasPool, float]]:
+    return [(j, fleet.link_gbps(j.name, c.name)) for j in fleet.prfaas]
+
+
+def _prfaas_lp(
+    fleet: FleetSpec, demand: Mapping[str, tuple[float, float]]
+) -> tuple[float, dict[tuple[str, str], float]]:
+    """Largest Lambda whose offloaded traffic can be routed: ``demand[c] = (s_c p_c, l_long)``.
+    Returns Lambda and the flows (req/s per unit... at that Lambda) per (prfaas, pd) pair."""
+    names = [c for c, (d, _) in demand.items() if d > 0]
+    if not names:
+        return INF, {}
+    pairs = [
+        (j, c)
+        for c in names
+        for j in fleet.prfaas
+        if fleet.link_gbps(j.name, c) > 0 and j.instances > 0
+    ]
+    n = 1 + len(pairs)
+    cost = np.zeros(n)
+    cost[0] = -1.0
+    a_eq = np.zeros((len(names), n))
+    for row, c in enumerate(names):
+        a_eq[row, 0] = -demand[c][0]
+        for k, (_, cc) in enumerate(pairs):
+            if cc == c:
+                a_eq[row, 1 + k] = 1.0
+    a_ub = np.zeros((len(fleet.prfaas), n))
+    b_ub = np.zeros(len(fleet.prfaas))
+    for row, j in enumerate(fleet.prfaas):
+        b_ub[row] = j.instances
+        for k, (jj, c) in enumerate(pairs):
+            if jj is j:
+                a_ub[row, 1 + k] = float(prefill_seconds(j.prefill, demand[c][1]))
+    bounds: list[tuple[float, float | None]] = [(0.0, 1e12)]
+    for j, c in pairs:
+        bits = float(kv_bytes(fleet.kv_mib, demand[c][1])) * 8.0
+        bounds.append((0.0, _div(fleet.link_gbps(j.name, c) * 1e9, bits)))
+    res = linprog(
+        cost,
+        A_ub=a_ub,
+        b_ub=b_ub,
+        A_eq=a_eq,
+        b_eq=np.zeros(len(names)),
+        bounds=bounds,
+        method="highs",
+    )
+    if res.status != 0:
+        return 0.0, {}
+    lam = float(res.x[0])
+    return (INF if lam >= 1e11 else lam), {
+        (j.name, c): float(res.x[1 + k]) for k, (j, c) in enumerate(pairs)
+    }
+
+
+def _as_mapping(fleet: FleetSpec, value: Any, what: str) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        missing = [c.name for c in fleet.pd if c.name not in value]
+        if missing:
+            raise ValueError(f"{what} missing for {', '.join(missing)}")
+        return dict(value)
+    return {c.name: value for c in fleet.pd}
+
+
+def evaluate(
+    fleet: FleetSpec,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    thresholds: Mapping[str, float] | float,
+    splits: Mapping[str, int] | int,
+    *,
+    with_ttft: bool = True,
+) -> Evaluation:
+    """The throughput model at a given setting: threshold and number of prefill instances
+    (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster."""
+    ts = _as_mapping(fleet, thresholds, "threshold")
+    ns = _as_mapping(fleet, splits, "split")
+    bounds: dict[str, float] = {}
+    per: dict[str, dict[str, Any]] = {}
+    for c in fleet.pd:
+        n_p = int(ns[c.name])
+        if not 0 <= n_p <= c.instances:
+            raise ValueError(f"{c.name}: n_p must be within 0..{c.instances}, got {n_p}")
+        sp = length_split(lengths, [ts[c.name]])
+        p, l_long, l_short = float(sp.p[0]), float(sp.l_long[0]), float(sp.l_short[0])
+        rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
+        theta_d = (c.instances - n_p) * rate
+        theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
+        if c.share > 0:
+            bounds[f"pd_prefill:{c.name}"] = (
+                INF if theta_p is None else _div(theta_p, (1 - p) * c.share)
+            )
+            bounds[f"pd_decode:{c.name}"] = _div(theta_d, c.share)
+        per[c.name] = {
+            "p": p,
+            "l_long": l_long,
+            "l_short": l_short,
+            "theta_p": theta_p,
+            "theta_d": theta_d,
+        }
+
+    demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
+    offloading = [c for c in fleet.pd if demand[c.name][0] > 0]
+    prfaas_bound = INF
+    if offloading and len(fleet.prfaas) <= 1:
+        j = fleet.prfaas[0] if fleet.prfaas else None
+        work = (
+            sum(
+                d * float(prefill_seconds(j.prefill, ll))
+                for d, ll in (demand[c.name] for c in offloading)
+            )
+            if j
+            else 0.0
+        )
+        key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
+        bounds[key] = _div(j.instances if j else 0.0, work)
+        prfaas_bound = bounds[key]
+        for c in offloading:
+            d, ll = demand[c.name]
+            gbps = fleet.link_gbps(j.name, c.name) if j else 0.0
+            lk = f"link:{j.name if j else 'none'}->{c.name}"
+            bounds[lk] = _div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
+            prfaas_bound = min(prfaas_bound, bounds[lk])
+    elif offloading:
+        prfaas_bound, _ = _prfaas_lp(fleet, demand)
+        bounds["prfaas"] = prfaas_bound
+
+    broken = [k for k, v in bounds.items() if math.isnan(v)]
+    if broken:
+        raise ValueError(f"the model is undefined at this setting ({', '.join(broken)})")
+    throughput = min(bounds.values(), default=INF)
+    if not math.isfinite(throughput):
+        raise ValueError("the model is unbounded: no traffic share, or zero output tokens")
+    order = ["prfaas_compute", "prfaas", "link", "pd_prefill", "pd_decode"]
+    tight = min(bounds.items(), key=lambda kv: (kv[1], order.index(kv[0].split(":")[0])))
+    stage, _, at = tight[0].partition(":")
+
+    results = []
+    all_x: list[FloatArray] = []
+    all_w: list[FloatArray] = []
+    total_egress = 0.0
+    x, w = lengths.nodes() if with_ttft else (np.zeros(1), np.ones(1))
+    for c in fleet.pd:
+        v = per[c.name]
+        p = v["p"]
+        lam_c = throughput * c.share
+        egress = (
+            lam_c * p * float(kv_bytes(fleet.kv_mib, v["l_long"])) * 8.0 / 1e9 if p > 0 else 0.0
+        )
+        total_egress += egress
+        theta_prf = prfaas_bound * c.share * p if p > 0 and math.isfinite(prfaas_bound) else None
+        # Queue-free TTFT: prefill time on whichever hardware the threshold sends each length
+        # to (transfer is hidden by layer-wise pipelining, PRFAAS.md section 7.5).
+        linked = [j for j, gbps in _linked(fleet, c) if gbps > 0 and j.instances > 0]
+        local_t = prefill_seconds(c.prefill, x)
+        if linked and p > 0:
+            remote = min(linked, key=lambda j: float(prefill_seconds(j.prefill, v["l_long"])))
+            ttft = np.where(x > ts[c.name], prefill_seconds(remote.prefill, x), local_t)
+        else:
+            ttft = local_t
+        all_x.append(ttft)
+        all_w.append(w * c.share)
+        results.append(
+            ClusterResult(
+                name=c.name,
+                share=c.share,
+                threshold_tokens=float(ts[c.name]),
+                offload_fraction=p,
+                l_long=None if math.isnan(v["l_long"]) else v["l_long"],
+                l_short=None if math.isnan(v["l_short"]) else v["l_short"],
+                n_p=int(ns[c.name]),
+                n_d=c.instances - int(ns[c.name]),
+                theta_prfaas=theta_prf,
+                theta_pd_p=v["theta_p"],
+                theta_pd_d=v["theta_d"],
+                throughput_rps=lam_c,
+                egress_gbps=egress,
+                link_gbps=sum(gbps for _, gbps in _linked(fleet, c)),
+                ttft_mean_s=float(np.dot(ttft, w)),
+                ttft_p90_s=weighted_quantile(ttft, w, 0.9),
+            )
+        )
+    tx = np.concatenate(all_x)
+    tw = np.concatenate(all_w)
+    if tw.sum() <= 0:
+        tw = np.ones_like(tx)
+    return Evaluation(
+        throughput_rps=throughput,
+        bottleneck=stage,
+        bottleneck_at=at,
+        stage_bounds=bounds,
+        clusters=tuple(results),
+        n_prfaas=sum(j.instances for j in fleet.prfaas),
+        egress_gbps=total_egress,
+        ttft_mean_s=float(np.dot(tx, tw) / tw.sum()),
+        ttft_p90_s=weighted_quantile(tx, tw, 0.9),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Search
+
+
+def threshold_grid(lengths: LengthDistribution, step: float = 100) -> FloatArray:
+    """Thresholds ``step`` apart covering the support, from one below the shortest length
+    (offload everything) to one at or above the longest (offload nothing)."""
+    if step <= 0:
+        raise ValueError("threshold step must be positive")
+    lo, hi = lengths.support
+    start = step * math.floor(lo / step)
+    if start >= lo:
+        start -= step
+    end = step * math.ceil(hi / step)
+    return np.asarray(start + step * np.arange(round((end - start) / step) + 1), dtype=float)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Per-cluster arrays over thresholds (K) and prefill counts (M)."""
+
+    thresholds: FloatArray  # K
+    p: FloatArray  # K
+    n_p: FloatArray  # M
+    bound_prfaas: FloatArray  # K: this cluster alone on the PrfaaS stage
+    bound_pd_p: FloatArray  # K x M
+    bound_pd_d: FloatArray  # M
+    work: FloatArray  # K: PrfaaS compute-seconds per unit Lambda (fastest linked PrfaaS)
+    egress: FloatArray  # K: Gbps per unit Lambda
+    link_total: float
+    l_long: FloatArray  # K (nan where nothing is offloaded)
+
+    @property
+    def local(self) -> FloatArray:
+        return np.minimum(self.bound_pd_p, self.bound_pd_d[None, :])
+
+    @property
+    def throughput(self) -> FloatArray:
+        return np.minimum(self.local, self.bound_prfaas[:, None])
+
+
+def _grid(
+    fleet: FleetSpec,
+    c: PdPool,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    thresholds: FloatArray,
+    n_range: tuple[int, int],
+) -> _Grid:
+    sp = length_split(lengths, thresholds)
+    p = sp.p
+    s = c.share
+    long_ok = np.nan_to_num(sp.l_long, nan=lengths.support[1])
+    short_ok = np.nan_to_num(sp.l_short, nan=lengths.support[0])
+    n = np.arange(n_range[0], n_range[1] + 1, dtype=float)
+    rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_short = prefill_seconds(c.prefill, short_ok)
+        local_load = (1 - p) * s * t_short  # seconds of PD-P per unit Lambda per instance... K
+        pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
+        pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
+        capacity = np.zeros_like(p)
+        work = np.full_like(p, INF)
+        link_total = 0.0
+        for j, gbps in _linked(fleet, c):
+            if j.instances <= 0 or gbps <= 0:
+                continue
+            t_long = prefill_seconds(j.prefill, long_ok)
+            capacity += np.minimum(
+                j.instances / t_long, gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
+            )
+            work = np.minimum(work, s * p * t_long)
+            link_total += gbps
+        demand = s * p
+        prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
+        work = np.where(demand > 0, work, 0.0)
+        egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
+    return _Grid(thresholds, p, n, prf, pdp, pdd, work, egress, link_total, sp.l_long)
+
+
+def _pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
+    """Argmax of Lambda over a K x M grid with the documented tie-break."""
+    k_idx, m_idx = np.meshgrid(np.arange(lam.shape[0]), np.arange(lam.shape[1]), indexing="ij")
+    lam_r = np.round(lam, 12)
+    keys = (n[m_idx].ravel(), t[k_idx].ravel(), p[k_idx].ravel(), -lam_r.ravel())
+    best = int(np.lexsort(keys)[0])
+    return int(k_idx.ravel()[best]), int(m_idx.ravel()[best])
+
+
+def _split_range(c: PdPool, split_bounds: Mapping[str, tuple[int, int]] | None) -> tuple[int, int]:
+    lo, hi = 0, c.instances
+    if split_bounds and c.name in split_bounds:
+        lo, hi = split_bounds[c.name]
+        lo, hi = max(0, int(lo)), min(c.instances, int(hi))
+        if lo > hi:
+            raise ValueError(f"{c.name}: empty range of prefill instances")
+    return lo, hi
+
+
+def plan_fleet(
+    fleet: FleetSpec,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    *,
+    threshold_step: float = 100,
+    split_bounds: Mapping[str, tuple[int, int]] | None = None,
+) -> Evaluation:
+    """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
+    number of prefill instances to an inclusive range), evaluated."""
+    if not fleet.pd:
+        raise ValueError("a fleet needs at least one pd cluster")
+    thresholds = threshold_grid(lengths, threshold_step)
+    grids = {
+        c.name: _grid(fleet, c, lengths, output_tokens, thresholds, _split_range(c, split_bounds))
+        for c in fleet.pd
+    }
+    active = [c for c in fleet.pd if c.share > 0]
+    if not active:
+        raise ValueError("no pd cluster receives traffic")
+    if len(active) == 1:
+        g = grids[active[0].name]
+        k, m = _pick(g.throughput, g.p, g.thresholds, g.n_p)
+        choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
+    else:
+        choice = _bisect(fleet, grids, active)
+    ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
+    ns = {c.name: choice.get(c.name, (0.0, _split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
+    return evaluate(fleet, lengths, output_tokens, ts, ns)
+
+
+def _choose(
+    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
+) -> dict[str, tuple[int, int]] | None:
+    """For each cluster the cell allowing ``lam`` that costs PrfaaS least, or None."""
+    out = {}
+    for c in active:
+        g = grids[c.name]
+        local = g.local
+        ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
+        ok &= (g.bound_prfaas >= lam)[:, None]
+        rows = np.flatnonzero(ok.any(axis=1))
+        if rows.size == 0:
+            return None
+        # Fewest PrfaaS compute-seconds, then fewer offloads, then the smaller threshold.
+        k = int(rows[np.lexsort((g.thresholds[rows], g.p[rows], g.work[rows]))[0]])
+        cols = np.flatnonzero(ok[k])
+        m = int(cols[np.lexsort((g.n_p[cols], -np.round(local[k, cols], 12)))[0]])
+        out[c.name] = (k, m)
+    return out
+
+
+def _feasible(
+    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
+) -> dict[str, tuple[int, int]] | None:
+    pick = _choose(fleet, grids, active, lam)
+    if pick is None:
+        return None
+    if len(fleet.prfaas) <= 1:
+        cap = fleet.prfaas[0].instances if fleet.prfaas else 0
+        work = sum(
+            float(grids[c.name].work[k]) for c, (k, _) in zip(active, pick.values(), strict=True)
+        )
+        return pick if work * lam <= cap + 1e-9 else None
+    demand = {}
+    for c in active:
+        g = grids[c.name]
+        k, _ = pick[c.name]
+        demand[c.name] = (c.share * float(g.p[k]), float(g.l_long[k]))
+    lam_max, _ = _prfaas_lp(fleet, demand)
+    return pick if lam_max >= lam * (1 - 1e-9) else None
+
+
+def _bisect(
+    fleet: FleetSpec, grids: dict[str, _Grid], active: list[PdPool]
+) -> dict[str, tuple[float, int]]:
+    hi = min(float(np.max(grids[c.name].local)) for c in active)
+    lo = 0.0
+    best = _feasible(fleet, grids, active, 0.0)
+    if best is None:
+        raise ValueError("no feasible setting")
+    if math.isfinite(hi) and _feasible(fleet, grids, active, hi) is not None:
+        lo = hi
+    else:
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if mid <= lo or mid >= hi:
+                break
+            pick = _feasible(fleet, grids, active, mid)
+            if pick is None:
+                hi = mid
+            else:
+                lo = mid
+    best = _feasible(fleet, grids, active, lo) or best
+    return {
+        c.name: (float(grids[c.name].thresholds[k]), int(grids[c.name].n_p[m]))
+        for c, (k, m) in zip(active, best.values(), strict=True)
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines and the whole plan
+
+
+def _reference_pd(fleet: FleetSpec) -> PdPool:
+    return max(fleet.pd, key=lambda c: (c.instances, -fleet.pd.index(c)))
+
+
+def _gpus(fleet: FleetSpec) -> int:
+    return sum(j.instances * j.gpus_per_instance for j in fleet.prfaas) + sum(
+        c.instances * c.gpus_per_instance for c in fleet.pd
+    )
+
+
+def _cost(fleet: FleetSpec) -> float:
+    return sum(j.instances * j.gpus_per_instance * j.gpu_hour_cost for j in fleet.prfaas) + sum(
+        c.instances * c.gpus_per_instance * c.gpu_hour_cost for c in fleet.pd
+    )
+
+
+def homogeneous_fleet(fleet: FleetSpec, instances: int) -> FleetSpec:
+    """One PD cluster of the PD accelerator (that of the largest PD cluster) holding all the
+    traffic: what the fleet would be without PrfaaS."""
+    ref = _reference_pd(fleet)
+    pool = replace(ref, name="homogeneous", instances=instances, share=1.0)
+    return FleetSpec(fleet.kv_mib, (), (pool,), ())
+
+
+def plan(
+    fleet: FleetSpec,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    *,
+    threshold_step: float = 100,
+) -> PlanResult:
+    """The optimum and the baselines.
+
+    * homogeneous: every GPU of the fleet replaced by the PD accelerator, as whole instances
+      (floor of GPUs / GPUs per PD instance), optimal split;
+    * naive heterogeneous: every request prefills on PrfaaS, every PD instance decodes;
+    * equal-cost homogeneous: as many whole PD-accelerator instances as the fleet's GPU-hour
+      cost buys (floor: a fractional instance cannot serve), optimal split.
+    """
+    best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step)
+    ref = _reference_pd(fleet)
+    n_homog = _gpus(fleet) // ref.gpus_per_instance
+    n_equal = math.floor(_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
+    homog = plan_fleet(
+        homogeneous_fleet(fleet, n_homog), lengths, output_tokens, threshold_step=threshold_step
+    )
+    equal = plan_fleet(
+        homogeneous_fleet(fleet, n_equal), lengths, output_tokens, threshold_step=threshold_step
+    )
+    naive = evaluate(fleet, lengths, output_tokens, -1.0, 0)
+
+    def gain(base: Evaluation) -> float | None:
+        return best.throughput_rps / base.throughput_rps if base.throughput_rps > 0 else None
+
+    return PlanResult(
+        prfaas=best,
+        homogeneous=homog,
+        naive_heterogeneous=naive,
+        equal_cost_homogeneous=equal,
+        homogeneous_instances=n_homog,
+        equal_cost_instances=n_equal,
+        gains={
+            "vs_homogeneous": gain(homog),
+            "vs_naive_heterogeneous": gain(naive),
+            "vs_equal_cost": gain(equal),
+        },
+        threshold_step=threshold_step,
+        output_tokens=output_tokens,
+        mean_input_tokens=lengths.mean,
+    )
+
+
+def plan_scenario(scenario: Scenario, *, threshold_step: float = 100) -> PlanResult:
+    """Plan a scenario's fleet for its workload, with the baselines."""
+    lengths, output_tokens = workload_lengths(scenario)
+    return plan(
+        fleet_from_scenario(scenario), lengths, output_tokens, threshold_step=threshold_step
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps (paper Figure 5)
+
+
+def _settings(ev: Evaluation) -> tuple[dict[str, float], dict[str, int]]:
+    return {c.name: c.threshold_tokens for c in ev.clusters}, {c.name: c.n_p for c in ev.clusters}
+
+
+def _bounds_of(ev: Evaluation, cluster: str) -> tuple[float, float, float]:
+    prf = min(
+        (
+            v
+            for k, v in ev.stage_bounds.items()
+            if k.split(":")[0] in ("prfaas", "prfaas_compute", "link")
+        ),
+        default=INF,
+    )
+    return (
+        prf,
+        ev.stage_bounds.get(f"pd_prefill:{cluster}", INF),
+        ev.stage_bounds.get(f"pd_decode:{cluster}", INF),
+    )
+
+
+def sweep_threshold(
+    fleet: FleetSpec,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    at: Evaluation,
+    *,
+    cluster: str | None = None,
+    threshold_step: float = 100,
+) -> ThresholdSweep:
+    """Move one cluster's threshold over the grid, every other setting as in ``at``."""
+    name = cluster or at.clusters[0].name
+    ts, ns = _settings(at)
+    grid = threshold_grid(lengths, threshold_step)
+    rows = []
+    for t in grid:
+        ev = evaluate(fleet, lengths, output_tokens, {**ts, name: float(t)}, ns, with_ttft=False)
+        rows.append(
+            (float(t), ev.cluster(name).offload_fraction, *_bounds_of(ev, name), ev.throughput_rps)
+        )
+    return ThresholdSweep(
+        cluster=name,
+        n_p=ns[name],
+        n_d=fleet.pd_pool(name).instances - ns[name],
+        thresholds=tuple(r[0] for r in rows),
+        offload_fraction=tuple(r[1] for r in rows),
+        bound_prfaas=tuple(r[2] for r in rows),
+        bound_pd_p=tuple(r[3] for r in rows),
+        bound_pd_d=tuple(r[4] for r in rows),
+        throughput=tuple(r[5] for r in rows),
+    )
+
+
+def sweep_split(
+    fleet: FleetSpec,
+    lengths: LengthDistribution,
+    output_tokens: float,
+    at: Evaluation,
+    *,
+    cluster: str | None = None,
+) -> SplitSweep:
+    """Move one cluster's prefill/decode split over every value, thresholds as in ``at``."""
+    name = cluster or at.clusters[0].name
+    ts, ns = _settings(at)
+    rows = []
+    for n in range(fleet.pd_pool(name).instances + 1):
+        ev = evaluate(fleet, lengths, output_tokens, ts, {**ns, name: n}, with_ttft=False)
+        rows.append((n, *_bounds_of(ev, name), ev.throughput_rps))
+    return SplitSweep(
+        cluster=name,
+        threshold_tokens=ts[name],
+        n_p=tuple(int(r[0]) for r in rows),
+        bound_prfaas=tuple(r[1] for r in rows),
+        bound_pd_p=tuple(r[2] for r in rows),
+        bound_pd_d=tuple(r[3] for r in rows),
+        throughput=tuple(r[4] for r in rows),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def cluster_to_dict(c: ClusterResult, n_prfaas: int) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "share": c.share,
+        "threshold_tokens": c.threshold_tokens,
+        "offload_fraction": c.offload_fraction,
+        "l_long": _finite(c.l_long),
+        "l_short": _finite(c.l_short),
+        "n_prfaas": n_prfaas,
+        "n_p": c.n_p,
+        "n_d": c.n_d,
+        "theta_prfaas": _finite(c.theta_prfaas),
+        "theta_pd_p": _finite(c.theta_pd_p),
+        "theta_pd_d": _finite(c.theta_pd_d),
+        "throughput_rps": c.throughput_rps,
+        "egress_gbps": c.egress_gbps,
+        "link_gbps": c.link_gbps,
+        "ttft_mean_s": c.ttft_mean_s,
+        "ttft_p90_s": c.ttft_p90_s,
+    }
+
+
+def evaluation_to_dict(ev: Evaluation) -> dict[str, Any]:
+    """A JSON-ready summary. With one PD cluster its fields sit at the top level; with several
+    the top level carries the totals and each cluster is under ``clusters``."""
+    out: dict[str, Any] = {}
+    if len(ev.clusters) == 1:
+        out.update(cluster_to_dict(ev.clusters[0], ev.n_prfaas))
+        del out["name"], out["share"]
+    else:
+        out["n_prfaas"] = ev.n_prfaas
+        out["clusters"] = {c.name: cluster_to_dict(c, ev.n_prfaas) for c in ev.clusters}
+    out.update(
+        {
+            "throughput_rps": ev.throughput_rps,
+            "bottleneck": ev.bottleneck,
+            "bottleneck_at": ev.bottleneck_at,
+            "egress_gbps": ev.egress_gbps,
+            "ttft_mean_s": ev.ttft_mean_s,
+            "ttft_p90_s": ev.ttft_p90_s,
+            "stage_bounds": {k: _finite(v) for k, v in ev.stage_bounds.items()},
+        }
+    )
+    return out
+
+
+def plan_to_dict(result: PlanResult) -> dict[str, Any]:
+    homog = evaluation_to_dict(result.homogeneous)
+    homog["instances"] = result.homogeneous_instances
+    equal = evaluation_to_dict(result.equal_cost_homogeneous)
+    equal["instances"] = result.equal_cost_instances
+    naive = evaluation_to_dict(result.naive_heterogeneous)
+    return {
+        "prfaas": evaluation_to_dict(result.prfaas),
+        "baselines": {
+            "homogeneous": homog,
+            "naive_heterogeneous": naive,
+            "equal_cost_homogeneous": equal,
+        },
+        "gains": dict(result.gains),
+        "threshold_step": result.threshold_step,
+        "mean_input_tokens": result.mean_input_tokens,
+        "output_tokens": result.output_tokens,
+    }

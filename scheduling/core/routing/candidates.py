@@ -1,0 +1,386 @@
+"""Candidates of one decision: active pools, prefix hits, instance picks, PrfaaS options.
+
+:class:`DecisionContext` holds the per-snapshot work shared by every request of a batch (and
+what the batch itself has already placed, so that a batch spreads like single calls would);
+the functions here evaluate where a request could prefill and decode, and at what predicted
+cost. :mod:`scheduling.core.routing.decide` chooses among them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from operator import itemgetter
+from typing import Any
+
+from scheduling.core.routing.live import (
+    InstanceLoad,
+    LiveState,
+    prefill_pool,
+)
+from scheduling.core.routing.reasons import Reason
+from scheduling.core.routing.types import (
+    InstanceSpec,
+    LinkReservation,
+    LinkSpec,
+    Placement,
+    PrefixMatch,
+    RouteGuards,
+    RouteRequest,
+    RouteUnavailable,
+    RoutingPolicy,
+    Topology,
+)
+
+_first = itemgetter(0)
+_second = itemgetter(1)
+# Used when a link is fully busy: the transfer estimate then assumes this share of the line
+# rate, so that a saturated link gives a large but finite TTFT instead of a division by zero.
+_MIN_BANDWIDTH_SHARE = 0.05
+
+
+class DecisionContext:
+    """Per-snapshot work shared by every request decided against one live state: active
+    pools, backlogs and link loads, plus what this batch itself has already placed."""
+
+    __slots__ = ("decode", "extra_inflight", "live", "policy", "pool_index", "pools", "topology")
+
+    def __init__(self, policy: RoutingPolicy, topology: Topology, live: LiveState) -> None:
+        self.policy = policy
+        self.topology = topology
+        self.live = live
+        # cluster -> [[instance, backlog_s], ...] (lists: a batch adds its own work)
+        self.pools: dict[str, list[list[Any]]] = {}
+        self.decode: dict[str, list[list[Any]]] = {}
+        self.extra_inflight: dict[tuple[str, str], int] = {}
+        # cluster -> {instance name: pool entry}, built only when a request has hits there
+        self.pool_index: dict[str, dict[str, list[Any]]] = {}
+
+    def prefill_pool(self, cluster: str) -> list[list[Any]]:
+        got = self.pools.get(cluster)
+        if got is None:
+            got = prefill_pool(self.topology, self.live, cluster)
+            self.pools[cluster] = got
+        return got
+
+    def decode_pool(self, cluster: str) -> list[list[Any]]:
+        """Active decode instances of ``cluster`` as ``[score, instance]``: the ordering key
+        (has KV room, active requests, KV usage) folded into one number, so that picking is
+        one C-level ``min``; a batch adds 1 per request it places there."""
+        got = self.decode.get(cluster)
+        if got is None:
+            loads = self.live.instances
+            cap = self.policy.guards.decode_kv_usage_max
+            got = []
+            append = got.append
+            for name, inst, active in self.topology.decode_rows.get(cluster, ()):
+                load = loads.get(name)
+                if load is None:
+                    if active:
+                        append([0.0, inst])
+                    continue
+                state = load.state
+                if (state == "active") if state is not None else active:
+                    kv = load.kv_usage
+                    # kv is within [0, 1]: half of it never outweighs one request.
+                    score = load.running + load.waiting + 0.5 * kv
+                    if kv >= cap:
+                        score += 1e12
+                    append([score, inst])
+            self.decode[cluster] = got
+        return got
+
+    def index_of(self, cluster: str) -> dict[str, list[Any]]:
+        got = self.pool_index.get(cluster)
+        if got is None:
+            got = {e[0].name: e for e in self.prefill_pool(cluster)}
+            self.pool_index[cluster] = got
+        return got
+
+    def link_inflight(self, link: LinkSpec) -> int:
+        load = self.live.links.get(link.key)
+        base = load.inflight_bytes if load is not None else 0
+        return base + self.extra_inflight.get(link.key, 0)
+
+
+class PrefixHits:
+    """The request's usable cached prefixes, per cluster and per instance."""
+
+    __slots__ = ("best", "by_cluster", "by_instance", "pool")
+
+    def __init__(self) -> None:
+        # cluster -> (tokens, instance or None, exact)
+        self.best: dict[str, tuple[int, str | None, bool]] = {}
+        # instance -> tokens, and the same per cluster
+        self.by_instance: dict[str, int] = {}
+        self.by_cluster: dict[str, dict[str, int]] = {}
+        # cluster -> tokens in the cluster-wide pool
+        self.pool: dict[str, int] = {}
+
+    def cluster_hit(self, cluster: str) -> tuple[int, str | None, bool]:
+        return self.best.get(cluster, (0, None, True))
+
+
+def hits_collect(
+    request: RouteRequest,
+    topology: Topology,
+    guards: RouteGuards,
+    loads: Mapping[str, InstanceLoad],
+) -> PrefixHits:
+    """The request's prefix matches that can be used: on a known active prefill instance of
+    the named cluster (or a cluster-wide pool), degraded ones discounted, capped below the
+    prompt. A cache on a draining or down instance is not counted anywhere."""
+    hits = PrefixHits()
+    if not request.prefix_matches and not request.cached_tokens:
+        return hits
+    block = topology.model.block_tokens
+    # At least one token is always computed: the engine needs it for the first output token.
+    cap = request.prompt_tokens - 1
+    instances = topology.instance_by_name
+    clusters = topology.cluster_by_name
+    matches: Iterable[PrefixMatch] = request.prefix_matches
+    if request.cached_tokens:
+        matches = list(matches) + [
+            PrefixMatch(cluster=c, tokens=n) for c, n in request.cached_tokens.items()
+        ]
+    for m in matches:
+        if m.cluster not in clusters or m.tokens <= 0:
+            continue
+        tokens = m.tokens
+        if not m.exact:
+            tokens = int(tokens * guards.degraded_match_factor) // block * block
+        tokens = min(tokens, cap)
+        if tokens <= 0:
+            continue
+        if m.instance is not None:
+            inst = instances.get(m.instance)
+            if inst is None or inst.cluster != m.cluster or inst.role != "prefill":
+                continue
+            load = loads.get(m.instance)
+            state = load.state if load is not None and load.state is not None else inst.state
+            if state != "active":
+                continue
+            if tokens > hits.by_instance.get(m.instance, 0):
+                hits.by_instance[m.instance] = tokens
+                hits.by_cluster.setdefault(m.cluster, {})[m.instance] = tokens
+        elif tokens > hits.pool.get(m.cluster, 0):
+            hits.pool[m.cluster] = tokens
+        prev = hits.best.get(m.cluster)
+        if prev is None or tokens > prev[0] or (tokens == prev[0] and m.exact and not prev[2]):
+            hits.best[m.cluster] = (tokens, m.instance, m.exact)
+    return hits
+
+
+def spread_key(request: RouteRequest) -> int:
+    key = request.request_id or f"{request.origin}:{request.prompt_tokens}"
+    return zlib.crc32(key.encode())
+
+
+def prefill_pick(
+    ctx: DecisionContext,
+    cluster: str,
+    request: RouteRequest,
+    hits: PrefixHits,
+    extra_cached: int,
+    use_load: bool,
+) -> tuple[list[Any], int] | None:
+    """The active prefill instance of ``cluster`` that finishes this request first:
+    least ``backlog + T(prompt - its usable prefix)``, i.e. cache-affine but load-aware.
+
+    Returns (pool entry ``[instance, backlog_s]``, cached tokens there), or None when the
+    cluster has no active prefill instance. ``extra_cached``: tokens a cache transfer would
+    bring to whichever instance wins. Without trustworthy load (``use_load=False``) the
+    longest hit wins and ties are spread by a hash of the request.
+    """
+    pool = ctx.prefill_pool(cluster)
+    if not pool:
+        return None
+    prompt = request.prompt_tokens
+    base_cached = hits.pool.get(cluster, 0)
+    if extra_cached > base_cached:
+        base_cached = extra_cached
+    own = hits.by_cluster.get(cluster)
+    if not use_load:
+        longest = base_cached
+        ties: list[list[Any]] = []
+        for entry in pool:
+            c = own.get(entry[0].name, 0) if own else 0
+            if c < base_cached:
+                c = base_cached
+            if c > longest:
+                longest, ties = c, [entry]
+            elif c == longest:
+                ties.append(entry)
+        return ties[spread_key(request) % len(ties)], longest
+    # The least backlogged instance, or one holding a longer prefix: any other instance
+    # has at least that backlog and no better prefix, so it cannot finish first.
+    topology = ctx.topology
+    best = min(pool, key=_second)
+    best_cached = base_cached
+    if own:
+        c = own.get(best[0].name, 0)
+        if c > best_cached:
+            best_cached = c
+    best_cost = best[1] + topology.prefill_seconds(cluster, prompt - best_cached)
+    if own:
+        index = ctx.index_of(cluster)
+        for name, tokens in own.items():
+            held = index.get(name)
+            if held is None or held is best:
+                continue
+            entry = held
+            cached = tokens if tokens > base_cached else base_cached
+            cost = entry[1] + topology.prefill_seconds(cluster, prompt - cached)
+            if cost < best_cost:
+                best, best_cost, best_cached = entry, cost, cached
+    return best, best_cached
+
+
+def decode_pick(
+    ctx: DecisionContext, request: RouteRequest, guards: RouteGuards, use_load: bool
+) -> list[Any]:
+    """Least loaded active decode instance of the origin with KV room (any active one when
+    none has room), as its pool entry ``[score, instance]``; raises RouteUnavailable when
+    the origin has no active decode instance."""
+    origin = request.origin
+    pool = ctx.decode_pool(origin)
+    if not pool:
+        raise RouteUnavailable(
+            f"pd cluster {origin!r} has no active decode instance", code=Reason.NO_DECODE_CAPACITY
+        )
+    if not use_load:
+        # No trustworthy load: spread requests by a hash instead of piling onto one.
+        return pool[spread_key(request) % len(pool)]
+    return min(pool, key=_first)
+
+
+class PrfaasOption:
+    """One PrfaaS cluster considered for this request (internal, mutable scratch)."""
+
+    __slots__ = (
+        "backlog",
+        "cached",
+        "cluster",
+        "decision_tokens",
+        "entry",
+        "kv_bytes",
+        "link",
+        "move_in",
+        "move_out",
+        "reserve_bytes",
+        "scarce",
+        "ttft",
+        "util",
+    )
+
+    cluster: str
+    link: LinkSpec
+    util: float
+    backlog: float
+    scarce: bool
+    #: the offload test's incremental length for this cluster
+    decision_tokens: int
+    #: (holder instance, tokens, bytes) of a PrfaaS-held prefix that could move to the origin
+    move_out: tuple[str | None, int, int] | None
+    #: (holder instance, tokens, bytes) of a PD-held prefix moved here if offloaded
+    move_in: tuple[str | None, int, int] | None
+    entry: list[Any]
+    cached: int
+    kv_bytes: int
+    reserve_bytes: int
+    ttft: float
+
+
+def placement_of(inst: InstanceSpec) -> Placement:
+    return Placement(inst.cluster, inst.name, inst.endpoint)
+
+
+def link_headroom(ctx: DecisionContext, link: LinkSpec) -> int:
+    return link.budget_bytes - ctx.link_inflight(link)
+
+
+def transfer_seconds(nbytes: float, link: LinkSpec, util: float) -> float:
+    share = max(_MIN_BANDWIDTH_SHARE, 1.0 - util)
+    return nbytes * 8.0 / (link.gbps * 1e9 * share)
+
+
+def prfaas_evaluate(
+    ctx: DecisionContext,
+    request: RouteRequest,
+    hits: PrefixHits,
+    link: LinkSpec,
+    l_pd: int,
+    pd_holder: str | None,
+    pd_exact: bool,
+    stale: bool,
+) -> PrfaasOption | None:
+    """How offloading to ``link.source`` would go; None if it has no active prefill."""
+    topology = ctx.topology
+    guards = ctx.policy.guards
+    cluster = link.source
+    pool = ctx.prefill_pool(cluster)
+    if not pool:
+        return None
+    prompt = request.prompt_tokens
+    l_c, c_holder, c_exact = hits.cluster_hit(cluster)
+    if stale:
+        # The static rule: local cache only, no transfers, no load.
+        util, backlog, scarce = 0.0, 0.0, True
+    else:
+        load = ctx.live.links.get(link.key)
+        util = (load.egress_gbps / link.gbps) if load is not None else 0.0
+        backlog = sum(e[1] for e in pool) / len(pool)
+        if util >= guards.scarce_utilisation or backlog >= guards.prfaas_backlog_s:
+            scarce = True
+        elif util <= guards.abundant_utilisation and backlog <= guards.prfaas_backlog_clear_s:
+            scarce = False
+        else:
+            control = ctx.live.control.get(request.origin)
+            scarce = control.scarce if control is not None else True
+    transfers_ok = guards.allow_cache_transfer and not scarce
+
+    opt = PrfaasOption()
+    opt.cluster, opt.link, opt.util, opt.backlog, opt.scarce = cluster, link, util, backlog, scarce
+    # Paper's offload test: scarce -> prompt - l_pd; abundant -> prompt - max(l_prfaas, l_pd),
+    # where l_prfaas counts only when it can really be moved to the PD cluster.
+    movable = l_c if (transfers_ok and c_exact and l_c > l_pd) else 0
+    opt.decision_tokens = prompt - max(l_pd, movable)
+    opt.move_out = (c_holder, l_c, topology.prefix_bytes(l_c)) if movable else None
+    opt.move_in = None
+    extra = 0
+    if transfers_ok and pd_exact and l_pd > l_c:
+        extra = l_pd
+    picked = prefill_pick(ctx, cluster, request, hits, extra, not stale)
+    assert picked is not None
+    entry, cached = picked
+    reserve = 0
+    ttft = entry[1] + link.rtt_ms / 1000.0
+    if extra and cached == extra and hits.by_instance.get(entry[0].name, 0) < extra:
+        move_bytes = topology.prefix_bytes(extra)
+        opt.move_in = (pd_holder, extra, move_bytes)
+        reserve += move_bytes
+        ttft += transfer_seconds(move_bytes, link, util)
+    opt.entry, opt.cached = entry, cached
+    # KV the decode side needs: everything but the prefix the PD cluster already holds.
+    opt.kv_bytes = topology.kv_transfer_bytes(prompt, l_pd)
+    reserve += opt.kv_bytes
+    compute = topology.prefill_seconds(cluster, prompt - cached)
+    # Layer-wise pipelining hides the KV transfer behind compute; only the excess shows.
+    ttft += compute + max(0.0, transfer_seconds(opt.kv_bytes, link, util) - compute)
+    opt.reserve_bytes = reserve
+    opt.ttft = ttft
+    return opt
+
+
+def prefill_book(ctx: DecisionContext, entry: list[Any], seconds: float) -> None:
+    entry[1] += seconds
+
+
+def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None:
+    if reservation is not None and reservation.bytes:
+        key = (reservation.source, reservation.target)
+        ctx.extra_inflight[key] = ctx.extra_inflight.get(key, 0) + reservation.bytes
+
+
+def decode_book(ctx: DecisionContext, entry: list[Any]) -> None:
+    entry[0] += 1.0

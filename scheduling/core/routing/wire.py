@@ -1,0 +1,348 @@
+"""The plain-dict (JSON) forms of a policy snapshot and of a decision.
+
+``GET /api/v1/policy`` serves :func:`policy_snapshot_to_dict`; router clients read it back
+with :func:`policy_snapshot_from_dict`, which checks every key and names the key path of any
+problem (:class:`SnapshotFormatError`). Decisions travel as :func:`decision_to_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from scheduling.core.routing.types import (
+    SNAPSHOT_FORMAT,
+    CacheTransfer,
+    ClusterSpec,
+    DecodeProfile,
+    InstanceSpec,
+    LinkReservation,
+    LinkSpec,
+    ModelSpec,
+    Placement,
+    PolicySnapshot,
+    RouteDecision,
+    RouteGuards,
+    RoutingPolicy,
+    SnapshotFormatError,
+    Topology,
+    TtftEstimate,
+)
+
+# --------------------------------------------------------------------------------------
+# Plain-dict (JSON) forms
+# --------------------------------------------------------------------------------------
+
+
+def _num(x: float) -> float | None:
+    """JSON has no infinity: an unbounded value is written as null."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
+    """The JSON-able form of a policy and its topology: what ``GET /api/v1/policy`` serves
+    and what a router client caches (complete enough to call :func:`route_decide`)."""
+    policy, topology = snapshot.policy, snapshot.topology
+    g = policy.guards
+    model = topology.model
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "policy": {
+            "version": policy.version,
+            "thresholds": dict(sorted(policy.thresholds.items())),
+            "guards": {name: getattr(g, name) for name in RouteGuards.__dataclass_fields__},
+        },
+        "model": {
+            "name": model.name,
+            "block_tokens": model.block_tokens,
+            "kv_cache_mib": [list(p) for p in model.kv_cache_mib],
+            "linear_state_mib": model.linear_state_mib,
+        },
+        "clusters": [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "accelerator": c.accelerator,
+                "site": c.site,
+                "prefill_seconds": [list(p) for p in c.prefill_seconds],
+                "decode": (
+                    None
+                    if c.decode is None
+                    else {"max_batch": c.decode.max_batch, "step_seconds": c.decode.step_seconds}
+                ),
+            }
+            for c in topology.clusters
+        ],
+        "instances": [
+            {
+                "name": i.name,
+                "cluster": i.cluster,
+                "role": i.role,
+                "state": i.state,
+                "endpoint": i.endpoint,
+            }
+            for i in topology.instances
+        ],
+        "links": [
+            {
+                "source": lk.source,
+                "target": lk.target,
+                "gbps": lk.gbps,
+                "rtt_ms": lk.rtt_ms,
+                "inflight_budget_bytes": lk.budget_bytes,
+            }
+            for lk in topology.links
+        ],
+    }
+
+
+class _Reader:
+    """Strict reading of a snapshot dict: wrong keys and types name their key path."""
+
+    _MISSING = object()
+
+    @staticmethod
+    def mapping(value: Any, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise SnapshotFormatError(f"{path}: expected an object")
+        return value
+
+    @staticmethod
+    def only(obj: Mapping[str, Any], path: str, allowed: Iterable[str]) -> None:
+        unknown = sorted(set(obj) - set(allowed))
+        if unknown:
+            raise SnapshotFormatError(f"{path}.{unknown[0]}: unknown key")
+
+    @classmethod
+    def get(
+        cls, obj: Mapping[str, Any], key: str, path: str, kind: Any, default: Any = _MISSING
+    ) -> Any:
+        where = f"{path}.{key}" if path else key
+        if key not in obj:
+            if default is cls._MISSING:
+                raise SnapshotFormatError(f"{where}: missing")
+            return default
+        value = obj[key]
+        if value is None and default is None:
+            return None
+        if kind is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise SnapshotFormatError(f"{where}: expected a number")
+            if not math.isfinite(value):
+                raise SnapshotFormatError(f"{where}: expected a finite number")
+            return float(value)
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SnapshotFormatError(f"{where}: expected an integer")
+            return value
+        if not isinstance(value, kind):
+            raise SnapshotFormatError(f"{where}: expected {getattr(kind, '__name__', kind)}")
+        return value
+
+    @classmethod
+    def table(cls, value: Any, path: str) -> tuple[tuple[float, float], ...]:
+        if not isinstance(value, list) or not value:
+            raise SnapshotFormatError(f"{path}: expected a non-empty list of [tokens, value]")
+        out: list[tuple[float, float]] = []
+        for i, point in enumerate(value):
+            if (
+                not isinstance(point, list | tuple)
+                or len(point) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int | float) for v in point)
+                or not all(math.isfinite(v) for v in point)
+            ):
+                raise SnapshotFormatError(f"{path}[{i}]: expected [tokens, value] numbers")
+            if i and point[0] <= out[-1][0]:
+                raise SnapshotFormatError(f"{path}[{i}]: tokens must increase")
+            out.append((float(point[0]), float(point[1])))
+        return tuple(out)
+
+
+def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
+    """Read the dict :func:`policy_snapshot_to_dict` writes. Raises SnapshotFormatError
+    naming the key path of the first problem (``instances[3].role: ...``)."""
+    r = _Reader
+    root = r.mapping(data, "snapshot")
+    r.only(root, "snapshot", ("format", "policy", "model", "clusters", "instances", "links"))
+    fmt = r.get(root, "format", "", int)
+    if fmt != SNAPSHOT_FORMAT:
+        raise SnapshotFormatError(f"format: unsupported snapshot format {fmt}")
+
+    pol = r.mapping(r.get(root, "policy", "", dict), "policy")
+    r.only(pol, "policy", ("version", "thresholds", "guards"))
+    version = r.get(pol, "version", "policy", int)
+    raw_thresholds = r.mapping(r.get(pol, "thresholds", "policy", dict), "policy.thresholds")
+    thresholds = {}
+    for name in raw_thresholds:
+        value = r.get(raw_thresholds, name, "policy.thresholds", int)
+        if value < 0:
+            raise SnapshotFormatError(f"policy.thresholds.{name}: must not be negative")
+        thresholds[str(name)] = value
+    raw_guards = r.mapping(r.get(pol, "guards", "policy", dict, {}), "policy.guards")
+    fields = RouteGuards.__dataclass_fields__
+    r.only(raw_guards, "policy.guards", fields)
+    kwargs: dict[str, Any] = {}
+    for name in raw_guards:
+        default = fields[name].default
+        kind = bool if isinstance(default, bool) else str if isinstance(default, str) else float
+        kwargs[name] = r.get(raw_guards, name, "policy.guards", kind)
+    try:
+        guards = RouteGuards(**kwargs)
+    except ValueError as exc:
+        raise SnapshotFormatError(f"policy.{exc}") from None
+
+    m = r.mapping(r.get(root, "model", "", dict), "model")
+    r.only(m, "model", ("name", "block_tokens", "kv_cache_mib", "linear_state_mib"))
+    model = ModelSpec(
+        name=r.get(m, "name", "model", str),
+        block_tokens=r.get(m, "block_tokens", "model", int),
+        kv_cache_mib=r.table(r.get(m, "kv_cache_mib", "model", list), "model.kv_cache_mib"),
+        linear_state_mib=r.get(m, "linear_state_mib", "model", float, None),
+    )
+    clusters = []
+    for i, c in enumerate(r.get(root, "clusters", "", list)):
+        path = f"clusters[{i}]"
+        c = r.mapping(c, path)
+        r.only(c, path, ("name", "kind", "accelerator", "site", "prefill_seconds", "decode"))
+        d = r.get(c, "decode", path, dict, None)
+        decode = None
+        if d is not None:
+            r.only(d, f"{path}.decode", ("max_batch", "step_seconds"))
+            decode = DecodeProfile(
+                r.get(d, "max_batch", f"{path}.decode", int),
+                r.get(d, "step_seconds", f"{path}.decode", float),
+            )
+        clusters.append(
+            ClusterSpec(
+                name=r.get(c, "name", path, str),
+                kind=r.get(c, "kind", path, str),
+                accelerator=r.get(c, "accelerator", path, str, ""),
+                site=r.get(c, "site", path, str, ""),
+                prefill_seconds=r.table(
+                    r.get(c, "prefill_seconds", path, list), f"{path}.prefill_seconds"
+                ),
+                decode=decode,
+            )
+        )
+    instances = []
+    for i, inst in enumerate(r.get(root, "instances", "", list)):
+        path = f"instances[{i}]"
+        inst = r.mapping(inst, path)
+        r.only(inst, path, ("name", "cluster", "role", "state", "endpoint"))
+        instances.append(
+            InstanceSpec(
+                name=r.get(inst, "name", path, str),
+                cluster=r.get(inst, "cluster", path, str),
+                role=r.get(inst, "role", path, str),
+                state=r.get(inst, "state", path, str, "active"),
+                endpoint=r.get(inst, "endpoint", path, str, ""),
+            )
+        )
+    links = []
+    for i, lk in enumerate(r.get(root, "links", "", list)):
+        path = f"links[{i}]"
+        lk = r.mapping(lk, path)
+        r.only(lk, path, ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes"))
+        links.append(
+            LinkSpec(
+                source=r.get(lk, "source", path, str),
+                target=r.get(lk, "target", path, str),
+                gbps=r.get(lk, "gbps", path, float),
+                rtt_ms=r.get(lk, "rtt_ms", path, float, 0.0),
+                inflight_budget_bytes=r.get(lk, "inflight_budget_bytes", path, int, None),
+            )
+        )
+    try:
+        topology = Topology(model, tuple(clusters), tuple(instances), tuple(links))
+    except ValueError as exc:
+        raise SnapshotFormatError(f"topology: {exc}") from None
+    return PolicySnapshot(RoutingPolicy(version, thresholds, guards), topology)
+
+
+def _placement_dict(p: Placement) -> dict[str, str]:
+    return {"cluster": p.cluster, "instance": p.instance, "endpoint": p.endpoint}
+
+
+def decision_to_dict(decision: RouteDecision) -> dict[str, Any]:
+    """The JSON-able form of a decision (the route API's response body)."""
+    ct = decision.cache_transfer
+    rv = decision.reservation
+    return {
+        "request_id": decision.request_id,
+        "route": decision.route,
+        "prefill": _placement_dict(decision.prefill),
+        "decode": _placement_dict(decision.decode),
+        "incremental_tokens": decision.incremental_tokens,
+        "cached_tokens": decision.cached_tokens,
+        "threshold": _num(decision.threshold),
+        "policy_version": decision.policy_version,
+        "reason": decision.reason,
+        "ttft_estimate_s": {
+            "local": _num(decision.ttft_estimate_s.local),
+            "prfaas": _num(decision.ttft_estimate_s.prfaas)
+            if decision.ttft_estimate_s.prfaas is not None
+            else None,
+        },
+        "cache_transfer": None
+        if ct is None
+        else {
+            "source_cluster": ct.source_cluster,
+            "source_instance": ct.source_instance,
+            "target_cluster": ct.target_cluster,
+            "target_instance": ct.target_instance,
+            "tokens": ct.tokens,
+            "bytes": ct.bytes,
+        },
+        "reservation": None
+        if rv is None
+        else {"source": rv.source, "target": rv.target, "bytes": rv.bytes},
+        "kv_bytes": decision.kv_bytes,
+        "stale": decision.stale,
+    }
+
+
+def decision_from_dict(data: Mapping[str, Any]) -> RouteDecision:
+    """Read a decision dict (as :func:`decision_to_dict` writes it; unknown keys ignored so
+    that a newer server can add fields). Raises ValueError on a malformed body."""
+    try:
+        ttft = data["ttft_estimate_s"]
+        ct = data.get("cache_transfer")
+        rv = data.get("reservation")
+        threshold = data.get("threshold")
+        return RouteDecision(
+            route=str(data["route"]),
+            prefill=Placement(
+                **{k: str(data["prefill"][k]) for k in ("cluster", "instance", "endpoint")}
+            ),
+            decode=Placement(
+                **{k: str(data["decode"][k]) for k in ("cluster", "instance", "endpoint")}
+            ),
+            incremental_tokens=int(data["incremental_tokens"]),
+            cached_tokens=int(data["cached_tokens"]),
+            threshold=math.inf if threshold is None else float(threshold),
+            policy_version=int(data["policy_version"]),
+            reason=str(data["reason"]),
+            ttft_estimate_s=TtftEstimate(
+                math.inf if ttft.get("local") is None else float(ttft["local"]),
+                None if ttft.get("prfaas") is None else float(ttft["prfaas"]),
+            ),
+            cache_transfer=None
+            if ct is None
+            else CacheTransfer(
+                str(ct["source_cluster"]),
+                None if ct.get("source_instance") is None else str(ct["source_instance"]),
+                str(ct["target_cluster"]),
+                str(ct["target_instance"]),
+                int(ct["tokens"]),
+                int(ct["bytes"]),
+            ),
+            reservation=None
+            if rv is None
+            else LinkReservation(str(rv["source"]), str(rv["target"]), int(rv["bytes"])),
+            kv_bytes=int(data.get("kv_bytes", 0)),
+            request_id=data.get("request_id"),
+            stale=bool(data.get("stale", False)),
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed decision: {exc!r}") from None

@@ -181,7 +181,7 @@ async def _run(clients: int, rate: float, seconds: float) -> None:
     while time.monotonic() - start < seconds:
         await live.live_apublish(
             live.OVERVIEW,
-            live.LinkSamples(samples=(live.LinkSample(link=LINK, ts=time.time(), gbps=1.0),)),
+            live.LinkSamples(samples=(live.LinkEgress(link=LINK, ts=time.time(), gbps=1.0),)),
         )
         published += 1
         next_at = start + published * interval

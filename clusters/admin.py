@@ -12,7 +12,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 
 from clusters.models import (
     Accelerator,
@@ -91,8 +91,6 @@ class _AdminRefused(Exception):
 
 
 def _back(request: HttpRequest) -> Any:
-    from django.http import HttpResponseRedirect
-
     return HttpResponseRedirect(request.get_full_path())
 
 

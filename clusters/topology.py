@@ -46,13 +46,13 @@ from controlplane.audit import Actor
 from controlplane.errors import ApiError
 from scheduling.core.scenario import (
     AcceleratorSpec,
-    ScenarioCluster,
     DecodeSpec,
-    ScenarioLink,
-    ScenarioModel,
     ProfileSpec,
     Scenario,
+    ScenarioCluster,
     ScenarioError,
+    ScenarioLink,
+    ScenarioModel,
     scenario_parse,
     scenario_to_dict,
 )

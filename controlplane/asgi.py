@@ -12,8 +12,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from scheduling.fastpath import route_fast_path  # noqa: E402
+from scheduling.ws_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -32,8 +32,7 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
 from controlplane.errors import Forbidden
-from controlplane.models import ApiToken, Scope
-from controlplane.services import token_hash
+from controlplane.models import ApiToken, Scope, token_hash
 
 ALL_SCOPES = frozenset(Scope.values)
 GROUP_SCOPES: dict[str, frozenset[str]] = {

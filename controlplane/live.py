@@ -28,6 +28,7 @@ from typing import Any, Literal, TypedDict
 
 import redis
 import redis.asyncio as aioredis
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -74,7 +75,7 @@ FrameType = Literal[
 
 
 @dataclass(frozen=True)
-class LinkSample:
+class LinkEgress:
     """Egress of one prfaas->pd link (live-state key ``source>target``) at ``ts``, in Gbps.
 
     Capacity and budget are in the snapshot: a frame carries only what changes.
@@ -89,7 +90,7 @@ class LinkSample:
 class LinkSamples:
     """The link samples of one telemetry batch: one frame, however many links it carries."""
 
-    samples: tuple[LinkSample, ...]
+    samples: tuple[LinkEgress, ...]
 
 
 @dataclass(frozen=True)
@@ -299,8 +300,6 @@ async def live_apublish(group: str, message: LiveMessage) -> Frame:
 
 
 def _publish_now(group: str, message: LiveMessage) -> None:
-    from asgiref.sync import async_to_sync
-
     try:
         async_to_sync(live_apublish)(group, message)
     except (redis.RedisError, OSError) as exc:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -61,8 +62,6 @@ class BodySizeLimitMiddleware:
 
     @staticmethod
     def _too_large(request: HttpRequest) -> HttpResponse | None:
-        from django.conf import settings
-
         if not request.path.startswith("/api/"):
             return None
         limit = int(settings.API_MAX_BODY_BYTES)

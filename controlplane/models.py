@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, ClassVar
 
 from django.db import models
@@ -100,3 +101,8 @@ class ChangeRecord(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("change records are immutable")
+
+
+def token_hash(token: str) -> str:
+    """sha256 of the whole token: a high-entropy secret needs no salt or slow hash."""
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,17 +11,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.audit import Actor, change_record_create, snapshot
+from controlplane.auth import token_cache_clear
 from controlplane.errors import Conflict, Invalid, NotFound
-from controlplane.models import ApiToken, Scope
+from controlplane.models import ApiToken, Scope, token_hash
 
 TOKEN_PREFIX = "prfaas_"
 # Characters of the token kept in clear for display; the rest of the 256-bit secret stays hidden.
 DISPLAY_PREFIX_CHARS = 12
-
-
-def token_hash(token: str) -> str:
-    """sha256 of the whole token: a high-entropy secret needs no salt or slow hash."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,8 +78,6 @@ def token_create(
 
 def token_revoke(*, name: str, actor: Actor) -> ApiToken:
     """Revoke a token by name. Other processes notice within the auth cache TTL."""
-    from controlplane.auth import token_cache_clear
-
     with transaction.atomic():
         token = ApiToken.objects.select_for_update().filter(name=name).first()
         if token is None:

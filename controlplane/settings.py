@@ -193,7 +193,7 @@ CELERY_BEAT_SCHEDULE = {
     "rebalance-ticks-prune": {"task": "scheduling.rebalance_ticks_prune", "schedule": 86400.0},
     # The overview's decision mix, alerts and policy frames (telemetry frames need no beat).
     "live-overview-tick": {
-        "task": "controlplane.live_overview_tick",
+        "task": "scheduling.overview_tick_publish",
         "schedule": 2.0,
         "options": {"expires": 2.0},
     },
@@ -203,7 +203,7 @@ CELERY_BEAT_SCHEDULE = {
 ENGINE_SCRAPE_INTERVAL_S = float(os.environ.get("ENGINE_SCRAPE_INTERVAL_S", "0"))
 if ENGINE_SCRAPE_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["engines-scrape"] = {
-        "task": "clusters.engines_scrape",
+        "task": "scheduling.engines_scrape",
         "schedule": ENGINE_SCRAPE_INTERVAL_S,
         "options": {"expires": ENGINE_SCRAPE_INTERVAL_S},
     }

@@ -15,11 +15,9 @@ urlpatterns = [
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
     # Operator pages.
     path("accounts/", include("django.contrib.auth.urls")),
-    path("", pages.overview, name="overview"),
     path("audit/", pages.audit_list, name="audit-list"),
     path("tokens/", pages.token_list_page, name="token-list"),
     path("tokens/new/", pages.token_create_page, name="token-create"),
     path("tokens/<str:name>/revoke/", pages.token_revoke_page, name="token-revoke"),
-    path("", include("clusters.urls")),
     path("", include("scheduling.urls")),
 ]

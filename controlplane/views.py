@@ -1,4 +1,4 @@
-"""Pages of the control plane app: overview, audit log, API tokens."""
+"""Pages of the control plane app: audit log, API tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from controlplane import dashboard, live
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError
 from controlplane.forms import AuditFilterForm, TokenForm, service_error_add
@@ -18,15 +17,6 @@ from controlplane.selectors import change_record_list, token_list
 from controlplane.services import IssuedToken, token_create, token_revoke
 
 AUDIT_PAGE_SIZE = 50
-
-
-@scope_required(Scope.READ)
-def overview(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "controlplane/overview.html",
-        {"snapshot": dashboard.overview_snapshot(), "group": live.OVERVIEW},
-    )
 
 
 @scope_required(Scope.READ)

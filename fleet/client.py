@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 
 from scheduling.core.routing import (
-    RouteDecision,
     LiveState,
     PolicySnapshot,
     Reason,
+    RouteDecision,
     RouteRequest,
     SnapshotFormatError,
     decision_from_dict,

@@ -45,8 +45,8 @@ from typing import Any
 
 import httpx
 
-from scheduling.core import routing
 from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
+from scheduling.core import routing
 from scheduling.core.scenario import LinkEvent, RateEvent, Scenario, StateEvent
 from scheduling.core.simulator.cache import HybridPrefixCache
 from scheduling.core.simulator.engine import OFF, Assignment, FleetEvent, Simulation

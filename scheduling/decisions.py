@@ -107,7 +107,7 @@ def _redis_failed(exc: BaseException) -> None:
 class _Read:
     version: int
     live: routing.LiveState
-    matches: list[prefix_index.PrefixMatch] | None
+    matches: list[prefix_index.IndexMatch] | None
 
 
 async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _Read:
@@ -196,7 +196,7 @@ async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _R
 def _requests(
     snap: Snapshot,
     inputs: Sequence[RouteInput],
-    found_by_chain: list[prefix_index.PrefixMatch] | None,
+    found_by_chain: list[prefix_index.IndexMatch] | None,
 ) -> list[routing.RouteRequest]:
     """Router requests; ``found_by_chain``: the prefix matches of the inputs that have a chain,
     in order."""
@@ -330,7 +330,9 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     ]
     fallbacks: dict[int, routing.RouteDecision] = {}
     if any(o is not None for o in originals):
-        reason = routing.Reason.LINK_CONGESTED if read is not None else routing.Reason.TELEMETRY_STALE
+        reason = (
+            routing.Reason.LINK_CONGESTED if read is not None else routing.Reason.TELEMETRY_STALE
+        )
         computed = routing.route_fallback_local_many(
             requests, originals, snap.policy, snap.topology, live, reason=reason
         )

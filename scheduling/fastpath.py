@@ -5,7 +5,7 @@ Why: Django's built-in middlewares are sync; under ASGI each one hops to the sin
 thread-sensitive executor twice per request, so concurrent route calls queue behind each other
 in that one thread. The route path needs none of them (no session, no CSRF, no messages): a
 router presents a bearer token. This path does exactly what the ninja operations in
-:mod:`scheduling.api` do (same schemas, same service, same auth rules and error shapes, the
+:mod:`scheduling.api.route` do (same schemas, same service, same auth rules and error shapes, the
 body limit, ``X-Request-ID``), and everything else, including route calls without a bearer
 token (browsers with a session), goes to Django unchanged.
 """
@@ -22,7 +22,7 @@ from django.conf import settings
 
 from controlplane.auth import atoken_principal
 from controlplane.errors import ApiError, location_path
-from scheduling.api import RouteBatchIn, RouteIn
+from scheduling.api.route import RouteBatchIn, RouteIn
 from scheduling.decisions import route_decide_async
 
 Scope = dict[str, Any]

@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from clusters.live import prefix_index, telemetry
 from clusters.live.connection import redis_async, redis_sync
+from scheduling.snapshot import snapshot_cached, snapshot_refresh
 
 DECISIONS_KEY = "metrics:decisions"
 ROUTE_ERRORS_KEY = "metrics:route_errors"
@@ -92,8 +93,6 @@ class LiveCollector:
     """Reads the counters and live state from Redis at scrape time."""
 
     def collect(self) -> Iterator[Metric]:
-        from scheduling.snapshot import snapshot_cached, snapshot_refresh
-
         r = redis_sync()
         decisions = CounterMetricFamily(
             "prfaas_decisions", "Routing decisions by route and reason", labels=["route", "reason"]

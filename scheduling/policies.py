@@ -6,8 +6,6 @@ A new version becomes visible to every web process through the snapshot version 
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,38 +17,17 @@ from controlplane.audit import Actor, change_record_create, snapshot
 from controlplane.errors import Conflict, Invalid
 from scheduling.core import routing
 from scheduling.models import Policy
+from scheduling.snapshot import snapshot_version_bump
 
 # Largest threshold a policy may hold; far beyond any context window, still a finite number.
 MAX_THRESHOLD_TOKENS = 100_000_000
-_GUARD_FIELDS = {f.name for f in dataclasses.fields(routing.RouteGuards)}
 
 
 def guards_from_json(guards: Mapping[str, Any]) -> routing.RouteGuards:
     """The router's guards with ``guards`` overriding the defaults; Invalid names the problem."""
-    if not isinstance(guards, Mapping):
-        raise Invalid("guards: must be an object")
-    unknown = sorted(set(guards) - _GUARD_FIELDS)
-    if unknown:
-        raise Invalid(
-            f"guards.{unknown[0]}: unknown guard (known: {', '.join(sorted(_GUARD_FIELDS))})"
-        )
-    for name, value in guards.items():
-        expected = type(getattr(routing.RouteGuards(), name))
-        if expected is bool:
-            ok = isinstance(value, bool)
-        elif expected is str:
-            ok = isinstance(value, str)
-        else:
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            )
-        if not ok:
-            raise Invalid(f"guards.{name}: must be a {expected.__name__}")
     try:
-        return routing.RouteGuards(**dict(guards))
-    except (TypeError, ValueError) as exc:
+        return routing.route_guards_from_dict(guards, "guards")
+    except routing.SnapshotFormatError as exc:
         raise Invalid(str(exc)) from None
 
 
@@ -107,8 +84,6 @@ def policy_create(
                 change_record_create(
                     actor=actor, action="create", obj=policy, before=None, after=snapshot(policy)
                 )
-                from scheduling.snapshot import snapshot_version_bump
-
                 transaction.on_commit(snapshot_version_bump)
                 return policy
         except IntegrityError:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusters.models import Link, ModelProfile, PerformanceProfile
-from scheduling.models import Policy
 from scheduling.core.performance import (
     Table,
     cluster_egress_gbps,
@@ -16,6 +15,7 @@ from scheduling.core.performance import (
     prefill_seconds,
     transfer_seconds,
 )
+from scheduling.models import Policy
 from scheduling.traffic import recent_decisions_read
 
 

@@ -181,8 +181,6 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
             version=0, thresholds={name: DEFAULT_THRESHOLD_TOKENS for name in pd_clusters}
         )
     else:
-        from scheduling.policies import guards_from_json
-
         policy = routing.RoutingPolicy(
             version=current.version,
             # A PD cluster the policy does not name yet (added since) gets the default, the
@@ -191,7 +189,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
                 name: int(current.thresholds.get(name, DEFAULT_THRESHOLD_TOKENS))
                 for name in pd_clusters
             },
-            guards=guards_from_json(current.guards),
+            guards=routing.route_guards_from_dict(current.guards),
         )
     data = routing.policy_snapshot_to_dict(routing.PolicySnapshot(policy=policy, topology=topology))
     body = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)

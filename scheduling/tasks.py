@@ -1,22 +1,33 @@
-"""Celery tasks of the long-term loop: thin wrappers over ``scheduling.plans`` services.
+"""Celery tasks of the scheduling app: thin wrappers over services, named like them.
 
 The beat schedule lives in settings (``CELERY_BEAT_SCHEDULE``): ``rebalance`` every
 ``REBALANCE_INTERVAL_S`` with ``expires`` just under the period (a tick that could not start
-within its period is pointless: the next one supersedes it), and a crash-recovery sweep.
-Exactly-once is the services' job (the tick id is unique); these tasks may run twice.
+within its period is pointless: the next one supersedes it), a crash-recovery sweep, the
+overview's periodic frames, and engine scraping for fleets without agents. Exactly-once is the
+services' job (the tick id is unique); these tasks may run twice.
+
+Services that enqueue a task (plan approval, what-if start) send it by name
+(``PLAN_APPLY_STEP_TASK``, ``WHATIF_EXECUTE_TASK``): this module imports them, never the reverse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import datetime
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 
+from clusters.live.scrape import instances_scrape
 from clusters.models import Cluster, ClusterKind
-from scheduling import plans
+from scheduling import rebalance as rebalance_services
+from scheduling.decisions import control_tick_async
+from scheduling.overview import overview_tick_publish as overview_publish
+from scheduling.whatif import WHATIF_EXECUTE_TASK
+from scheduling.whatif import whatif_execute as whatif_run
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +40,13 @@ STEPS_PER_TASK = 50
 @shared_task(name="scheduling.rebalance", ignore_result=True)
 def rebalance() -> int:
     """Beat: one tick per enabled PD cluster for the current period."""
-    period_start = plans.period_start_for(time.time())
+    period_start = rebalance_services.period_start_for(time.time())
     count = 0
-    for cluster_id in Cluster.objects.filter(kind=ClusterKind.PD).values_list("pk", flat=True):
-        row = plans.rebalance_settings_for(Cluster.objects.get(pk=cluster_id))
-        if not row.enabled:
+    for cluster in Cluster.objects.filter(kind=ClusterKind.PD):
+        if not rebalance_services.rebalance_settings_for(cluster).enabled:
             continue
         rebalance_tick.apply_async(
-            (cluster_id, period_start.isoformat()),
+            (cluster.pk, period_start.isoformat()),
             expires=max(1.0, settings.REBALANCE_INTERVAL_S - 5),
         )
         count += 1
@@ -46,18 +56,18 @@ def rebalance() -> int:
 @shared_task(name="scheduling.rebalance_tick", ignore_result=True)
 def rebalance_tick(cluster_id: int, period_start: str) -> int:
     """One tick of one cluster (idempotent: the same period gives the same recorded tick)."""
-    tick = plans.rebalance_tick(
+    tick = rebalance_services.rebalance_tick(
         cluster_id=cluster_id, period_start=datetime.fromisoformat(period_start)
     )
     logger.info("rebalance tick %s: %s (%s)", tick.pk, tick.action, tick.reason)
     return tick.pk
 
 
-@shared_task(name="scheduling.plan_apply_step", ignore_result=True, acks_late=True)
+@shared_task(name=rebalance_services.PLAN_APPLY_STEP_TASK, ignore_result=True, acks_late=True)
 def plan_apply_step(plan_id: int) -> str:
     """Run a plan's pending steps; re-schedule itself for waits instead of sleeping."""
     for _ in range(STEPS_PER_TASK):
-        outcome, delay = plans.plan_apply_step(plan_id=plan_id)
+        outcome, delay = rebalance_services.plan_apply_step(plan_id=plan_id)
         if outcome == "next":
             continue
         if outcome == "wait":
@@ -70,7 +80,7 @@ def plan_apply_step(plan_id: int) -> str:
 @shared_task(name="scheduling.plans_resume_stalled", ignore_result=True)
 def plans_resume_stalled() -> int:
     """Beat: re-drive plans stuck applying or rolling back (a worker died mid-step)."""
-    stalled = plans.plans_stalled(STALLED_S)
+    stalled = rebalance_services.plans_stalled(STALLED_S)
     for plan_id in stalled:
         plan_apply_step.delay(plan_id)
     return len(stalled)
@@ -79,5 +89,31 @@ def plans_resume_stalled() -> int:
 @shared_task(name="scheduling.rebalance_ticks_prune", ignore_result=True)
 def rebalance_ticks_prune() -> int:
     """Beat, daily: drop old ticks that held (plans and their ticks are kept)."""
-    days = float(getattr(settings, "REBALANCE_TICK_RETENTION_DAYS", 30))
-    return plans.rebalance_ticks_prune(older_than_days=days)
+    return rebalance_services.rebalance_ticks_prune(
+        older_than_days=settings.REBALANCE_TICK_RETENTION_DAYS
+    )
+
+
+@shared_task(name="scheduling.overview_tick_publish", ignore_result=True)
+def overview_tick_publish() -> int:
+    """Beat: publish the overview's slow-moving state (decision mix, alerts, policy)."""
+    return overview_publish()
+
+
+@shared_task(name=WHATIF_EXECUTE_TASK, acks_late=True, ignore_result=True)
+def whatif_execute(run_id: int) -> dict[str, Any]:
+    """Simulate a stored what-if run, publishing progress to its live group."""
+    return whatif_run(run_id)
+
+
+@shared_task(name="scheduling.engines_scrape", ignore_result=True)
+def engines_scrape() -> int:
+    """Beat: scrape every active instance's Prometheus endpoint into live state, then advance
+    the short-term control state (the route path advances it too, so a failure only logs)."""
+    stored = instances_scrape().stored
+    if stored:
+        try:
+            asyncio.run(control_tick_async())
+        except Exception as exc:
+            logger.warning("control tick after scrape failed: %s", exc)
+    return stored

@@ -1,11 +1,22 @@
-"""Scheduling pages (the REST API is in scheduling/api.py)."""
+"""Operator pages of the scheduling app: overview, fleet (clusters, instances, links),
+decisions, policies, plans and what-if (the REST API is in scheduling/api/)."""
 
 from django.urls import path, re_path
 
 from scheduling import views
-from scheduling.views import plans, whatif
+from scheduling.views import fleet, plans, whatif
 
 urlpatterns = [
+    path("", views.overview_page, name="overview"),
+    path("clusters/", fleet.cluster_list_page, name="cluster-list"),
+    path("clusters/<int:cluster_id>/", fleet.cluster_detail_page, name="cluster-detail"),
+    re_path(
+        r"^instances/(?P<instance_id>[0-9]+)/(?P<action>drain|activate)/$",
+        fleet.instance_state_page,
+        name="instance-state",
+    ),
+    path("links/", fleet.link_list_page, name="link-list"),
+    path("links/<int:link_id>/", fleet.link_detail_page, name="link-detail"),
     path("decisions/", views.decision_list_page, name="decision-list"),
     path("policies/", views.policy_list_page, name="policy-list"),
     path("kv/", views.kv_calculator_page, name="kv-calculator"),

@@ -9,7 +9,7 @@ A run is short-lived working data, kept in Redis (one store, key layout here):
                                  Expires after ``RUN_TTL_S``.
 
 ``whatif_start`` validates everything first (a bad knob or scenario raises ``Invalid`` naming
-the field, and nothing is stored), then enqueues ``controlplane.tasks.whatif_run`` after commit.
+the field, and nothing is stored), then enqueues the task ``WHATIF_EXECUTE_TASK`` (by name) after commit.
 Progress goes to the run's live group (:func:`controlplane.live.whatif_group`).
 """
 
@@ -21,12 +21,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
 from clusters.live.connection import redis_sync
+from clusters.models import Cluster, ClusterKind
+from clusters.topology import topology_scenario
 from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
@@ -38,12 +41,16 @@ from scheduling.core.scenario import (
     scenario_parse,
     scenario_to_dict,
 )
+from scheduling.core.simulator import SimulationConfig, SimulationResult
+from scheduling.core.simulator.policies import fleet_plan
+from scheduling.core.simulator.run import result_build, simulation_build
+from scheduling.core.simulator.workload import WorkloadError, workload_build
 from scheduling.traffic import traffic_window_read
 
-if TYPE_CHECKING:
-    from scheduling.core.simulator import SimulationConfig, SimulationResult
-
 INVENTORY = "inventory"
+#: The Celery task that runs a what-if (``scheduling.tasks.whatif_execute``), sent by name: the
+#: task module imports this one, so this one must not import it.
+WHATIF_EXECUTE_TASK = "scheduling.whatif_execute"
 RunStatus = Literal["queued", "running", "finished", "failed"]
 RUN_TTL_S = 7 * 24 * 3600
 NEXT_KEY = "whatif:next"
@@ -96,7 +103,6 @@ def _deployment(params: WhatIfParams) -> dict[str, Any]:
     """The scenario the run starts from, as a mapping (inventory + a file's workload, or a file)."""
     if params.source != INVENTORY:
         return scenario_to_dict(_scenario_file(params.source, "source"))
-    from clusters.topology import topology_scenario
 
     try:
         inventory = scenario_to_dict(topology_scenario())
@@ -164,7 +170,6 @@ def _key(run_id: int) -> str:
 
 def observed_rate(window_s: float = TRAFFIC_WINDOW_S, now: float | None = None) -> float:
     """Requests per second that arrived at all PD clusters over the last ``window_s``."""
-    from clusters.models import Cluster, ClusterKind
 
     now = time.time() if now is None else now
     names = Cluster.objects.filter(kind=ClusterKind.PD).values_list("name", flat=True)
@@ -201,12 +206,7 @@ def whatif_start(params: WhatIfParams, *, actor: Actor) -> int:
     )
     client.expire(key, RUN_TTL_S)
 
-    def enqueue() -> None:
-        from controlplane.tasks import whatif_run
-
-        whatif_run.delay(run_id)
-
-    transaction.on_commit(enqueue)
+    transaction.on_commit(lambda: current_app.send_task(WHATIF_EXECUTE_TASK, args=(run_id,)))
     return run_id
 
 
@@ -265,9 +265,6 @@ def _simulate(
     scenario: Scenario, config: SimulationConfig, report: Callable[[int], None]
 ) -> SimulationResult:
     # scheduling.core.simulator.run.simulate, with the request list wrapped to report progress.
-    from scheduling.core.simulator.policies import fleet_plan
-    from scheduling.core.simulator.run import result_build, simulation_build
-    from scheduling.core.simulator.workload import workload_build
 
     started = time.perf_counter()
     fleet = fleet_plan(scenario, config.policy, plan_scenario(scenario), threshold=config.threshold)
@@ -329,8 +326,6 @@ def result_summary(result: SimulationResult) -> dict[str, Any]:
 
 def whatif_execute(run_id: int) -> dict[str, Any]:
     """Run both simulations of a stored run, publishing progress; store and return the result."""
-    from scheduling.core.simulator import SimulationConfig
-    from scheduling.core.simulator.workload import WorkloadError
 
     run = whatif_get(run_id)
     params = WhatIfParams(**run["params"])
@@ -359,3 +354,12 @@ def whatif_execute(run_id: int) -> dict[str, Any]:
     redis_sync().hset(_key(run_id), mapping={"result": json.dumps(result)})
     _progress(run_id, "finished", 1, 1, "done")
     return result
+
+
+def whatif_snapshot(run_id: int) -> dict[str, Any]:
+    """A what-if run's live snapshot: its status and progress (the result is fetched as HTML)."""
+    try:
+        run = whatif_get(run_id)
+    except NotFound:
+        return {"id": run_id, "status": "missing", "done": 0, "total": 1}
+    return {k: run[k] for k in ("id", "status", "done", "total", "error")}

@@ -3,10 +3,8 @@
 from ninja import Router
 
 from clusters.api.inventory import router as inventory_router
-from clusters.api.live import router as live_router
 from clusters.api.topology import router as topology_router
 
 router = Router()
 router.add_router("", inventory_router)
 router.add_router("", topology_router)
-router.add_router("", live_router)

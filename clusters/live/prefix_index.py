@@ -133,7 +133,7 @@ class InstanceIndexState:
 
 
 @dataclass(frozen=True)
-class PrefixMatch:
+class IndexMatch:
     """Longest matched prefix (tokens) per instance for one request's block chain."""
 
     tokens_by_instance: Mapping[str, int]
@@ -390,9 +390,9 @@ def prefix_matches_queue(
         pipe.eval(_MATCH_LUA, 0, *args)
 
 
-def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> list[PrefixMatch]:
-    """One :class:`PrefixMatch` per chain, in order, from the result of the queued command."""
-    out: list[PrefixMatch] = []
+def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> list[IndexMatch]:
+    """One :class:`IndexMatch` per chain, in order, from the result of the queued command."""
+    out: list[IndexMatch] = []
     at = 0
     per_chain: list[dict[str, int]] = []
     for _ in range(n_chains):
@@ -411,13 +411,13 @@ def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> 
         d.decode() if isinstance(d, bytes) else str(d) for d in raw[at + 1 : at + 1 + n_degraded]
     )
     for tokens in per_chain:
-        out.append(PrefixMatch(tokens_by_instance=tokens, degraded=degraded))
+        out.append(IndexMatch(tokens_by_instance=tokens, degraded=degraded))
     return out
 
 
 def prefix_match(
     chain: Sequence[str], block_size: int, hybrid: bool = False, client: redis.Redis | None = None
-) -> PrefixMatch:
+) -> IndexMatch:
     """One round trip: the longest matched prefix per instance."""
     pipe = (client or redis_sync()).pipeline(transaction=False)
     prefix_matches_queue(pipe, [chain], hybrid)
@@ -429,7 +429,7 @@ async def prefix_match_async(
     block_size: int,
     hybrid: bool = False,
     client: aioredis.Redis | None = None,
-) -> PrefixMatch:
+) -> IndexMatch:
     pipe = (client or redis_async()).pipeline(transaction=False)
     prefix_matches_queue(pipe, [chain], hybrid)
     return prefix_matches_parse((await pipe.execute())[0], 1, block_size)[0]

@@ -17,7 +17,6 @@ engines, models) are summed; KV usage takes the fullest. The scrape URL is the i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -116,15 +115,6 @@ def _fetch(client: httpx.Client, target: ScrapeTarget) -> InstanceSample | str:
         return f"{type(exc).__name__}: {exc}"
 
 
-def _control_tick() -> None:
-    from scheduling.decisions import control_tick_async
-
-    try:
-        asyncio.run(control_tick_async())
-    except Exception as exc:  # the samples are stored; the route path advances control too
-        log.warning("control tick after scrape failed: %s", exc)
-
-
 def instances_scrape(targets: Sequence[ScrapeTarget] | None = None) -> ScrapeResult:
     """Scrape ``targets`` (default: every active instance) concurrently and store the samples.
 
@@ -148,7 +138,6 @@ def instances_scrape(targets: Sequence[ScrapeTarget] | None = None) -> ScrapeRes
                     samples.append(result)
     if samples:
         telemetry.telemetry_batch_store(samples, [])
-        _control_tick()
     for name, why in failed.items():
         log.warning("scrape of %s failed: %s", name, why)
     return ScrapeResult(stored=len(samples), failed=failed)

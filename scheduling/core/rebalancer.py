@@ -301,7 +301,9 @@ def _finite(*values: float | None) -> bool:
     return all(v is not None and math.isfinite(v) and v >= 0 for v in values)
 
 
-def window_problem(window: TrafficSummary | None, now: float, guards: RebalanceGuards) -> RebalanceDecision | None:
+def window_problem(
+    window: TrafficSummary | None, now: float, guards: RebalanceGuards
+) -> RebalanceDecision | None:
     """A hold when the traffic window cannot be trusted, else None. Zero traffic is trusted."""
     if window is None:
         return _hold(HOLD_MISSING_METRICS, "no traffic window recorded for this cluster")
@@ -351,7 +353,9 @@ def window_problem(window: TrafficSummary | None, now: float, guards: RebalanceG
     return None
 
 
-def fleet_problem(instances: Sequence[InstanceView], now: float, guards: RebalanceGuards) -> RebalanceDecision | None:
+def fleet_problem(
+    instances: Sequence[InstanceView], now: float, guards: RebalanceGuards
+) -> RebalanceDecision | None:
     """A hold when the fleet is mid-change or its telemetry cannot be trusted, else None."""
     live = [i for i in instances if i.state == "active"]
     if not live:
@@ -617,7 +621,9 @@ def history_record_change(history: History, at: float, split_dir: int, thr_dir: 
     )
 
 
-def history_after(history: History, decision: RebalanceDecision, now: float, applied: bool) -> History:
+def history_after(
+    history: History, decision: RebalanceDecision, now: float, applied: bool
+) -> History:
     """The history for the next tick, given this tick's decision and whether it was applied.
 
     Holds that saw a real candidate (dead band excluded) keep it pending so that persistence

@@ -5,9 +5,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from controlplane import live
 from controlplane.models import Scope
 from controlplane.roles import scope_required
-from scheduling import selectors
+from scheduling import overview, selectors
 from scheduling.forms import KvCalculatorForm
 
 
@@ -45,4 +46,13 @@ def kv_calculator_page(request: HttpRequest) -> HttpResponse:
     status = 422 if form.is_bound and not form.is_valid() else 200
     return render(
         request, "scheduling/kv_calculator.html", {"form": form, "result": result}, status=status
+    )
+
+
+@scope_required(Scope.READ)
+def overview_page(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "scheduling/overview.html",
+        {"snapshot": overview.overview_snapshot(), "group": live.OVERVIEW},
     )

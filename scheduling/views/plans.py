@@ -17,7 +17,7 @@ from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError, NotFound
 from controlplane.models import Scope
 from controlplane.roles import scope_required
-from scheduling import plans
+from scheduling import rebalance
 from scheduling.models import Plan, PlanStatus
 
 # The predictions the detail page compares, in order: (key, label, unit, digits).
@@ -30,20 +30,10 @@ METRICS = [
     ("egress_gbps", "Cross-DC egress", "Gbps", 2),
 ]
 ACTIONS = {
-    "approve": plans.plan_approve,
-    "reject": plans.plan_reject,
-    "rollback": plans.plan_rollback,
+    "approve": rebalance.plan_approve,
+    "reject": rebalance.plan_reject,
+    "rollback": rebalance.plan_rollback,
 }
-
-
-def plans_snapshot() -> dict[str, Any]:
-    """The ``plans`` group's snapshot: each recent plan's id, status and version."""
-    return {
-        "plans": [
-            {"id": p.pk, "status": p.status, "version": p.version, "cluster": p.cluster.name}
-            for p in plans.plan_list(limit=100)
-        ]
-    }
 
 
 def _comparison(plan: Plan) -> list[dict[str, Any]]:
@@ -74,7 +64,7 @@ def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
     return {
         "plan": plan,
         "comparison": _comparison(plan),
-        "steps": plans.plan_steps(plan),
+        "steps": rebalance.plan_steps(plan),
         "can_approve": plan.status == PlanStatus.PROPOSED,
         "can_rollback": plan.status == PlanStatus.APPLIED,
         "error": error,
@@ -83,7 +73,7 @@ def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
 
 def _plan(plan_id: int) -> Plan:
     try:
-        return plans.plan_get(plan_id)
+        return rebalance.plan_get(plan_id)
     except NotFound as exc:
         raise Http404(exc.detail) from None
 
@@ -93,7 +83,7 @@ def plan_list_page(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status") or None
     error = ""
     try:
-        rows = list(plans.plan_list(status=status))
+        rows = list(rebalance.plan_list(status=status))
     except ApiError as exc:
         rows, error = [], exc.detail
     template = "scheduling/plan_table.html" if request.htmx else "scheduling/plan_list.html"  # type: ignore[attr-defined]

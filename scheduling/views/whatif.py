@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -49,12 +47,3 @@ def whatif_run_page(request: HttpRequest, run_id: int) -> HttpResponse:
         "scheduling/whatif_result.html" if request.htmx else "scheduling/whatif_run.html"  # type: ignore[attr-defined]
     )
     return render(request, template, {"run": run, "group": live.whatif_group(run_id)})
-
-
-def whatif_snapshot(run_id: int) -> dict[str, Any]:
-    """A what-if run's live snapshot: its status and progress (the result is fetched as HTML)."""
-    try:
-        run = whatif.whatif_get(run_id)
-    except ApiError:
-        return {"id": run_id, "status": "missing", "done": 0, "total": 1}
-    return {k: run[k] for k in ("id", "status", "done", "total", "error")}

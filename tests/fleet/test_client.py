@@ -32,24 +32,24 @@ from fleet.client import (
     RouterUnavailableError,
     route_request_to_dict,
 )
-from scheduling.policies import policy_create
 from scheduling.core.routing import (
     ClusterSpec,
     DecodeProfile,
-    RouteGuards,
     InstanceSpec,
     LinkSpec,
     LiveState,
     ModelSpec,
-    RoutingPolicy,
     PolicySnapshot,
     Reason,
+    RouteGuards,
     RouteRequest,
+    RoutingPolicy,
     Topology,
     decision_to_dict,
     policy_snapshot_to_dict,
     route_decide,
 )
+from scheduling.policies import policy_create
 from tests.factories import (
     api_token,
 )
@@ -75,7 +75,9 @@ def make_snapshot(version: int = 3, stale_mode: str = "static") -> PolicySnapsho
         tuple(instances),
         (LinkSpec(PF, PD, 100.0, 10.0),),
     )
-    return PolicySnapshot(RoutingPolicy(version, {PD: T}, RouteGuards(stale_mode=stale_mode)), topology)
+    return PolicySnapshot(
+        RoutingPolicy(version, {PD: T}, RouteGuards(stale_mode=stale_mode)), topology
+    )
 
 
 class FakeControlPlane:

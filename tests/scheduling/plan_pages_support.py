@@ -10,7 +10,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from clusters.models import Instance
-from scheduling import plans
+from scheduling import rebalance
 from scheduling.models import Plan
 from tests.scheduling.rebalance_support import (
     PERIOD,
@@ -28,9 +28,9 @@ def proposed_plan(scenarios_dir: Path) -> Plan:
     policy_set(8500)
     settings_set(cluster, guards={"max_change_fraction": 0.25, "persist_ticks": 1})
     Instance.objects.filter(cluster=cluster).update(updated_at=timezone.now() - timedelta(hours=1))
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     traffic_record(period.timestamp(), sampled_lengths(1, 10.2, int(2.6 * PERIOD)))
     telemetry_fresh()
-    tick = plans.rebalance_tick(cluster_id=cluster.pk, period_start=period)
+    tick = rebalance.rebalance_tick(cluster_id=cluster.pk, period_start=period)
     assert tick.action == "propose", tick.detail
     return Plan.objects.get(tick=tick)

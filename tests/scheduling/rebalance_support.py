@@ -16,10 +16,10 @@ from clusters.models import Cluster, Instance, InstanceRole
 from clusters.topology import topology_apply
 from controlplane.audit import CLI_ACTOR
 from scheduling.core import rebalancer
-from scheduling.models import Policy, RebalanceSettings
 from scheduling.core.planner import fleet_from_scenario, plan_fleet
-from scheduling.policies import policy_create
 from scheduling.core.scenario import scenario_load
+from scheduling.models import Policy, RebalanceSettings
+from scheduling.policies import policy_create
 from scheduling.traffic import BIN_EDGES, TrafficRecord, traffic_record_queue
 
 PD = "pd-h20"

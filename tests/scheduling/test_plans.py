@@ -3,6 +3,7 @@ holds with reasons, the lifecycle, drain-then-flip, idempotent steps, rollback, 
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ from clusters.models import Cluster, Instance, InstanceState
 from controlplane.audit import Actor
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.models import ChangeRecord
-from scheduling import plans
+from scheduling import rebalance, tasks
 from scheduling.core import rebalancer
 from scheduling.models import Plan, PlanStatus, PlanStep, Policy, RebalanceTick
 from scheduling.policies import policy_current
@@ -57,7 +58,7 @@ def current_policy() -> Policy:
 
 def drifted(seed: int = 1) -> tuple[datetime, np.ndarray]:
     """Traffic of the drifted hours (mu 10.2) recorded in the window ending at a period start."""
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     lengths = sampled_lengths(seed, 10.2, int(2.6 * PERIOD))
     traffic_record(period.timestamp(), lengths)
     telemetry_fresh()
@@ -65,7 +66,7 @@ def drifted(seed: int = 1) -> tuple[datetime, np.ndarray]:
 
 
 def tick(cluster: Cluster, period) -> RebalanceTick:
-    return plans.rebalance_tick(cluster_id=cluster.pk, period_start=period)
+    return rebalance.rebalance_tick(cluster_id=cluster.pk, period_start=period)
 
 
 def apply_all(plan: Plan, *, limit: int = 200, busy: dict[str, int] | None = None) -> list[str]:
@@ -73,7 +74,7 @@ def apply_all(plan: Plan, *, limit: int = 200, busy: dict[str, int] | None = Non
     outcomes: list[str] = []
     for _ in range(limit):
         telemetry_fresh(busy=busy)
-        outcome, _ = plans.plan_apply_step(plan_id=plan.pk)
+        outcome, _ = rebalance.plan_apply_step(plan_id=plan.pk)
         outcomes.append(outcome)
         if outcome in ("done", "idle"):
             break
@@ -114,18 +115,18 @@ def test_approval_applies_through_drain_then_flip_and_bumps_the_policy_once(flee
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
     version = current_policy().version
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.APPLYING and plan.approved_by == "user:ops"
     steps = list(plan.steps.order_by("index").values_list("action", flat=True))
     assert steps == ["drain", "wait", "flip", "activate"] * len(plan.role_changes) + ["policy"]
 
     # The first instance is drained: routers stop using it; it is not flipped before it is empty.
-    plans.plan_apply_step(plan_id=plan.pk)
+    rebalance.plan_apply_step(plan_id=plan.pk)
     flipped = plan.role_changes[0]["instance"]
     assert Instance.objects.get(name=flipped).state == InstanceState.DRAINING
     telemetry_fresh(busy={flipped: 3})
-    outcome, delay = plans.plan_apply_step(plan_id=plan.pk)
+    outcome, delay = rebalance.plan_apply_step(plan_id=plan.pk)
     assert outcome == "wait" and delay > 0
     assert Instance.objects.get(name=flipped).role == "decode"
 
@@ -152,11 +153,11 @@ def test_approval_applies_through_drain_then_flip_and_bumps_the_policy_once(flee
 def test_applying_again_after_completion_changes_nothing(fleet):
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     apply_all(plan)
     records, versions = ChangeRecord.objects.count(), Policy.objects.count()
     assert apply_all(plan) == ["idle"]
-    plans.plan_resume(plan_id=plan.pk)
+    rebalance.plan_resume(plan_id=plan.pk)
     assert (ChangeRecord.objects.count(), Policy.objects.count()) == (records, versions)
 
 
@@ -164,11 +165,11 @@ def test_a_drain_that_never_empties_gives_up_after_its_timeout(fleet):
     period, _ = drifted()
     settings_set(fleet, drain_timeout_s=30)
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
-    plans.plan_apply_step(plan_id=plan.pk)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_apply_step(plan_id=plan.pk)
     busy = {c["instance"]: 5 for c in plan.role_changes}
     telemetry_fresh(busy=busy)
-    assert plans.plan_apply_step(plan_id=plan.pk)[0] == "wait"
+    assert rebalance.plan_apply_step(plan_id=plan.pk)[0] == "wait"
     PlanStep.objects.filter(plan=plan, action="drain").update(
         finished_at=timezone.now() - timedelta(seconds=31)
     )
@@ -197,10 +198,10 @@ def test_rollback_restores_the_previous_threshold_and_roles(fleet):
     before = roles()
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     apply_all(plan)
     applied_version = current_policy().version
-    plans.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
     apply_all(plan)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.ROLLED_BACK
@@ -234,16 +235,16 @@ def test_illegal_transitions_conflict_and_change_nothing(fleet, prepare, call, s
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
     if prepare == "applied":
-        plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+        rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
         apply_all(plan)
     elif prepare == "rejected":
-        plans.plan_reject(plan_id=plan.pk, actor=OPERATOR)
+        rebalance.plan_reject(plan_id=plan.pk, actor=OPERATOR)
     plan.refresh_from_db()
     snapshot = (plan.version, ChangeRecord.objects.count(), Policy.objects.count(), roles())
     service = {
-        "approve": plans.plan_approve,
-        "reject": plans.plan_reject,
-        "rollback": plans.plan_rollback,
+        "approve": rebalance.plan_approve,
+        "reject": rebalance.plan_reject,
+        "rollback": rebalance.plan_rollback,
     }[call]
     with pytest.raises(Conflict) as err:
         service(plan_id=plan.pk, actor=OPERATOR)
@@ -257,9 +258,9 @@ def test_a_stale_version_or_a_missing_plan_is_refused(fleet):
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
     with pytest.raises(Conflict, match="version"):
-        plans.plan_approve(plan_id=plan.pk, actor=OPERATOR, version=plan.version + 5)
+        rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR, version=plan.version + 5)
     with pytest.raises(NotFound):
-        plans.plan_approve(plan_id=plan.pk + 1000, actor=OPERATOR)
+        rebalance.plan_approve(plan_id=plan.pk + 1000, actor=OPERATOR)
 
 
 def test_a_plan_whose_instances_changed_meanwhile_is_refused_as_stale(fleet):
@@ -267,7 +268,7 @@ def test_a_plan_whose_instances_changed_meanwhile_is_refused_as_stale(fleet):
     plan = Plan.objects.get(tick=tick(fleet, period))
     Instance.objects.filter(name=plan.role_changes[0]["instance"]).update(state="down")
     with pytest.raises(Conflict, match="stale"):
-        plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+        rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.PROPOSED
 
@@ -276,7 +277,7 @@ def test_a_plan_whose_instances_changed_meanwhile_is_refused_as_stale(fleet):
 
 
 def test_no_telemetry_holds_as_missing_metrics_and_changes_nothing(fleet, redis_client):
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     traffic_record(period.timestamp(), sampled_lengths(1, 10.2, 1500))
     t = tick(fleet, period)
     assert (t.action, t.reason) == ("hold", rebalancer.HOLD_MISSING_METRICS)
@@ -284,7 +285,7 @@ def test_no_telemetry_holds_as_missing_metrics_and_changes_nothing(fleet, redis_
 
 
 def test_stale_telemetry_holds_as_stale_metrics(fleet):
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     traffic_record(period.timestamp(), sampled_lengths(1, 10.2, 1500))
     telemetry_fresh(ts=time.time() - 3600)
     t = tick(fleet, period)
@@ -293,7 +294,7 @@ def test_stale_telemetry_holds_as_stale_metrics(fleet):
 
 
 def test_zero_traffic_with_live_engines_is_no_traffic_not_missing_data(fleet):
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     telemetry_fresh()
     t = tick(fleet, period)
     assert (t.action, t.reason) == ("hold", rebalancer.HOLD_NO_TRAFFIC)
@@ -310,7 +311,7 @@ def test_recently_changed_instances_hold_as_warming_up(fleet):
 def test_a_tick_while_a_plan_is_applying_holds(fleet):
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     later = period + timedelta(seconds=PERIOD)
     traffic_record(later.timestamp(), sampled_lengths(3, 9.3, 1500))
     telemetry_fresh()
@@ -321,22 +322,24 @@ def test_a_tick_while_a_plan_is_applying_holds(fleet):
 
 def test_bad_settings_are_refused_by_name(fleet):
     with pytest.raises(Invalid, match="dead_bnad"):
-        plans.rebalance_settings_update(
+        rebalance.rebalance_settings_update(
             cluster_id=fleet.pk, changes={"guards": {"dead_bnad": 0.1}}, actor=OPERATOR
         )
     with pytest.raises(Invalid, match="mode"):
-        plans.rebalance_settings_update(
+        rebalance.rebalance_settings_update(
             cluster_id=fleet.pk, changes={"mode": "yolo"}, actor=OPERATOR
         )
     with pytest.raises(Invalid, match="webhook"):
-        plans.rebalance_settings_update(
+        rebalance.rebalance_settings_update(
             cluster_id=fleet.pk, changes={"actuator": "webhook", "webhook_url": ""}, actor=OPERATOR
         )
     with pytest.raises(Invalid, match="unknown setting"):
-        plans.rebalance_settings_update(cluster_id=fleet.pk, changes={"colour": 1}, actor=OPERATOR)
+        rebalance.rebalance_settings_update(
+            cluster_id=fleet.pk, changes={"colour": 1}, actor=OPERATOR
+        )
     prfaas = Cluster.objects.get(name="prfaas-h200")
     with pytest.raises(Invalid, match="only pd clusters"):
-        plans.rebalance_tick(cluster_id=prfaas.pk, period_start=timezone.now())
+        rebalance.rebalance_tick(cluster_id=prfaas.pk, period_start=timezone.now())
 
 
 def test_every_lifecycle_change_and_step_emits_a_live_plan_event(
@@ -356,11 +359,11 @@ def test_every_lifecycle_change_and_step_emits_a_live_plan_event(
     with django_capture_on_commit_callbacks(execute=True):
         plan = Plan.objects.get(tick=tick(fleet, period))
     with django_capture_on_commit_callbacks(execute=True):
-        plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+        rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     for _ in range(3):
         with django_capture_on_commit_callbacks(execute=True):
             telemetry_fresh()
-            plans.plan_apply_step(plan_id=plan.pk)
+            rebalance.plan_apply_step(plan_id=plan.pk)
 
     async def collect(count: int) -> list[dict]:
         return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
@@ -389,13 +392,9 @@ def test_the_beat_runs_rebalance_every_interval_and_expires_it_within_the_period
 
 
 def test_the_rebalance_task_queues_one_expiring_tick_per_enabled_pd_cluster(fleet, redis_client):
-    import json
-
-    from scheduling.tasks import rebalance
-
-    assert rebalance.run() == 1  # one pd cluster; the prfaas cluster never rebalances
+    assert tasks.rebalance.run() == 1  # one pd cluster; the prfaas cluster never rebalances
     settings_set(fleet, enabled=False)
-    assert rebalance.run() == 0
+    assert tasks.rebalance.run() == 0
     [raw] = redis_client.lrange("celery", 0, -1)
     message = json.loads(raw)
     assert message["headers"]["task"] == "scheduling.rebalance_tick"
@@ -405,10 +404,10 @@ def test_the_rebalance_task_queues_one_expiring_tick_per_enabled_pd_cluster(flee
 def test_plans_stuck_applying_are_found_for_the_resume_sweep(fleet):
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
-    assert plans.plans_stalled(300) == []
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    assert rebalance.plans_stalled(300) == []
     Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
-    assert plans.plans_stalled(300) == [plan.pk]
+    assert rebalance.plans_stalled(300) == [plan.pk]
 
 
 def test_old_holding_ticks_are_pruned_and_plans_kept(fleet):
@@ -417,7 +416,7 @@ def test_old_holding_ticks_are_pruned_and_plans_kept(fleet):
     telemetry_fresh()
     old = period - timedelta(days=40)
     tick(fleet, old)  # a hold (nothing recorded back then)
-    assert plans.rebalance_ticks_prune(older_than_days=30) == 1
+    assert rebalance.rebalance_ticks_prune(older_than_days=30) == 1
     assert RebalanceTick.objects.count() == 1 and Plan.objects.count() == 1
 
 
@@ -425,22 +424,24 @@ def test_a_failed_plan_can_be_rolled_back_and_only_touched_instances_move(fleet,
     before = roles()
     period, _ = drifted()
     plan = Plan.objects.get(tick=tick(fleet, period))
-    plans.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
     telemetry_fresh()
-    plans.plan_apply_step(plan_id=plan.pk)  # drain
+    rebalance.plan_apply_step(plan_id=plan.pk)  # drain
     telemetry_fresh()
-    plans.plan_apply_step(plan_id=plan.pk)  # wait: empty
+    rebalance.plan_apply_step(plan_id=plan.pk)  # wait: empty
     # Now nobody listens at the operator's automation: the flip fails for good.
     settings_set(fleet, actuator="webhook", webhook_url="http://127.0.0.1:9/x", webhook_secret="k")
-    PlanStep.objects.filter(plan=plan, action="flip").update(attempts=plans.MAX_STEP_ATTEMPTS - 1)
-    assert plans.plan_apply_step(plan_id=plan.pk) == ("idle", 0.0)
+    PlanStep.objects.filter(plan=plan, action="flip").update(
+        attempts=rebalance.MAX_STEP_ATTEMPTS - 1
+    )
+    assert rebalance.plan_apply_step(plan_id=plan.pk) == ("idle", 0.0)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.FAILED and "flip" in plan.error
     drained = plan.role_changes[0]["instance"]
     assert Instance.objects.get(name=drained).state == InstanceState.DRAINING
 
     settings_set(fleet, actuator="record", webhook_url="", webhook_secret="")
-    plans.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
+    rebalance.plan_rollback(plan_id=plan.pk, actor=OPERATOR)
     rollback = plan.steps.filter(phase="rollback").order_by("index")
     assert [s.action for s in rollback] == ["drain", "wait", "flip", "activate", "policy"]
     assert (

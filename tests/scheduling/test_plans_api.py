@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Instance
 from controlplane.models import ChangeRecord
-from scheduling import plans
+from scheduling import rebalance
 from scheduling.models import Plan, PlanStatus, Policy, RebalanceTick
 from tests.factories import api_token, bearer
 from tests.scheduling.rebalance_support import (
@@ -50,17 +50,17 @@ def reader() -> dict[str, str]:
 
 
 def proposed(cluster: Cluster) -> Plan:
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     traffic_record(period.timestamp(), sampled_lengths(1, 10.2, int(2.6 * PERIOD)))
     telemetry_fresh()
-    tick = plans.rebalance_tick(cluster_id=cluster.pk, period_start=period)
+    tick = rebalance.rebalance_tick(cluster_id=cluster.pk, period_start=period)
     return Plan.objects.get(tick=tick)
 
 
 def drive(plan: Plan) -> None:
     for _ in range(200):
         telemetry_fresh()
-        if plans.plan_apply_step(plan_id=plan.pk)[0] in ("done", "idle"):
+        if rebalance.plan_apply_step(plan_id=plan.pk)[0] in ("done", "idle"):
             return
 
 
@@ -193,7 +193,7 @@ def test_run_now_proposes_on_drifted_traffic(client: Client, fleet, operator):
 def test_the_schema_knows_every_plan_status():
     from typing import get_args
 
-    from scheduling.api_plans import StatusName
+    from scheduling.api.plans import StatusName
 
     assert set(get_args(StatusName)) == set(PlanStatus.values)
 

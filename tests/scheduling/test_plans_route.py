@@ -10,7 +10,7 @@ from django.test import Client
 
 from clusters.models import Instance, InstanceState
 from controlplane.audit import Actor
-from scheduling import plans
+from scheduling import rebalance
 from tests.factories import api_token, bearer
 from tests.scheduling.plan_pages_support import proposed_plan
 from tests.scheduling.rebalance_support import PD, telemetry_fresh
@@ -45,7 +45,7 @@ def test_a_drained_instance_receives_no_new_route_decisions(
 
     assert target in routed_instances(Client(), router)  # an idle instance routers like to use
 
-    plans.plan_approve(plan_id=plan.pk, actor=Actor(label="user:ops", source="api"))
-    plans.plan_apply_step(plan_id=plan.pk)  # the drain step
+    rebalance.plan_approve(plan_id=plan.pk, actor=Actor(label="user:ops", source="api"))
+    rebalance.plan_apply_step(plan_id=plan.pk)  # the drain step
     assert Instance.objects.get(name=target).state == InstanceState.DRAINING
     assert target not in routed_instances(Client(), router)

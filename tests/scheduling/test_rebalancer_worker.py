@@ -19,7 +19,7 @@ from django.utils import timezone
 from clusters.live.telemetry import InstanceSample, telemetry_batch_store
 from clusters.models import Cluster, Instance, InstanceState
 from controlplane.models import ChangeRecord
-from scheduling import plans
+from scheduling import rebalance
 from scheduling.actuators import IDEMPOTENCY_HEADER
 from scheduling.models import Plan, PlanStatus, Policy, RebalanceTick
 from scheduling.policies import policy_current
@@ -80,7 +80,7 @@ def fleet(scenarios_dir: Path) -> Cluster:
 
 
 def drifted(seed: int = 1):
-    period = plans.period_start_for(time.time())
+    period = rebalance.period_start_for(time.time())
     lengths = sampled_lengths(seed, 10.2, int(2.6 * PERIOD))
     traffic_record(period.timestamp(), lengths)
     telemetry_fresh()
@@ -224,7 +224,7 @@ def test_a_worker_killed_during_apply_leaves_a_plan_a_retry_completes_once(fleet
         automation.release.set()
 
         worker()
-        plans.plan_resume(plan_id=plan.pk)  # the retry (as the stalled-plan sweep would do)
+        rebalance.plan_resume(plan_id=plan.pk)  # the retry (as the stalled-plan sweep would do)
         until(lambda: status_of(plan.pk) == PlanStatus.APPLIED, what="the plan applied")
 
         assert Policy.objects.count() == versions + 1

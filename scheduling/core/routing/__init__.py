@@ -86,6 +86,7 @@ from scheduling.core.routing.wire import (
     decision_to_dict,
     policy_snapshot_from_dict,
     policy_snapshot_to_dict,
+    route_guards_from_dict,
 )
 
 __all__ = [
@@ -137,4 +138,5 @@ __all__ = [
     "route_decide_many",
     "route_fallback_local",
     "route_fallback_local_many",
+    "route_guards_from_dict",
 ]

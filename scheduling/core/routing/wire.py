@@ -97,6 +97,42 @@ def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
     }
 
 
+_GUARD_DEFAULTS = RouteGuards()
+
+
+def route_guards_from_dict(raw: Any, path: str = "guards") -> RouteGuards:
+    """The router's guards with ``raw`` overriding the defaults, every value checked: an unknown
+    name, a wrong type or a value out of its range raises SnapshotFormatError naming
+    ``{path}.{name}``. Policies stored in the database and snapshots read by routers both go
+    through here."""
+    if not isinstance(raw, Mapping):
+        raise SnapshotFormatError(f"{path}: must be an object")
+    fields = RouteGuards.__dataclass_fields__
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise SnapshotFormatError(
+            f"{path}.{unknown[0]}: unknown guard (known: {', '.join(sorted(fields))})"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        expected = type(getattr(_GUARD_DEFAULTS, name))
+        if expected is bool or expected is str:
+            ok = isinstance(value, expected)
+        else:
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
+        if not ok:
+            raise SnapshotFormatError(f"{path}.{name}: must be a {expected.__name__}")
+        kwargs[name] = float(value) if expected is float else value
+    try:
+        return RouteGuards(**kwargs)
+    except ValueError as exc:  # a range rule of RouteGuards; its message starts with "guards."
+        raise SnapshotFormatError(f"{path}{str(exc).removeprefix('guards')}") from None
+
+
 class _Reader:
     """Strict reading of a snapshot dict: wrong keys and types name their key path."""
 
@@ -179,18 +215,7 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
         if value < 0:
             raise SnapshotFormatError(f"policy.thresholds.{name}: must not be negative")
         thresholds[str(name)] = value
-    raw_guards = r.mapping(r.get(pol, "guards", "policy", dict, {}), "policy.guards")
-    fields = RouteGuards.__dataclass_fields__
-    r.only(raw_guards, "policy.guards", fields)
-    kwargs: dict[str, Any] = {}
-    for name in raw_guards:
-        default = fields[name].default
-        kind = bool if isinstance(default, bool) else str if isinstance(default, str) else float
-        kwargs[name] = r.get(raw_guards, name, "policy.guards", kind)
-    try:
-        guards = RouteGuards(**kwargs)
-    except ValueError as exc:
-        raise SnapshotFormatError(f"policy.{exc}") from None
+    guards = route_guards_from_dict(r.get(pol, "guards", "policy", dict, {}), "policy.guards")
 
     m = r.mapping(r.get(root, "model", "", dict), "model")
     r.only(m, "model", ("name", "block_tokens", "kv_cache_mib", "linear_state_mib"))

@@ -278,7 +278,9 @@ def test_guard_overrides_of_the_wrong_kind_are_refused_by_name(overrides, messag
 
 
 def test_role_ceilings_may_be_unbounded():
-    assert rb.RebalanceGuards().with_overrides({"max_prefill": None, "max_decode": 6}).max_decode == 6
+    assert (
+        rb.RebalanceGuards().with_overrides({"max_prefill": None, "max_decode": 6}).max_decode == 6
+    )
 
 
 def test_at_most_max_one_or_ten_percent_role_changes():

@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from scheduling.core.planner import PlanResult
 from scheduling.core.scenario import Scenario, scenario_load
-from scheduling.core.simulator.policies import POLICIES, PolicyError, fleet_as_configured, fleet_plan
+from scheduling.core.simulator.policies import (
+    POLICIES,
+    PolicyError,
+    fleet_as_configured,
+    fleet_plan,
+)
 from scheduling.core.simulator.routing import FleetPlan, RouterDispatcher
 from scheduling.core.simulator.run import SimulationConfig, simulate
 

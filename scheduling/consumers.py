@@ -25,10 +25,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from controlplane.dashboard import live_snapshot
 from controlplane.live import Frame, asequence_current, group_valid
 from controlplane.models import Scope
 from controlplane.roles import user_has_scope
+from scheduling.overview import live_snapshot
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.audit import CLI_ACTOR
 from controlplane.embedded_redis import embedded_redis_stop
-from controlplane.models import ApiToken
-from controlplane.services import token_create, token_hash
+from controlplane.models import ApiToken, token_hash
+from controlplane.services import token_create
 from scheduling.core.planner import plan_scenario
-from scheduling.policies import policy_create, policy_current
 from scheduling.core.scenario import ScenarioError, scenario_load
+from scheduling.policies import policy_create, policy_current
 
 # The emulator's credentials: a router, an agent, and an admin token it uses only to record
 # the link and instance faults it injects in the inventory (as a network monitor would).

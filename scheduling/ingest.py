@@ -17,6 +17,8 @@ from typing import Any
 from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
 from controlplane.errors import Invalid, NotFound
+from scheduling.decisions import control_tick_async
+from scheduling.overview import telemetry_frames_apublish
 from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
 
 log = logging.getLogger(__name__)
@@ -72,9 +74,6 @@ async def telemetry_ingest_async(
         await _snapshot_knowing([ls.link for ls in links], "link")
     stored = await telemetry.telemetry_batch_store_async(instances, links, idempotency_key)
     if stored:
-        from controlplane.dashboard import telemetry_frames_apublish
-        from scheduling.decisions import control_tick_async
-
         try:
             await control_tick_async()
         except Exception as exc:  # stored already; the route path advances control too

@@ -18,9 +18,11 @@ from clusters.live import prefix_index, telemetry
 from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
-from scheduling.policies import guards_from_json, policy_current
 from scheduling.core.routing import RouteGuards
+from scheduling.policies import guards_from_json, policy_current
+from scheduling.rebalance.selectors import plans_snapshot
 from scheduling.traffic import traffic_window_read
+from scheduling.whatif import whatif_snapshot
 
 # The window of the time-series charts.
 CHART_WINDOW_S = 15 * 60
@@ -225,12 +227,8 @@ def live_snapshot(group: str, user: Any = None) -> dict[str, Any]:
     if group == live.OVERVIEW:
         return overview_snapshot()
     if group == live.PLANS:
-        from scheduling.views.plans import plans_snapshot
-
         return plans_snapshot()
     if group.startswith(live.WHATIF_PREFIX):
-        from scheduling.views.whatif import whatif_snapshot
-
         return whatif_snapshot(int(group.removeprefix(live.WHATIF_PREFIX)))
     return {}
 
@@ -247,7 +245,7 @@ def telemetry_frames(
     if links:
         frames.append(
             live.LinkSamples(
-                samples=tuple(live.LinkSample(link=s.link, ts=s.ts, gbps=s.gbps) for s in links)
+                samples=tuple(live.LinkEgress(link=s.link, ts=s.ts, gbps=s.gbps) for s in links)
             )
         )
     if instances:

@@ -17,7 +17,7 @@ from clusters.models import Cluster, ClusterKind
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
 from controlplane.errors import Invalid, NotFound
-from scheduling import plans
+from scheduling import rebalance
 from scheduling.models import Plan, RebalanceTick
 
 router = Router(tags=["plans"])
@@ -137,7 +137,7 @@ def _plan_detail(plan: Plan) -> dict[str, Any]:
             "started_at": s.started_at,
             "finished_at": s.finished_at,
         }
-        for s in plans.plan_steps(plan)
+        for s in rebalance.plan_steps(plan)
     ]
     return data
 
@@ -163,13 +163,13 @@ def plans_list(
     status: StatusName | None = None,
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
-    items = [_plan_out(p) for p in plans.plan_list(cluster=cluster, status=status, limit=limit)]
+    items = [_plan_out(p) for p in rebalance.plan_list(cluster=cluster, status=status, limit=limit)]
     return {"items": items, "count": len(items)}
 
 
 @router.get("/plans/{plan_id}", response=PlanDetailOut, auth=READ)
 def plans_get(request: HttpRequest, plan_id: int = PLAN_ID) -> dict[str, Any]:
-    return _plan_detail(plans.plan_get(plan_id))
+    return _plan_detail(rebalance.plan_get(plan_id))
 
 
 def _plan_transition(
@@ -177,28 +177,28 @@ def _plan_transition(
 ) -> dict[str, Any]:
     """Approve, reject and roll back are one shape: the service moves the plan, we show it."""
     plan = service(plan_id=plan_id, actor=actor_from_request(request), version=version)
-    return _plan_detail(plans.plan_get(plan.pk))
+    return _plan_detail(rebalance.plan_get(plan.pk))
 
 
 @router.post("/plans/{plan_id}/approve", response=PlanDetailOut, auth=OPERATE)
 def plans_approve(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    return _plan_transition(plans.plan_approve, request, plan_id, version)
+    return _plan_transition(rebalance.plan_approve, request, plan_id, version)
 
 
 @router.post("/plans/{plan_id}/reject", response=PlanDetailOut, auth=OPERATE)
 def plans_reject(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    return _plan_transition(plans.plan_reject, request, plan_id, version)
+    return _plan_transition(rebalance.plan_reject, request, plan_id, version)
 
 
 @router.post("/plans/{plan_id}/rollback", response=PlanDetailOut, auth=OPERATE)
 def plans_rollback(
     request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
 ) -> dict[str, Any]:
-    return _plan_transition(plans.plan_rollback, request, plan_id, version)
+    return _plan_transition(rebalance.plan_rollback, request, plan_id, version)
 
 
 @router.get("/rebalance/ticks", response=RebalanceOut, auth=READ)
@@ -209,7 +209,7 @@ def rebalance_ticks(
     limit: int = Query(50, ge=1, le=1000),
 ) -> dict[str, Any]:
     """Recent ticks: every hold with its reason, and every proposal with its plan."""
-    ticks = plans.rebalance_ticks_recent(cluster=cluster, action=action, limit=limit)
+    ticks = rebalance.rebalance_ticks_recent(cluster=cluster, action=action, limit=limit)
     return {"ticks": [_tick_out(t) for t in ticks]}
 
 
@@ -223,7 +223,7 @@ def rebalance_now(
     clusters = Cluster.objects.filter(kind=ClusterKind.PD)
     if name is not None:
         clusters = clusters.filter(pk=_pd_cluster(name).pk)
-    ticks = plans.rebalance_run_now(
+    ticks = rebalance.rebalance_run_now(
         cluster_ids=list(clusters.values_list("pk", flat=True)),
         actor=actor_from_request(request),
         now=time.time(),
@@ -250,7 +250,8 @@ class RebalanceSettingsPatch(Schema):
     enabled: bool | None = None
     mode: Literal["auto", "manual"] | None = None
     guards: dict[str, float | int | None] | None = Field(
-        None, description="overrides of the rebalancer's guards (scheduling.core.rebalancer.RebalanceGuards)"
+        None,
+        description="overrides of the rebalancer's guards (scheduling.core.rebalancer.RebalanceGuards)",
     )
     drain_timeout_s: int | None = Field(None, ge=1, le=86400)
     drain_poll_s: int | None = Field(None, ge=1, le=3600)
@@ -261,7 +262,7 @@ class RebalanceSettingsPatch(Schema):
 
 
 def _settings_out(cluster: Cluster) -> dict[str, Any]:
-    row = plans.rebalance_settings_for(cluster)
+    row = rebalance.rebalance_settings_for(cluster)
     return {
         "cluster": cluster.name,
         "enabled": row.enabled,
@@ -274,7 +275,7 @@ def _settings_out(cluster: Cluster) -> dict[str, Any]:
         "webhook_url": row.webhook_url,
         "webhook_secret_set": bool(row.webhook_secret),
         "version": row.version,
-        "effective_guards": dataclasses.asdict(plans.guards_for(row)),
+        "effective_guards": dataclasses.asdict(rebalance.guards_for(row)),
     }
 
 
@@ -307,7 +308,7 @@ def rebalance_settings_patch(
     for name, value in changes.items():
         if value is None:
             raise Invalid(f"{name}: must not be null (leave it out to keep the current value)")
-    plans.rebalance_settings_update(
+    rebalance.rebalance_settings_update(
         cluster_id=found.pk, changes=changes, actor=actor_from_request(request)
     )
     return _settings_out(found)

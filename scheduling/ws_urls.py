@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, re_path
 
-from controlplane.consumers import LiveConsumer
+from scheduling.consumers import LiveConsumer
 
 websocket_urlpatterns: list[URLPattern | URLResolver] = [
     re_path(r"^ws/live/(?P<group>[A-Za-z0-9_.-]{1,80})/$", LiveConsumer.as_asgi()),

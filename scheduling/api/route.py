@@ -209,9 +209,3 @@ async def decisions_recent(
 ) -> HttpResponse:
     """The latest decisions with their inputs, newest first ("why was this offloaded?")."""
     return _json(await traffic.recent_decisions_read_async(limit))
-
-
-# Plans and the long-term rebalancer: their own module, mounted on this app's one router.
-from scheduling.api_plans import router as plans_router  # noqa: E402
-
-router.add_router("", plans_router)

@@ -1,4 +1,6 @@
-"""Inventory pages: clusters with their instances (drain, activate) and links."""
+"""Fleet pages: clusters with their instances and live load (drain, activate), and links with
+their egress against capacity and budget. Inventory from ``clusters``, live state and guards
+from the overview selectors."""
 
 from __future__ import annotations
 
@@ -9,27 +11,23 @@ from django.views.decorators.http import require_POST
 from clusters.models import Link
 from clusters.selectors import cluster_list, instance_list, link_list
 from clusters.services import instance_activate, instance_drain
-from controlplane import dashboard
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError
 from controlplane.models import Scope
 from controlplane.roles import scope_required
+from scheduling import overview
 
 
 @scope_required(Scope.READ)
 def cluster_list_page(request: HttpRequest) -> HttpResponse:
-    return render(
-        request, "clusters/cluster_list.html", {"clusters": dashboard.clusters_overview()}
-    )
+    return render(request, "clusters/cluster_list.html", {"clusters": overview.clusters_overview()})
 
 
 @scope_required(Scope.READ)
 def cluster_detail_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_object_or_404(cluster_list(), pk=cluster_id)
-    overview = next(c for c in dashboard.clusters_overview() if c["id"] == cluster.pk)
-    return render(
-        request, "clusters/cluster_detail.html", {"cluster": cluster, "overview": overview}
-    )
+    row = next(c for c in overview.clusters_overview() if c["id"] == cluster.pk)
+    return render(request, "clusters/cluster_detail.html", {"cluster": cluster, "overview": row})
 
 
 @scope_required(Scope.OPERATE)
@@ -49,7 +47,7 @@ def instance_state_page(request: HttpRequest, instance_id: str, action: str) -> 
         error = exc.detail
     row = next(
         i
-        for c in dashboard.clusters_overview()
+        for c in overview.clusters_overview()
         if c["id"] == instance.cluster_id
         for i in c["instances"]
         if i["id"] == instance.pk
@@ -69,13 +67,13 @@ def _version(request: HttpRequest) -> int | None:
 
 @scope_required(Scope.READ)
 def link_list_page(request: HttpRequest) -> HttpResponse:
-    _, _, guards = dashboard.guards_current()
+    _, _, guards = overview.guards_current()
     return render(
-        request, "clusters/link_list.html", {"links": dashboard.links_overview(guards, window_s=0)}
+        request, "clusters/link_list.html", {"links": overview.links_overview(guards, window_s=0)}
     )
 
 
 @scope_required(Scope.READ)
 def link_detail_page(request: HttpRequest, link_id: int) -> HttpResponse:
     link: Link = get_object_or_404(link_list(), pk=link_id)
-    return render(request, "clusters/link_detail.html", {"link": dashboard.link_history(link)})
+    return render(request, "clusters/link_detail.html", {"link": overview.link_history(link)})

@@ -23,14 +23,14 @@ from django.test import AsyncClient, Client
 from clusters.models import Instance, Link
 from controlplane import live
 from controlplane.asgi import application
-from controlplane.consumers import (
+from scheduling.consumers import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHENTICATED,
     CLOSE_UNKNOWN_GROUP,
     HEARTBEAT_S,
     REORDER_WINDOW_S,
 )
-from controlplane.dashboard import overview_tick_publish
+from scheduling.overview import overview_tick_publish
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,

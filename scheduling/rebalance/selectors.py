@@ -1,0 +1,108 @@
+"""Reads of the long-term loop: plans, their steps, ticks, per-cluster rebalance settings."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from clusters.models import Cluster
+from controlplane.audit import Actor
+from controlplane.errors import Invalid, NotFound
+from scheduling.core import rebalancer
+from scheduling.models import (
+    Plan,
+    PlanStatus,
+    PlanStep,
+    RebalanceSettings,
+    RebalanceTick,
+)
+
+SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
+
+
+IN_FLIGHT = (PlanStatus.APPROVED, PlanStatus.APPLYING, PlanStatus.ROLLING_BACK)
+
+
+def plan_list(
+    *, cluster: str | None = None, status: str | None = None, limit: int = 100
+) -> QuerySet[Plan]:
+    """Plans, newest first, optionally of one cluster (by name) and status."""
+    qs = Plan.objects.select_related("cluster", "tick").order_by("-proposed_at", "-id")
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if status:
+        if status not in PlanStatus.values:
+            raise Invalid(f"status: must be one of {', '.join(PlanStatus.values)}")
+        qs = qs.filter(status=status)
+    return qs[: max(1, min(limit, 1000))]
+
+
+def plan_get(plan_id: int) -> Plan:
+    plan = Plan.objects.select_related("cluster", "tick").filter(pk=plan_id).first()
+    if plan is None:
+        raise NotFound(f"plan {plan_id} does not exist")
+    return plan
+
+
+def plan_steps(plan: Plan) -> list[PlanStep]:
+    return list(plan.steps.select_related("instance").order_by("phase", "index"))
+
+
+def rebalance_ticks_recent(
+    *, cluster: str | None = None, action: str | None = None, limit: int = 100
+) -> QuerySet[RebalanceTick]:
+    """The latest ticks (holds with their reasons, and proposals), newest first."""
+    qs = RebalanceTick.objects.select_related("cluster").order_by("-period_start", "-id")
+    if cluster:
+        qs = qs.filter(cluster__name=cluster)
+    if action:
+        qs = qs.filter(action=action)
+    return qs[: max(1, min(limit, 1000))]
+
+
+def rebalance_settings_for(cluster: Cluster) -> RebalanceSettings:
+    """The cluster's rebalancer settings; defaults (unsaved) when none were stored."""
+    found = RebalanceSettings.objects.filter(cluster=cluster).first()
+    return found if found is not None else RebalanceSettings(cluster=cluster)
+
+
+def guards_for(settings_row: RebalanceSettings) -> rebalancer.RebalanceGuards:
+    try:
+        return rebalancer.RebalanceGuards().with_overrides(dict(settings_row.guards or {}))
+    except (TypeError, ValueError) as exc:
+        raise Invalid(f"guards: {exc}") from exc
+
+
+def period_start_for(now: float, interval_s: float | None = None) -> datetime:
+    """The start of the rebalancing period holding ``now`` (the tick id's time part)."""
+    interval = float(interval_s or django_settings.REBALANCE_INTERVAL_S)
+    return datetime.fromtimestamp(math.floor(now / interval) * interval, tz=UTC)
+
+
+def plans_stalled(older_than_s: float) -> list[int]:
+    """Plans applying or rolling back with no progress for ``older_than_s`` (crash recovery)."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    return list(
+        Plan.objects.filter(
+            status__in=(PlanStatus.APPLYING, PlanStatus.ROLLING_BACK), updated_at__lt=cutoff
+        ).values_list("pk", flat=True)
+    )
+
+
+def plans_in_flight(cluster: Cluster) -> QuerySet[Plan]:
+    return Plan.objects.filter(cluster=cluster).filter(Q(status__in=IN_FLIGHT))
+
+
+def plans_snapshot() -> dict[str, Any]:
+    """The ``plans`` group's snapshot: each recent plan's id, status and version."""
+    return {
+        "plans": [
+            {"id": p.pk, "status": p.status, "version": p.version, "cluster": p.cluster.name}
+            for p in plan_list(limit=100)
+        ]
+    }

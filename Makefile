@@ -7,11 +7,13 @@ STAMP := $(VENV)/.setup-stamp
 
 .PHONY: setup system-deps demo test lint fmt bench clean
 
-# Debian packages the tests need: Chromium for browser tests, docker-compose to validate the
-# compose file. Installed only when missing, and only where we are root with apt (CI, dev boxes).
-SYSTEM_PACKAGES := chromium docker-compose
+# Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
+# ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
+# validate the compose file. Installed only when missing, and only where we are root with apt.
 system-deps:
 	@missing=""; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
@@ -53,6 +55,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 
 fmt: setup

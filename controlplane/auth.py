@@ -65,11 +65,11 @@ class _CachedToken:
 
 
 def _cache_ttl() -> float:
-    return float(getattr(settings, "API_TOKEN_CACHE_S", 5))
+    return float(settings.API_TOKEN_CACHE_S)
 
 
 def _last_used_interval() -> float:
-    return float(getattr(settings, "API_TOKEN_LAST_USED_WRITE_S", 60))
+    return float(settings.API_TOKEN_LAST_USED_WRITE_S)
 
 
 _lock = threading.Lock()

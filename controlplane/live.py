@@ -32,7 +32,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from clusters.live.connection import redis_async, redis_sync
+from controlplane.redis_connection import redis_async, redis_sync
 
 logger = logging.getLogger(__name__)
 

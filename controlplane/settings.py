@@ -7,29 +7,64 @@ serves the cache, the Celery broker and the channel layer. Set both for producti
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.embedded_redis import embedded_redis_start
+from controlplane.embedded_redis import embedded_redis_url, var_dir
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
 def env_bool(name: str, default: bool = False) -> bool:
+    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case); anything else is an
+    error naming the variable, never silently false."""
     value = os.environ.get(name)
     if value is None:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r}: expected one of 1/true/yes/on or 0/false/no/off")
 
 
-def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+def env_number(
+    name: str, default: float, *, low: float, high: float, integer: bool = False
+) -> float:
+    """A number variable within ``[low, high]``; a bad value is an error naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected {kind}") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ImproperlyConfigured(f"{name}={raw!r}: must be between {low:g} and {high:g}")
+    return value
+
+
+def env_int(name: str, default: int, *, low: int = 0, high: int = 2**31 - 1) -> int:
+    return int(env_number(name, default, low=low, high=high, integer=True))
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = var_dir()
 # Shared material (scenarios, traces, samples) lives beside the project checkout.
-SHARED_DIR = Path(os.environ.get("SHARED_DIR", BASE_DIR.parent / "shared"))
+SHARED_DIR = Path(os.environ.get("SHARED_DIR") or BASE_DIR.parent / "shared")
+# Where scenario files named by `extends:` in the topology API are looked up.
+SCENARIOS_DIR = Path(os.environ.get("SCENARIOS_DIR") or SHARED_DIR / "scenarios")
 
 DEBUG = env_bool("DEBUG", default=False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
@@ -39,10 +74,8 @@ if not SECRET_KEY:
     # Development only: a fixed key so sessions survive restarts of the demo.
     SECRET_KEY = "dev-insecure-prfaas-controlplane-key-change-me-in-production-0123456789"
 
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "*")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -95,7 +128,7 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {
     "default": dj_database_url.config(
         default=f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}",
-        conn_max_age=env_int("DB_CONN_MAX_AGE", 0),
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 0, high=86400),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -104,9 +137,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: one server for cache, live state, Celery broker and the channel layer.
-REDIS_URL = os.environ.get("REDIS_URL", "")
-if not REDIS_URL:
-    REDIS_URL = f"unix://{embedded_redis_start(VAR_DIR)}"
+# Unset: the embedded server's socket under VAR_DIR, which the supervising process (manage.py,
+# the demo, the test session) starts and stops; importing these settings never starts one.
+REDIS_URL = os.environ.get("REDIS_URL") or embedded_redis_url(VAR_DIR)
 if REDIS_URL.startswith("unix://"):
     # kombu spells unix sockets differently from redis-py and channels-redis.
     CELERY_BROKER_URL = "redis+socket://" + REDIS_URL.removeprefix("unix://")
@@ -169,17 +202,23 @@ if env_bool("PRODUCTION"):
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, high=10 * 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
 # Domain settings.
-REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600)
-TELEMETRY_STALE_S = env_int("TELEMETRY_STALE_S", 15)
-API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024)
+REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600, low=10, high=7 * 86400)
+# The traffic window a tick plans from; 0: the same as the interval.
+REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024, low=1024, high=64 * 1024 * 1024)
 # Rebalancer ticks that held (no plan) are kept this long; plans are kept.
-REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30)
+REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
+# Seconds a validated API token is trusted in process before the database is asked again (a
+# revoked token keeps working in other processes at most this long).
+API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
+# Seconds between writes of a token's last_used_at (per token and process).
+API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
 
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
@@ -200,7 +239,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off
 # (agents or the fleet emulator post telemetry instead).
-ENGINE_SCRAPE_INTERVAL_S = float(os.environ.get("ENGINE_SCRAPE_INTERVAL_S", "0"))
+ENGINE_SCRAPE_INTERVAL_S = env_number("ENGINE_SCRAPE_INTERVAL_S", 0.0, low=0, high=3600)
 if ENGINE_SCRAPE_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["engines-scrape"] = {
         "task": "scheduling.engines_scrape",
@@ -208,9 +247,12 @@ if ENGINE_SCRAPE_INTERVAL_S > 0:
         "options": {"expires": ENGINE_SCRAPE_INTERVAL_S},
     }
 
+LOG_LEVEL = (os.environ.get("LOG_LEVEL") or "INFO").strip().upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r}: expected DEBUG, INFO, WARNING or ERROR")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }

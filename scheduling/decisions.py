@@ -35,7 +35,6 @@ import orjson
 from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
-from clusters.live.connection import redis_async
 from clusters.live.scripts import (
     counters_queue,
     is_noscript,
@@ -43,6 +42,7 @@ from clusters.live.scripts import (
     scripts_forget,
 )
 from controlplane.errors import ApiError, Invalid
+from controlplane.redis_connection import redis_async
 from scheduling import metrics, traffic
 from scheduling.core import routing
 from scheduling.snapshot import (

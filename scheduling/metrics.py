@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from clusters.live import prefix_index, telemetry
-from clusters.live.connection import redis_async, redis_sync
+from controlplane.redis_connection import redis_async, redis_sync
 from scheduling.snapshot import snapshot_cached, snapshot_refresh
 
 DECISIONS_KEY = "metrics:decisions"

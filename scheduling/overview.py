@@ -15,9 +15,9 @@ from dataclasses import asdict
 from typing import Any
 
 from clusters.live import prefix_index, telemetry
-from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
+from controlplane.redis_connection import redis_sync
 from scheduling.core.routing import RouteGuards
 from scheduling.policies import guards_from_json, policy_current
 from scheduling.rebalance.selectors import plans_snapshot

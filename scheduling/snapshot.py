@@ -32,7 +32,6 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from clusters.live.connection import redis_async, redis_sync
 from clusters.models import (
     Accelerator,
     Cluster,
@@ -43,6 +42,7 @@ from clusters.models import (
     PerformanceProfile,
     Site,
 )
+from controlplane.redis_connection import redis_async, redis_sync
 from scheduling.core import routing
 from scheduling.models import Policy
 

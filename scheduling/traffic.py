@@ -36,8 +36,8 @@ from typing import Any
 
 import redis
 
-from clusters.live.connection import redis_async, redis_sync
 from clusters.live.telemetry import ReservationOutcome
+from controlplane.redis_connection import redis_async, redis_sync
 
 RETENTION_S = 3 * 24 * 3600
 RECENT_CAP = 500

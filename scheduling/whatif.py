@@ -27,12 +27,12 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
-from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind
 from clusters.topology import topology_scenario
 from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
+from controlplane.redis_connection import redis_sync
 from scheduling.core.planner import plan_scenario
 from scheduling.core.scenario import (
     Scenario,

@@ -1,4 +1,9 @@
 import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import redis
@@ -21,3 +26,70 @@ def test_health_endpoint_answers(client) -> None:
     response = client.get("/api/v1/health")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+
+
+SETTINGS_FILE = Path(settings.BASE_DIR) / "controlplane" / "settings.py"
+ENV_EXAMPLE = Path(settings.BASE_DIR) / ".env.example"
+
+
+def _settings_variables() -> set[str]:
+    source = SETTINGS_FILE.read_text()
+    return set(re.findall(r'(?:env_\w+|os\.environ\.get)\(\s*"([A-Z][A-Z0-9_]+)"', source))
+
+
+def test_every_variable_the_settings_read_is_in_env_example_and_nothing_else() -> None:
+    documented = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M))
+    read = _settings_variables() - {"DJANGO_SETTINGS_MODULE"}
+    assert read, "the settings read no variable: the pattern above is out of date"
+    assert read - documented == set(), "read by settings.py but not in .env.example"
+    # The rest of the file is for compose and the programs it runs: each is read somewhere.
+    base = Path(settings.BASE_DIR)
+    users = "\n".join(
+        path.read_text()
+        for path in [base / "docker-compose.yml", base / "Dockerfile", *base.glob("*/**/*.py")]
+        if ".venv" not in path.parts and "node_modules" not in path.parts and path.is_file()
+    )
+    unused = {name for name in documented - read if name not in users}
+    assert unused == set(), "in .env.example but read by nothing"
+
+
+def _settings_in_a_process(**env: str) -> subprocess.CompletedProcess[str]:
+    """Import the settings in a fresh interpreter with ``env`` (and nothing of ours set)."""
+    clean = {k: v for k, v in os.environ.items() if k not in _settings_variables()}
+    clean.update(env, VAR_DIR=env.get("VAR_DIR", tempfile.mkdtemp(prefix="settings-")))
+    return subprocess.run(
+        [sys.executable, "-c", "import controlplane.settings as s; print(s.REDIS_URL)"],
+        cwd=settings.BASE_DIR,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("DEBUG", "maybe", "DEBUG='maybe': expected one of 1/true/yes/on or 0/false/no/off"),
+        ("PRODUCTION", "ture", "PRODUCTION='ture'"),
+        ("REBALANCE_INTERVAL_S", "ten", "REBALANCE_INTERVAL_S='ten': expected an integer"),
+        ("REBALANCE_INTERVAL_S", "0", "REBALANCE_INTERVAL_S='0': must be between 10 and"),
+        ("API_TOKEN_CACHE_S", "nan", "API_TOKEN_CACHE_S='nan': must be between 0 and 3600"),
+        ("API_MAX_BODY_BYTES", "-1", "API_MAX_BODY_BYTES='-1': must be between"),
+        ("LOG_LEVEL", "LOUD", "LOG_LEVEL='LOUD'"),
+    ],
+)
+def test_a_bad_setting_stops_the_process_naming_the_variable(
+    name: str, value: str, message: str
+) -> None:
+    result = _settings_in_a_process(**{name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_importing_the_settings_starts_no_server() -> None:
+    var = tempfile.mkdtemp(prefix="settings-")
+    result = _settings_in_a_process(VAR_DIR=var)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"unix://{var}/redis.sock"
+    assert not (Path(var) / "redis.sock").exists()

@@ -26,7 +26,7 @@ class TopologyApplyOut(Schema):
 
 def scenarios_dir() -> Path:
     """Where ``extends`` in a posted scenario resolves: the shared scenarios folder."""
-    return Path(getattr(settings, "SCENARIOS_DIR", Path(settings.SHARED_DIR) / "scenarios"))
+    return Path(settings.SCENARIOS_DIR)
 
 
 @router.get("/topology", response=dict[str, Any], auth=TokenAuth("read"))

@@ -49,8 +49,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from clusters.live.connection import redis_async, redis_sync
 from clusters.live.scripts import lua_script
+from controlplane.redis_connection import redis_async, redis_sync
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
 _U64 = 1 << 64

@@ -36,8 +36,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from clusters.live.connection import redis_async, redis_sync
 from clusters.live.scripts import lua_script
+from controlplane.redis_connection import redis_async, redis_sync
 
 BANDWIDTH_RETENTION_S = 3900
 IDEMPOTENCY_TTL_S = 24 * 3600

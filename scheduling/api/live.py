@@ -9,9 +9,9 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 from pydantic import StringConstraints
 
+from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
 from controlplane.auth import require_scope
-from clusters.live import prefix_index
 from scheduling import ingest
 from scheduling.snapshot import snapshot_refresh
 

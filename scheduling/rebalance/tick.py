@@ -143,9 +143,7 @@ def rebalance_tick(
     now = time.time() if now is None else now
     row = rebalance_settings_for(cluster)
     guards = guards_for(row)
-    window_s = float(
-        getattr(django_settings, "REBALANCE_WINDOW_S", 0) or django_settings.REBALANCE_INTERVAL_S
-    )
+    window_s = float(django_settings.REBALANCE_WINDOW_S or django_settings.REBALANCE_INTERVAL_S)
     end = period_start.timestamp()
     instances = list(Instance.objects.filter(cluster=cluster).order_by("name"))
     samples = instance_states_read([i.name for i in instances]) if instances else {}

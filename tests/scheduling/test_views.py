@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from django.urls import reverse
 
-from clusters.live.connection import redis_sync
 from clusters.models import Accelerator, Link, PerformanceProfile
 from controlplane.audit import CLI_ACTOR
+from controlplane.redis_connection import redis_sync
 from scheduling import whatif
 from scheduling.policies import policy_create
 from scheduling.traffic import recent_queue

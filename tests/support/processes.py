@@ -31,7 +31,7 @@ def postgres_bin_dir() -> Path:
     """The directory holding ``initdb`` and ``postgres`` (PATH first, then Debian's layout)."""
     found = shutil.which("initdb")
     if found:
-        return Path(found).parent
+        return Path(found).resolve().parent  # Debian links initdb alone into /usr/local/bin
     candidates = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
         key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,

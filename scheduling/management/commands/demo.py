@@ -4,7 +4,7 @@ Migrates, loads the paper's case-study topology, makes sure an operator account 
 emulator's API tokens exist, then supervises the web server (uvicorn, ASGI), a Celery worker,
 beat and the fleet emulator (``manage.py emulate``) as child processes, each in its own
 process group. The rebalancer runs every ``REBALANCE_INTERVAL_S`` (60 s in the demo unless set).
-Ctrl-C stops every child, then the embedded Redis if this command is the one that uses it. A
+Ctrl-C stops every child; manage.py then stops the embedded Redis it started for the demo. A
 second run reuses the database, the account, its password and the tokens (all kept in
 ``var/demo-credentials.json``, readable only by its owner).
 """
@@ -29,7 +29,6 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.audit import CLI_ACTOR
-from controlplane.embedded_redis import embedded_redis_stop
 from controlplane.models import ApiToken, token_hash
 from controlplane.services import token_create
 from scheduling.core.planner import plan_scenario
@@ -183,7 +182,7 @@ class Command(BaseCommand):
         self.stdout.write(f"initial policy: thresholds {thresholds}")
 
     def _single_instance_lock(self) -> Any:
-        """One demo per VAR_DIR: a second one would share, then stop, the first one's embedded
+        """One demo per VAR_DIR: a second one would share the first one's database and embedded
         Redis. The lock lives as long as this process (the OS drops it however we exit)."""
         path = Path(settings.VAR_DIR) / "demo.lock"
         handle = path.open("a+")
@@ -303,6 +302,4 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     os.killpg(child.pid, signal.SIGKILL)
                     child.wait()
-            if not os.environ.get("REDIS_URL"):
-                embedded_redis_stop(Path(settings.VAR_DIR))
             self.stdout.write("stopped")

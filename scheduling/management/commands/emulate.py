@@ -18,7 +18,7 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from clusters.live.connection import redis_sync
+from controlplane.redis_connection import redis_sync
 from fleet.emulator import EmulatorConfig, EmulatorError, FleetEmulator
 from scheduling.core.scenario import ScenarioError, scenario_load
 from scheduling.core.simulator.workload import WorkloadError, workload_build

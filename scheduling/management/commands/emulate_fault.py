@@ -20,8 +20,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from clusters.live.connection import redis_sync
 from clusters.models import Cluster, ClusterKind, Instance, Link
+from controlplane.redis_connection import redis_sync
 from fleet.emulator import FaultError, emulator_fault_push, emulator_status_read
 
 

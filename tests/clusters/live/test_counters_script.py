@@ -6,8 +6,8 @@ import asyncio
 
 import redis
 
-from clusters.live.connection import redis_async
 from clusters.live.scripts import counters_queue, scripts_ensure_async
+from controlplane.redis_connection import redis_async
 
 
 def _apply(*args: object, **kwargs: object) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from scheduling.tasks import engines_scrape
 
 from clusters.live import telemetry
 from clusters.live.scrape import ScrapeFormatError, engine_sample, instances_scrape
 from clusters.models import InstanceRole, InstanceState
 from scheduling.snapshot import snapshot_reset
+from scheduling.tasks import engines_scrape
 from tests.factories import ClusterFactory, InstanceFactory
 
 

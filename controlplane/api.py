@@ -10,7 +10,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
-from controlplane.errors import ApiError, location_path
+from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, validation_detail
 
 api = NinjaAPI(
     title="PrfaaS control plane",
@@ -32,18 +32,12 @@ def on_api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
 
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    messages = []
-    for err in exc.errors:
-        # ninja prefixes locations with where the value came from ("body", "query", ...)
-        loc = [p for p in err.get("loc", ()) if p not in ("body", "query", "path", "payload")]
-        path = location_path(loc)
-        messages.append(f"{path}: {err.get('msg', 'invalid')}" if path else err.get("msg", ""))
-    return _error(request, 422, "; ".join(messages) or "invalid input", "invalid")
+    return _error(request, 422, validation_detail(exc.errors), "invalid")
 
 
 @api.exception_handler(AuthenticationError)
 def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    return _error(request, 401, "missing, invalid, expired or revoked API token", "unauthorized")
+    return _error(request, 401, UNAUTHORIZED_DETAIL, "unauthorized")
 
 
 @api.exception_handler(HttpError)

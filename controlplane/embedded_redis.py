@@ -11,6 +11,7 @@ socket and fails loudly when no supervisor runs one.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -48,10 +49,9 @@ COMMANDS_WITHOUT_REDIS = frozenset(
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM the server when its parent dies, so a
     supervisor killed with SIGKILL (which runs no cleanup) still leaves no server behind."""
-    try:
+    # Not Linux (no prctl): the supervisor's own stop() still runs on every other exit.
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # not Linux: the supervisor's own stop() still runs
-        pass
 
 
 def var_dir() -> Path:

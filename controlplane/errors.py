@@ -6,7 +6,16 @@ root turn it, ninja's validation errors and Django's usual exceptions into that 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+import orjson
+from ninja import Schema
+
+#: What a caller is told when no usable credential came with the request.
+UNAUTHORIZED_DETAIL = "missing, invalid, expired or revoked API token"
+#: Where ninja says a value came from; the key path a client reads leaves it out.
+_LOCATION_SOURCES = frozenset({"body", "query", "path", "payload"})
 
 
 class ApiError(Exception):
@@ -52,6 +61,36 @@ class Forbidden(ApiError):
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body over {limit} bytes")
+
+
+class ErrorOut(Schema):
+    """The one error shape, as the OpenAPI document states it."""
+
+    detail: str
+    code: str
+
+
+def error_json(detail: str, code: str) -> bytes:
+    return orjson.dumps({"detail": detail, "code": code})
+
+
+def validation_detail(errors: Iterable[Mapping[str, Any]]) -> str:
+    """pydantic/ninja validation errors as one line: ``key.path: message; ...``."""
+    messages = []
+    for err in errors:
+        loc = [p for p in err.get("loc", ()) if p not in _LOCATION_SOURCES]
+        path = location_path(loc)
+        msg = err.get("msg", "invalid")
+        messages.append(f"{path}: {msg}" if path else msg)
+    return "; ".join(messages) or "invalid input"
 
 
 def location_path(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from controlplane.errors import PayloadTooLarge
+
 
 def _request_id(request: HttpRequest) -> str:
     supplied = request.headers.get("X-Request-ID", "")
@@ -74,10 +76,8 @@ class BodySizeLimitMiddleware:
                 too_big = True
         if not too_big:
             return None
-        return JsonResponse(
-            {"detail": f"request body over {limit} bytes", "code": "payload_too_large"},
-            status=413,
-        )
+        refused = PayloadTooLarge(limit)
+        return JsonResponse(refused.payload(), status=refused.status)
 
     def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
         if iscoroutinefunction(self):

@@ -12,6 +12,7 @@ from pydantic import StringConstraints
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
 from controlplane.auth import require_scope
+from controlplane.errors import ErrorOut
 from scheduling import ingest
 from scheduling.snapshot import snapshot_refresh
 
@@ -90,11 +91,6 @@ class IndexStateOut(Schema):
     last_gap_at: float | None
     blocks: int
     checkpoints: int
-
-
-class ErrorOut(Schema):
-    detail: str
-    code: str
 
 
 ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 422: ErrorOut}

@@ -16,6 +16,7 @@ from pydantic import StringConstraints, field_validator, model_validator
 
 from clusters.live.prefix_index import BlockHashError, block_hash_key
 from controlplane.auth import require_scope
+from controlplane.errors import ErrorOut
 from scheduling import traffic
 from scheduling.decisions import RouteInput, route_decide_async
 from scheduling.snapshot import snapshot_current_async
@@ -140,11 +141,6 @@ class RouteBatchOut(Schema):
     decisions: list[RouteOut]
 
 
-class ErrorOut(Schema):
-    detail: str
-    code: str
-
-
 ERRORS: dict[int, Any] = {
     401: ErrorOut,
     403: ErrorOut,
@@ -159,18 +155,26 @@ def _json(data: Any, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
 
 
+async def route_answer(payload: RouteIn | RouteBatchIn) -> bytes:
+    """The one pipeline behind both doors of ``/route`` and ``/route/batch`` (these ninja
+    operations and the ASGI fast path, :mod:`scheduling.fastpath`): a validated request in,
+    the JSON answer out."""
+    if isinstance(payload, RouteBatchIn):
+        decisions = await route_decide_async([r.to_input() for r in payload.requests], batch=True)
+        return orjson.dumps({"decisions": decisions})
+    return orjson.dumps((await route_decide_async([payload.to_input()], batch=False))[0])
+
+
 @router.post("/route", auth=ROUTER, response={200: RouteOut, **ERRORS})
 async def route(request: HttpRequest, payload: RouteIn) -> HttpResponse:
     """Decide where one request's prefill and decode run."""
-    decisions = await route_decide_async([payload.to_input()], batch=False)
-    return _json(decisions[0])
+    return HttpResponse(await route_answer(payload), content_type="application/json")
 
 
 @router.post("/route/batch", auth=ROUTER, response={200: RouteBatchOut, **ERRORS})
 async def route_batch(request: HttpRequest, payload: RouteBatchIn) -> HttpResponse:
     """Decide up to 1,000 requests against one live snapshot, in order."""
-    decisions = await route_decide_async([r.to_input() for r in payload.requests], batch=True)
-    return _json({"decisions": decisions})
+    return HttpResponse(await route_answer(payload), content_type="application/json")
 
 
 @router.get(

@@ -56,7 +56,8 @@ class Command(BaseCommand):
         length.add_argument(
             "--requests",
             type=int,
-            help=f"requests to replay (default {DEFAULT_REQUESTS}; a trace: all)",
+            help="requests to replay (default: a trace's all, a scenario with phases its whole "
+            f"length, else {DEFAULT_REQUESTS})",
         )
         length.add_argument("--duration", type=float, help="simulated seconds of arrivals")
         parser.add_argument("--seed", type=int, default=0)
@@ -128,14 +129,19 @@ class Command(BaseCommand):
             and scenario.workload.arrival.rate_per_s is None
         ):
             raise _bad("the scenario gives no arrival rate: pass --rate R or --capacity")
-        requests = opts["requests"]
-        if requests is None and opts["duration"] is None and scenario.workload.trace is None:
-            requests = DEFAULT_REQUESTS
+        requests, duration = opts["requests"], opts["duration"]
+        if requests is None and duration is None and scenario.workload.trace is None:
+            # The scenario's whole length when it has one (its phases); else a fixed count.
+            phased = sum(p.duration_s for p in scenario.workload.phases)
+            if phased > 0:
+                duration = phased
+            else:
+                requests = DEFAULT_REQUESTS
         config = SimulationConfig(
             policy=opts["policy"],
             rate_per_s=opts["rate"],
             requests=requests,
-            duration_s=opts["duration"],
+            duration_s=duration,
             seed=opts["seed"],
             skip_bad=opts["skip_bad"],
             threshold=opts["threshold"],

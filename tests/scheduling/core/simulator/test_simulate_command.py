@@ -187,3 +187,19 @@ def test_from_the_command_line_bad_usage_exits_with_status_2(small: Path) -> Non
     bad = _manage(str(small), "--rate", "-2")
     assert bad.returncode == 2
     assert "--rate: must be a positive" in bad.stderr
+
+
+def test_a_scenario_with_phases_is_simulated_over_its_whole_length_by_default(
+    write_scenario: Callable[..., Path],
+) -> None:
+    """No cut at a fixed request count: 8 then 12 req/s over 1,500 s of phases is ~14,000
+    arrivals, more than the count used for scenarios without phases, spanning every phase."""
+    text = ONE_INSTANCE.format(service=0.01, rate=8.0) + (
+        "  phases:\n"
+        "    - {duration_s: 1000}\n"
+        "    - {duration_s: 500, arrival: {process: poisson, rate_per_s: 12.0}}\n"
+    )
+    out = json.loads(_run(str(write_scenario(text)), "--json"))
+    assert out["requests"] > 10_000
+    assert 1400 < out["duration_s"]
+    assert 8 * 1000 + 12 * 500 == pytest.approx(out["requests"], rel=0.05)

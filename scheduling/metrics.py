@@ -180,7 +180,9 @@ class LiveCollector:
             degraded += st.state == "degraded"
         yield size
         yield GaugeMetricFamily(
-            "prfaas_prefix_index_entries_total", "Prefix-index entries, all instances", value=total
+            "prfaas_prefix_index_fleet_entries",
+            "Prefix-index entries, all instances together",
+            value=total,
         )
         yield GaugeMetricFamily(
             "prfaas_prefix_index_degraded_instances",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -347,6 +349,20 @@ async def test_recent_decisions_and_metrics_show_why(client: AsyncClient, fleet:
     assert 'prfaas_decisions_total{reason="above_threshold",route="prfaas"} 1.0' in text
     assert 'prfaas_decision_latency_seconds_count{mode="single"} 1.0' in text
     assert 'prfaas_link_utilisation{source="prfaas-x",target="pd-a"} 0.01' in text
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make setup)")
+async def test_metrics_pass_promtool_check(client: AsyncClient, fleet: Fleet) -> None:
+    await telemetry(client, fleet)
+    await route(client, fleet, prompt_tokens=60_000, request_id="lint-me")
+    await route(client, fleet, prompt_tokens=100, request_id="lint-me-too")
+    text = (await client.get("/metrics")).content
+    assert b"prfaas_decisions_total" in text and b"prfaas_link_inflight_bytes" in text
+    checked = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout + checked.stderr == b"", "promtool's lint found problems"
 
 
 # --- bad input -----------------------------------------------------------------------------------

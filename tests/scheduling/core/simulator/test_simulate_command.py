@@ -201,5 +201,5 @@ def test_a_scenario_with_phases_is_simulated_over_its_whole_length_by_default(
     )
     out = json.loads(_run(str(write_scenario(text)), "--json"))
     assert out["requests"] > 10_000
-    assert 1400 < out["duration_s"]
-    assert 8 * 1000 + 12 * 500 == pytest.approx(out["requests"], rel=0.05)
+    assert out["duration_s"] > 1400
+    assert pytest.approx(out["requests"], rel=0.05) == 8 * 1000 + 12 * 500

@@ -9,21 +9,24 @@ STAMP := $(VENV)/.setup-stamp
 
 # Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
-# validate the compose file, promtool (package prometheus) to lint /metrics. Installed only when
-# missing, and only where we are root with apt (--no-install-recommends: tools, not services).
+# validate the compose file, promtool (package prometheus, without recommends: the tool, not the
+# service) to lint /metrics. Installed only when missing, and only where we are root with apt.
 system-deps:
 	@missing=""; \
 	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing="$$missing docker-compose"; \
-	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
 	      || { echo "could not install:$$missing" >&2; exit 1; }; \
 	  else echo "missing system packages:$$missing (install them with your package manager)" >&2; fi; \
+	fi; \
+	if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	    || echo "could not install promtool (package prometheus); /metrics lint is skipped" >&2; \
 	fi
 
 $(STAMP): pyproject.toml requirements.lock

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.test import AsyncClient
 
-from tests.scheduling.test_route_api import Fleet, _fleet, telemetry
+from tests.scheduling.api.test_route import Fleet, _fleet, telemetry
 
 
 @pytest.fixture

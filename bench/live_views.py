@@ -34,20 +34,27 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
-def _django_setup() -> Path:
+
+def _django_setup() -> EmbeddedRedis | None:
     """Django on a throw-away database and, without ``REDIS_URL``, an embedded Redis of its own
-    (stopped at the end). Only the parent process sets up Django: the clients need none."""
+    (returned, for the caller to stop). Only the parent process sets up Django: the clients
+    need none."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-live-"))
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp}/bench.sqlite3")
+    server = None
     if not os.environ.get("REDIS_URL"):
         os.environ["VAR_DIR"] = str(tmp)
+        server = EmbeddedRedis(tmp)
+        server.start()
+        os.environ["REDIS_URL"] = server.url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
-    return tmp
+    return server
 
 
 LINK = "bench-prfaas>bench-pd"
@@ -220,14 +227,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.clients < 1 or args.rate <= 0 or args.seconds <= 0:
         parser.error("--clients must be at least 1; --rate and --seconds must be positive")
-    tmp = _django_setup()
+    server = _django_setup()
     try:
         asyncio.run(_run(args.clients, args.rate, args.seconds))
     finally:
-        if os.environ.get("VAR_DIR") == str(tmp):
-            from controlplane.embedded_redis import embedded_redis_stop
-
-            embedded_redis_stop(tmp)
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
+
 SHARED = ROOT.parent / "shared"
 TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
 SCENARIO = SHARED / "scenarios" / "paper-case-study.yaml"
@@ -443,8 +446,13 @@ def main() -> None:
         # Live state of a bench must not mix with a running deployment's: a private embedded
         # Redis unless BENCH_REDIS_URL names one.
         env.pop("REDIS_URL", None)
+        server = None
         if os.environ.get("BENCH_REDIS_URL"):
             env["REDIS_URL"] = os.environ["BENCH_REDIS_URL"]
+        else:
+            server = EmbeddedRedis(Path(tmp))
+            server.start()
+            env["REDIS_URL"] = server.url
         env["VAR_DIR"] = tmp
         env["LOG_LEVEL"] = "WARNING"
         env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -454,13 +462,11 @@ def main() -> None:
             secret = manage(
                 env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
             )
-            print(f"topology: {SCENARIO.name}; Redis: {env.get('REDIS_URL') or 'embedded'}")
+            print(f"topology: {SCENARIO.name}; Redis: {'embedded' if server else env['REDIS_URL']}")
             asyncio.run(run(args, env, secret))
         finally:
-            if "REDIS_URL" not in env:
-                from controlplane.embedded_redis import embedded_redis_stop
-
-                embedded_redis_stop(Path(tmp))
+            if server is not None:
+                server.stop()
 
 
 if __name__ == "__main__":

@@ -38,10 +38,12 @@ def compose_command() -> list[str]:
 
 
 def settings_variables() -> set[str]:
-    """Every environment variable controlplane/settings.py reads."""
+    """Every environment variable controlplane/settings.py reads (itself or through the
+    embedded-Redis module it takes VAR_DIR from)."""
     source = (ROOT / "controlplane" / "settings.py").read_text()
+    source += (ROOT / "controlplane" / "embedded_redis.py").read_text()
     names = set(re.findall(r"os\.environ(?:\.get)?[\(\[]\s*\"([A-Z][A-Z0-9_]*)\"", source))
-    names |= set(re.findall(r"env_(?:bool|int)\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
+    names |= set(re.findall(r"env_(?:bool|int|number|list)\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
     if "dj_database_url.config(" in source:
         names.add("DATABASE_URL")  # dj_database_url reads it
     return names

@@ -63,6 +63,7 @@ from clusters.models import (
     ModelProfile,
     PerformanceProfile,
     Site,
+    Versioned,
 )
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
@@ -113,7 +114,7 @@ class Resource:
 
     path: str  # URL segment, e.g. "model-profiles"
     name: str  # service and operation prefix, e.g. "model_profile"
-    model: type[Model]
+    model: type[Versioned]
     out: type[Schema]
     create: type[Schema]
     patch: type[Schema]
@@ -125,7 +126,8 @@ class Resource:
         return f"{self.name}_id"
 
     def service(self, verb: str) -> Callable[..., Any]:
-        return getattr(services, f"{self.name}_{verb}")  # type: ignore[no-any-return]
+        service: Callable[..., Any] = getattr(services, f"{self.name}_{verb}")
+        return service
 
 
 RESOURCES: tuple[Resource, ...] = (
@@ -209,7 +211,7 @@ def resource_routes(r: Resource) -> None:
     def list_(request: HttpRequest, **kw: Any) -> QuerySet[Any]:
         return r.select(**kw["filters"].model_dump())
 
-    def get(request: HttpRequest, **kw: Any) -> Model:
+    def get(request: HttpRequest, **kw: Any) -> Versioned:
         return selectors.inventory_get(r.model, kw[r.id_param])
 
     def create(request: HttpRequest, **kw: Any) -> Status[Model]:
@@ -233,9 +235,11 @@ def resource_routes(r: Resource) -> None:
         )
         return HttpResponse(status=204)
 
-    router.get(f"/{r.path}", response=list[r.out], auth=READ)(  # type: ignore[valid-type]
+    listing: Any = list[r.out]  # type: ignore[name-defined]  # a schema known at run time
+    filters: Any = Query[r.filters]  # type: ignore[name-defined,misc]
+    router.get(f"/{r.path}", response=listing, auth=READ)(
         paginate(BoundedLimitOffsetPagination)(
-            _named(list_, f"{r.name}_list", {"filters": (Query[r.filters], ...)})  # type: ignore[valid-type]
+            _named(list_, f"{r.name}_list", {"filters": (filters, ...)})
         )
     )
     router.get(item, response=r.out, auth=READ)(

@@ -104,18 +104,28 @@ class KvIngestResult:
 async def kv_events_ingest_async(
     instance: str, batches: Sequence[tuple[int | None, Any]]
 ) -> KvIngestResult:
-    """Apply an instance's batches in order; sequence gaps mark its index ``degraded``."""
+    """Apply an instance's batches in order; sequence gaps mark its index ``degraded``.
+
+    A batch is vLLM's msgpack payload (``bytes``, what the agent forwards) or the same batch
+    parsed from JSON. Every batch is decoded and checked before any is applied: a request with
+    one bad batch changes nothing.
+    """
     snap = await snapshot_current_async()
     if instance not in snap.known_instances:
         snap = await snapshot_refresh_async()
         if instance not in snap.known_instances:
             raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
+    model = snap.topology.model.name
     decoded = []
     for i, (seq, batch) in enumerate(batches):
         try:
-            _, events = kv_events.kv_batch_decode(batch, f"batches[{i}].batch")
+            events = kv_events.payload_events(
+                batch, snap.block_tokens, model, f"batches[{i}].batch"
+            )
         except kv_events.KvEventFormatError as exc:
             raise Invalid(str(exc), code="invalid_kv_event") from None
+        except kv_events.KvBlockSizeError as exc:
+            raise Invalid(str(exc), code="block_size_mismatch") from None
         decoded.append((seq, events))
     applied = duplicates = restarts = missed = evicted = 0
     state = "exact"

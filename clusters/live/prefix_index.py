@@ -8,28 +8,41 @@ Two kinds of entries (``../shared/paper/PRFAAS.md`` section 3.2):
   only at an exact length: a checkpoint at block ``h`` means the state after the prefix ending
   with ``h`` is stored.
 
-Key layout (block hashes are folded to 64-bit keys, written as 16 hex digits):
+An entry is (block, instance), with per-entry flags: which kind (full / linear) in which
+medium (GPU, CPU, storage, other), so evicting a linear checkpoint (``BlockRemoved`` of the
+linear KV group) leaves the full-attention block, and a GPU eviction leaves a CPU-tier copy.
+KV groups map to kinds per instance, learned from ``BlockStored``'s ``group_idx`` and
+``kv_cache_spec_kind``; a removal that names no group (engines before hybrid groups) removes
+both kinds. LoRA adapters and salted requests stay apart because vLLM hashes them into the
+block hash (``fleet.blockhash``).
 
-``pfx:b:{hash}``        SET   instances holding full-attention block ``hash``
-``pfx:l:{hash}``        SET   instances holding a linear-state checkpoint ending at ``hash``
-``pfx:i:{inst}:b``      ZSET  block hash -> store order, per instance (eviction order)
-``pfx:i:{inst}:l``      ZSET  checkpoint hash -> store order, per instance
-``pfx:i:{inst}:n``      STRING per-instance store counter (the scores above)
-``pfx:i:{inst}:m``      HASH  last_seq, state (exact|degraded), gaps, missed, gap_at, events
+Key layout, compact because a fleet holds tens of millions of entries (target <= 150 bytes per
+entry, ``bench/kv_ingest.py``); block hashes are folded to 64-bit keys (16 hex digits at the
+API, 8 raw bytes here):
+
+``pfx:h:{b}``           HASH  bucket ``b`` (the key's last 2 bytes, 65,536 buckets): field =
+                              the key's first 6 bytes, value = 5-byte records
+                              ``instance id (3) | flags (1) | epoch (1)`` of its holders.
+                              Small buckets are listpack-encoded by Redis (~15 bytes/entry).
+``pfx:i:{inst}:m``      HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
+                              events, blocks, ckpts, stores, g{group_idx} (kind of a group)
+``pfx:i:{inst}:e:{n}``  STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
+``pfx:ids``/``pfx:names`` HASH instance name <-> 3-byte id
 ``pfx:degraded``        SET   instances whose event stream showed a sequence gap
 ``pfx:instances``       SET   instances with entries
 ``pfx:linear``          SET   instances that ever reported linear-state checkpoints (an
                               engine that reports none is matched on full blocks only)
 
-Layout for the lookup: per-block sets of holders, so a chain ``h0..hn`` is matched by
-intersecting ``pfx:b:h0``, ``pfx:b:h1``, ... until the run of holders is empty. That walk runs
-server-side in one Lua script for all chains of an API call (:func:`prefix_matches_queue`,
-queued in the caller's one read pipeline): only the answer, a few (instance, blocks) pairs per
-chain, crosses the network, and a walk stops at the first block no candidate holds.
+Memory is bounded per instance by ``cap``: stores are counted in epochs of ``cap / K`` (K = 16,
+or ``cap`` when smaller); when a new epoch starts, the entries still held from the epoch K back
+are evicted (an entry stored again later carries the newer epoch and stays). vLLM sends
+``BlockRemoved`` for what it evicts, so the cap only bounds what missed removals (gaps) leave
+behind; it evicts oldest-stored first, to within one epoch.
 
-Memory is bounded: each instance keeps at most ``cap`` blocks and ``cap`` checkpoints; storing
-past the cap evicts that instance's oldest entries (vLLM evicts LRU blocks too, and will send
-``BlockRemoved`` for them). Empty sets disappear by themselves in Redis.
+Lookup: a chain ``h0..hn`` is matched by intersecting holders block by block until the run is
+empty. That walk runs server-side in one Lua script for all chains of an API call
+(:func:`prefix_matches_queue`, queued in the caller's one read pipeline): only the answer, a few
+(instance, blocks) pairs per chain, crosses the network.
 
 Sequence numbers: batches carry the publisher's ``seq`` (+1 per batch, from 0). A batch with
 ``seq`` at or below the last one is a redelivery and is skipped; a jump marks the instance
@@ -53,7 +66,12 @@ from clusters.live.connection import redis_async, redis_sync
 from clusters.live.scripts import lua_script
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
+EPOCHS = 16
 _U64 = 1 << 64
+
+# Media (vLLM's ``medium``): GPU is the default tier (and what engines without the field mean).
+MEDIA = {"gpu": 0, "cpu": 1, "storage": 2, "disk": 2}
+OTHER_MEDIUM = 3
 
 
 class BlockHashError(ValueError):
@@ -87,17 +105,32 @@ def block_hash_key(value: int | str | bytes) -> str:
     raise BlockHashError(f"unsupported block hash type {type(value).__name__}")
 
 
+def medium_code(medium: str | None) -> int:
+    """The index's tier code of a vLLM ``medium`` (None: GPU)."""
+    if medium is None:
+        return 0
+    return MEDIA.get(medium.lower(), OTHER_MEDIUM)
+
+
 @dataclass(frozen=True)
 class StoredBlocks:
-    """BlockStored: a run of full blocks; ``linear`` when they are linear-state checkpoints."""
+    """BlockStored: a run of full blocks; ``linear`` when they are linear-state checkpoints.
+    ``group``: the engine's KV-cache group (``group_idx``), None when it does not say."""
 
     block_hashes: Sequence[str]
     linear: bool = False
+    medium: str | None = None
+    group: int | None = None
 
 
 @dataclass(frozen=True)
 class RemovedBlocks:
+    """BlockRemoved from ``group`` (None: every group, as engines without groups mean) and
+    ``medium`` (None: GPU)."""
+
     block_hashes: Sequence[str]
+    medium: str | None = None
+    group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,24 +182,109 @@ class PrefixMatch:
         return out
 
 
-# ARGV: inst, cap, now, seq (-1 when absent), then ops:
-#   'S', kind ('b'|'l'), n, hash * n  |  'R', n, hash * n  |  'C'
+# Shared Lua: the 5-byte holder records of one bucket field.
+_RECORDS_LUA = """
+local function rec_find(val, idb)
+  if not val then return nil end
+  for p = 1, #val, 5 do
+    if string.sub(val, p, p + 2) == idb then return p end
+  end
+  return nil
+end
+local function bucket_of(h)
+  return 'pfx:h:' .. (string.byte(h, 7) * 256 + string.byte(h, 8)), string.sub(h, 1, 6)
+end
+"""
+
+# ARGV: inst, cap, now, seq (-1 when absent), epochs, then ops:
+#   'S', kind (0 full | 1 linear), medium (0..3), group (-1: none), packed 8-byte keys
+#   'R', medium, group (-1: every group), packed keys  |  'C'
 # Returns {status, gap, evicted, state}.
-_APPLY_LUA = """
+_APPLY_LUA = (
+    _RECORDS_LUA
+    + """
 local inst = ARGV[1]
 local cap = tonumber(ARGV[2])
 local now = ARGV[3]
 local seq = tonumber(ARGV[4])
+local k_epochs = tonumber(ARGV[5])
+local epoch_len = math.ceil(cap / k_epochs)
 local pre = 'pfx:i:' .. inst .. ':'
 local meta = pre .. 'm'
 
-local function clear()
-  for _, kind in ipairs({'b', 'l'}) do
-    local z = pre .. kind
-    local members = redis.call('ZRANGE', z, 0, -1)
-    for _, h in ipairs(members) do redis.call('SREM', 'pfx:' .. kind .. ':' .. h, inst) end
-    redis.call('DEL', z)
+local idb = redis.call('HGET', meta, 'id')
+if not idb then
+  idb = redis.call('HGET', 'pfx:ids', inst)
+  if not idb then
+    local n = redis.call('INCR', 'pfx:nextid')
+    idb = string.char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+    redis.call('HSET', 'pfx:ids', inst, idb)
+    redis.call('HSET', 'pfx:names', idb, inst)
   end
+  redis.call('HSET', meta, 'id', idb)
+end
+
+local counts = {0, 0}
+do
+  local c = redis.call('HMGET', meta, 'blocks', 'ckpts', 'stores')
+  counts[1] = tonumber(c[1]) or 0
+  counts[2] = tonumber(c[2]) or 0
+end
+local stores = tonumber(redis.call('HGET', meta, 'stores')) or 0
+local evicted = 0
+
+-- flags of one record -> {full?, linear?}
+local function kinds_of(flags)
+  return bit.band(flags, 15) ~= 0, bit.band(flags, 240) ~= 0
+end
+
+-- Remove bits `mask` of this instance's record for key h (all bits when mask is 255);
+-- `only_epoch`: only if the record was last stored in that epoch. Returns true if changed.
+local function rec_clear(h, mask, only_epoch)
+  local bkey, f = bucket_of(h)
+  local val = redis.call('HGET', bkey, f)
+  local p = rec_find(val, idb)
+  if not p then return false end
+  local flags = string.byte(val, p + 3)
+  if only_epoch and string.byte(val, p + 4) ~= only_epoch then return false end
+  local left = bit.band(flags, bit.bnot(mask))
+  if left == flags then return false end
+  local had_full, had_lin = kinds_of(flags)
+  local has_full, has_lin = kinds_of(left)
+  if had_full and not has_full then counts[1] = counts[1] - 1 end
+  if had_lin and not has_lin then counts[2] = counts[2] - 1 end
+  local newval
+  if left == 0 then
+    newval = string.sub(val, 1, p - 1) .. string.sub(val, p + 5)
+  else
+    newval = string.sub(val, 1, p + 2) .. string.char(left) .. string.sub(val, p + 4)
+  end
+  if newval == '' then redis.call('HDEL', bkey, f) else redis.call('HSET', bkey, f, newval) end
+  return true
+end
+
+local function epoch_drop(e)
+  local ekey = pre .. 'e:' .. e
+  local packed = redis.call('GET', ekey)
+  if not packed then return end
+  redis.call('DEL', ekey)
+  for q = 1, #packed, 8 do
+    if rec_clear(string.sub(packed, q, q + 7), 255, e) then evicted = evicted + 1 end
+  end
+end
+
+local function clear()
+  for e = 0, 255 do
+    local ekey = pre .. 'e:' .. e
+    local packed = redis.call('GET', ekey)
+    if packed then
+      redis.call('DEL', ekey)
+      for q = 1, #packed, 8 do rec_clear(string.sub(packed, q, q + 7), 255, nil) end
+    end
+  end
+  counts[1] = 0
+  counts[2] = 0
+  stores = 0
   redis.call('SREM', 'pfx:degraded', inst)
   redis.call('HSET', meta, 'state', 'exact')
 end
@@ -194,40 +312,61 @@ if seq >= 0 then
 end
 if not redis.call('HGET', meta, 'state') then redis.call('HSET', meta, 'state', 'exact') end
 
-local evicted = 0
-local i = 5
+local i = 6
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'S' then
-    local kind = ARGV[i + 1]
-    local n = tonumber(ARGV[i + 2])
-    local z = pre .. kind
-    if kind == 'l' then redis.call('SADD', 'pfx:linear', inst) end
-    local order = redis.call('INCRBY', pre .. 'n', n) - n
-    for j = 1, n do
-      local h = ARGV[i + 2 + j]
-      redis.call('SADD', 'pfx:' .. kind .. ':' .. h, inst)
-      redis.call('ZADD', z, order + j, h)
-    end
-    local size = redis.call('ZCARD', z)
-    if size > cap then
-      local old = redis.call('ZPOPMIN', z, size - cap)
-      for k = 1, #old, 2 do
-        redis.call('SREM', 'pfx:' .. kind .. ':' .. old[k], inst)
-        evicted = evicted + 1
+    local kind = tonumber(ARGV[i + 1])
+    local medium = tonumber(ARGV[i + 2])
+    local group = tonumber(ARGV[i + 3])
+    local packed = ARGV[i + 4]
+    if group >= 0 then redis.call('HSET', meta, 'g' .. group, kind) end
+    if kind == 1 then redis.call('SADD', 'pfx:linear', inst) end
+    local bitv = bit.lshift(1, kind * 4 + medium)
+    local epoch = math.floor(stores / epoch_len) % 256
+    local ekey = pre .. 'e:' .. epoch
+    local run_start = 1
+    for q = 1, #packed, 8 do
+      if stores > 0 and stores % epoch_len == 0 then
+        -- a new epoch starts: flush this run to the old one, drop the one K back
+        if q > run_start then redis.call('APPEND', ekey, string.sub(packed, run_start, q - 1)) end
+        run_start = q
+        epoch = math.floor(stores / epoch_len) % 256
+        ekey = pre .. 'e:' .. epoch
+        epoch_drop((epoch - k_epochs) % 256)
       end
+      stores = stores + 1
+      local h = string.sub(packed, q, q + 7)
+      local bkey, f = bucket_of(h)
+      local val = redis.call('HGET', bkey, f)
+      local p = rec_find(val, idb)
+      local newval
+      if p then
+        local flags = string.byte(val, p + 3)
+        local had_full, had_lin = kinds_of(flags)
+        if kind == 0 and not had_full then counts[1] = counts[1] + 1 end
+        if kind == 1 and not had_lin then counts[2] = counts[2] + 1 end
+        newval = string.sub(val, 1, p + 2) .. string.char(bit.bor(flags, bitv), epoch)
+          .. string.sub(val, p + 5)
+      else
+        counts[kind + 1] = counts[kind + 1] + 1
+        newval = (val or '') .. idb .. string.char(bitv, epoch)
+      end
+      redis.call('HSET', bkey, f, newval)
     end
-    i = i + 3 + n
+    if #packed >= run_start then redis.call('APPEND', ekey, string.sub(packed, run_start)) end
+    i = i + 5
   elseif op == 'R' then
-    local n = tonumber(ARGV[i + 1])
-    for j = 1, n do
-      local h = ARGV[i + 1 + j]
-      for _, kind in ipairs({'b', 'l'}) do
-        redis.call('SREM', 'pfx:' .. kind .. ':' .. h, inst)
-        redis.call('ZREM', pre .. kind, h)
-      end
+    local medium = tonumber(ARGV[i + 1])
+    local group = tonumber(ARGV[i + 2])
+    local packed = ARGV[i + 3]
+    local mask = bit.bor(bit.lshift(1, medium), bit.lshift(1, 4 + medium))
+    if group >= 0 then
+      local kind = redis.call('HGET', meta, 'g' .. group)
+      if kind then mask = bit.lshift(1, tonumber(kind) * 4 + medium) end
     end
-    i = i + 2 + n
+    for q = 1, #packed, 8 do rec_clear(string.sub(packed, q, q + 7), mask, nil) end
+    i = i + 4
   elseif op == 'C' then
     clear()
     i = i + 1
@@ -235,23 +374,34 @@ while i <= #ARGV do
     return redis.error_reply('unknown op ' .. tostring(op))
   end
 end
+redis.call('HSET', meta, 'blocks', counts[1], 'ckpts', counts[2], 'stores', stores)
 redis.call('HINCRBY', meta, 'events', 1)
 redis.call('SADD', 'pfx:instances', inst)
 return {status, gap, evicted, redis.call('HGET', meta, 'state')}
 """
+)
+
+
+def _packed(hashes: Sequence[str]) -> bytes:
+    return bytes.fromhex("".join(hashes))
 
 
 def _apply_args(
     instance: str, seq: int | None, events: Sequence[KvEvent], cap: int, now: float
 ) -> list[Any]:
-    args: list[Any] = [instance, cap, repr(now), -1 if seq is None else seq]
+    if cap < 1:
+        raise ValueError(f"cap must be at least 1, not {cap}")
+    args: list[Any] = [instance, cap, repr(now), -1 if seq is None else seq, min(EPOCHS, cap)]
     for ev in events:
         if isinstance(ev, StoredBlocks):
             if ev.block_hashes:
-                args += ["S", "l" if ev.linear else "b", len(ev.block_hashes), *ev.block_hashes]
+                group = -1 if ev.group is None else ev.group
+                kind = 1 if ev.linear else 0
+                args += ["S", kind, medium_code(ev.medium), group, _packed(ev.block_hashes)]
         elif isinstance(ev, RemovedBlocks):
             if ev.block_hashes:
-                args += ["R", len(ev.block_hashes), *ev.block_hashes]
+                group = -1 if ev.group is None else ev.group
+                args += ["R", medium_code(ev.medium), group, _packed(ev.block_hashes)]
         else:
             args.append("C")
     return args
@@ -264,6 +414,9 @@ def _result(raw: Sequence[Any]) -> BatchResult:
     return BatchResult(status=s(raw[0]), gap=int(raw[1]), evicted=int(raw[2]), state=s(raw[3]))
 
 
+APPLY_SCRIPT = lua_script(_APPLY_LUA)
+
+
 def kv_batch_apply(
     instance: str,
     seq: int | None,
@@ -273,7 +426,11 @@ def kv_batch_apply(
 ) -> BatchResult:
     """Apply one KV-event batch of ``instance`` atomically (hashes already folded)."""
     r = client or redis_sync()
-    raw = r.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, time.time()))
+    args = _apply_args(instance, seq, events, cap, time.time())
+    try:
+        raw = r.evalsha(APPLY_SCRIPT.sha, 0, *args)
+    except redis.exceptions.NoScriptError:
+        raw = r.eval(_APPLY_LUA, 0, *args)
     return _result(raw)
 
 
@@ -285,9 +442,7 @@ async def kv_batch_apply_async(
     client: aioredis.Redis | None = None,
 ) -> BatchResult:
     """Async twin of :func:`kv_batch_apply`."""
-    r = client or redis_async()
-    raw = await r.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, time.time()))
-    return _result(raw)
+    return (await kv_batches_apply_async(instance, [(seq, events)], cap, client))[0]
 
 
 async def kv_batches_apply_async(
@@ -297,19 +452,31 @@ async def kv_batches_apply_async(
     client: aioredis.Redis | None = None,
 ) -> list[BatchResult]:
     """Apply several batches of one instance in order, in one round trip."""
-    pipe = (client or redis_async()).pipeline(transaction=False)
+    r = client or redis_async()
     now = time.time()
-    for seq, events in batches:
-        pipe.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, now))
-    return [_result(raw) for raw in await pipe.execute()]
+    argsets = [_apply_args(instance, seq, events, cap, now) for seq, events in batches]
+    for attempt in (0, 1):
+        pipe = r.pipeline(transaction=False)
+        for args in argsets:
+            if attempt == 0:
+                pipe.evalsha(APPLY_SCRIPT.sha, 0, *args)
+            else:
+                pipe.eval(_APPLY_LUA, 0, *args)
+        try:
+            return [_result(raw) for raw in await pipe.execute()]
+        except redis.exceptions.NoScriptError:
+            # the first batch failed on NOSCRIPT, so none was applied: send the source once
+            await r.script_load(_APPLY_LUA)
+    raise RuntimeError("unreachable")
 
 
 def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None) -> None:
     """Forget everything about an instance (removed from inventory, or operator reset)."""
     r = client or redis_sync()
-    r.eval(_APPLY_LUA, 0, *_apply_args(instance, None, [AllCleared()], 1, time.time()))
-    r.delete(f"pfx:i:{instance}:m", f"pfx:i:{instance}:n")
+    kv_batch_apply(instance, None, [AllCleared()], client=r)
+    r.delete(f"pfx:i:{instance}:m")
     r.srem("pfx:instances", instance)
+    r.srem("pfx:linear", instance)
 
 
 # --- lookup -------------------------------------------------------------------------------
@@ -319,59 +486,86 @@ def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None
 # from the start and stop at the first block nobody still in the run holds. Returns, per chain,
 # ``[k, inst1, blocks1, ..., instk, blocksk]`` (usable blocks: for hybrid models, the last
 # linear checkpoint inside the run, for instances that report checkpoints at all), then the
-# degraded instances. Only the answer crosses the network, not every block's holders.
-# ARGV: hybrid (0|1), then one string per chain: its 16-hex-digit block keys, concatenated.
-_MATCH_LUA = """
+# degraded instances. A block counts in any medium (a CPU-tier copy is reused too).
+# ARGV: hybrid (0|1), then one string per chain: its 8-byte block keys, concatenated.
+_MATCH_LUA = (
+    _RECORDS_LUA
+    + """
 local hybrid = ARGV[1] == '1'
 local linear = {}
 if hybrid then
-  for _, inst in ipairs(redis.call('SMEMBERS', 'pfx:linear')) do linear[inst] = true end
+  local names = redis.call('SMEMBERS', 'pfx:linear')
+  if #names > 0 then
+    local ids = redis.call('HMGET', 'pfx:ids', unpack(names))
+    for _, idb in ipairs(ids) do if idb then linear[idb] = true end end
+  end
 end
 local out = {}
+local wanted = {}
+local wanted_list = {}
 for c = 2, #ARGV do
   local packed = ARGV[c]
-  local len = #packed / 16
   local alive = nil
   local full = {}
   local usable = {}
-  for i = 1, len do
-    local h = string.sub(packed, 16 * (i - 1) + 1, 16 * i)
-    local members = redis.call('SMEMBERS', 'pfx:b:' .. h)
+  for q = 1, #packed, 8 do
+    local i = (q + 7) / 8
+    local bkey, f = bucket_of(string.sub(packed, q, q + 7))
+    local val = redis.call('HGET', bkey, f)
+    if not val then break end
     local next_alive = {}
     local any = false
-    if alive == nil then
-      for _, inst in ipairs(members) do next_alive[inst] = true; any = true end
-    else
-      for _, inst in ipairs(members) do
-        if alive[inst] then next_alive[inst] = true; any = true end
+    for p = 1, #val, 5 do
+      local idb = string.sub(val, p, p + 2)
+      local flags = string.byte(val, p + 3)
+      if (alive == nil or alive[idb]) and bit.band(flags, 15) ~= 0 then
+        next_alive[idb] = flags
+        any = true
       end
     end
     if not any then break end
     alive = next_alive
-    for inst, _ in pairs(alive) do
-      full[inst] = i
-      if hybrid and linear[inst] and redis.call('SISMEMBER', 'pfx:l:' .. h, inst) == 1 then
-        usable[inst] = i
-      end
+    for idb, flags in pairs(alive) do
+      full[idb] = i
+      if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = i end
     end
   end
   local entries = {}
-  for inst, blocks in pairs(full) do
+  for idb, blocks in pairs(full) do
     local b = blocks
-    if hybrid and linear[inst] then b = usable[inst] or 0 end
+    if hybrid and linear[idb] then b = usable[idb] or 0 end
     if b > 0 then
-      entries[#entries + 1] = inst
+      if not wanted[idb] then
+        wanted[idb] = true
+        wanted_list[#wanted_list + 1] = idb
+      end
+      entries[#entries + 1] = idb
       entries[#entries + 1] = b
     end
   end
   out[#out + 1] = #entries / 2
   for _, v in ipairs(entries) do out[#out + 1] = v end
 end
+if #wanted_list > 0 then
+  local names = redis.call('HMGET', 'pfx:names', unpack(wanted_list))
+  local name_of = {}
+  for j, idb in ipairs(wanted_list) do name_of[idb] = names[j] or '' end
+  local at = 1
+  for _ = 2, #ARGV do
+    local k = out[at]
+    for j = 1, k do
+      local pos = at + 2 * j - 1
+      out[pos] = name_of[out[pos]]
+    end
+    at = at + 1 + 2 * k
+  end
+end
 local degraded = redis.call('SMEMBERS', 'pfx:degraded')
 out[#out + 1] = #degraded
 for _, inst in ipairs(degraded) do out[#out + 1] = inst end
 return out
 """
+)
 MATCH_SCRIPT = lua_script(_MATCH_LUA)
 
 
@@ -381,9 +575,9 @@ def prefix_matches_queue(
     """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
 
     Chains hold folded keys (16 hex digits, :func:`block_hash_key`); each travels as one
-    string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
+    binary string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
     """
-    args: list[Any] = ["1" if hybrid else "0", *("".join(chain) for chain in chains)]
+    args: list[Any] = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
     if by_sha:
         MATCH_SCRIPT.queue(pipe, [], args)
     else:
@@ -447,23 +641,24 @@ def prefix_index_states(
         instances = sorted(m.decode() for m in r.smembers("pfx:instances"))  # type: ignore[union-attr]
     pipe = r.pipeline(transaction=False)
     for inst in instances:
-        pipe.hgetall(f"pfx:i:{inst}:m")
-        pipe.zcard(f"pfx:i:{inst}:b")
-        pipe.zcard(f"pfx:i:{inst}:l")
-    raw = pipe.execute()
+        pipe.hmget(
+            f"pfx:i:{inst}:m", "state", "last_seq", "gaps", "missed", "gap_at", "blocks", "ckpts"
+        )
     out = []
-    for k, inst in enumerate(instances):
-        meta = {a.decode(): b.decode() for a, b in raw[3 * k].items()}
+    for inst, row in zip(instances, pipe.execute(), strict=True):
+        state, last_seq, gaps, missed, gap_at, blocks, ckpts = (
+            v.decode() if v is not None else None for v in row
+        )
         out.append(
             InstanceIndexState(
                 instance=inst,
-                state=meta.get("state", "exact"),
-                last_seq=int(meta["last_seq"]) if "last_seq" in meta else None,
-                gaps=int(meta.get("gaps", 0)),
-                missed_batches=int(meta.get("missed", 0)),
-                last_gap_at=float(meta["gap_at"]) if "gap_at" in meta else None,
-                blocks=int(raw[3 * k + 1]),
-                checkpoints=int(raw[3 * k + 2]),
+                state=state or "exact",
+                last_seq=int(last_seq) if last_seq is not None else None,
+                gaps=int(gaps or 0),
+                missed_batches=int(missed or 0),
+                last_gap_at=float(gap_at) if gap_at is not None else None,
+                blocks=int(blocks or 0),
+                checkpoints=int(ckpts or 0),
             )
         )
     return out

@@ -123,7 +123,9 @@ _SHAPES: tuple[type, ...] = (
     _MapBatchMapEvents,
     _MapBatchArrayEvents,
 )
-_DECODERS = [msgspec.msgpack.Decoder(shape) for shape in _SHAPES]
+_DECODERS: list[msgspec.msgpack.Decoder[Any]] = [
+    msgspec.msgpack.Decoder(shape) for shape in _SHAPES
+]
 _ENCODER = msgspec.msgpack.Encoder()
 
 

@@ -18,13 +18,14 @@ from pydantic import StringConstraints
 from clusters.live import ingest, prefix_index
 from clusters.live.telemetry import InstanceSample
 from controlplane.auth import require_scope
-from controlplane.errors import ApiError, Invalid
+from controlplane.errors import ApiError, Invalid, NotFound
 from scheduling.snapshot import snapshot_refresh
 
 router = Router(tags=["live"])
 
 AGENT = require_scope("agent", asynchronous=True)
 READ = require_scope("read")
+AGENT_SYNC = require_scope("agent")
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=150)]
 Count = Annotated[int, Field(ge=0, le=10**9)]
@@ -188,6 +189,20 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
         if seq is not None and not 0 <= seq < 1 << 64:
             raise Invalid(f"batches[{i}].seq: must be in [0, 2^64)", code="invalid")
     return await ingest.kv_events_ingest_async(body.instance, body.batches)
+
+
+@router.get(
+    "/kv-events/state",
+    auth=AGENT_SYNC,
+    response={200: IndexStateOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+)
+def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.InstanceIndexState:
+    """Where the index stands for one instance (``last_seq``): an agent that (re)starts
+    replays from the engine what came after it, instead of leaving a gap."""
+    snap = snapshot_refresh()
+    if instance not in snap.known_instances:
+        raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
+    return prefix_index.prefix_index_states([instance])[0]
 
 
 @router.get(

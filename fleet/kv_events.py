@@ -129,8 +129,26 @@ _DECODERS: list[msgspec.msgpack.Decoder[Any]] = [
 _ENCODER = msgspec.msgpack.Encoder()
 
 
+_BASE = {
+    _BlockStoredArray: BlockStored,
+    _BlockRemovedArray: BlockRemoved,
+    _AllBlocksClearedArray: AllBlocksCleared,
+}
+
+
+def _base(ev: Any) -> KvEvent:
+    """An array-form event as its one public type (consumers compare and match on those)."""
+    base = _BASE.get(type(ev))
+    if base is None:
+        return ev  # type: ignore[no-any-return]
+    return base(**{f: getattr(ev, f) for f in base.__struct_fields__})
+
+
 def _batch(raw: Any) -> EventBatch:
-    return EventBatch(ts=raw.ts, events=raw.events, data_parallel_rank=raw.data_parallel_rank)
+    events = raw.events
+    if events and type(events[0]) in _BASE:
+        events = [_base(ev) for ev in events]
+    return EventBatch(ts=raw.ts, events=events, data_parallel_rank=raw.data_parallel_rank)
 
 
 def _checked(batch: EventBatch, path: str) -> EventBatch:
@@ -168,23 +186,18 @@ def _checked(batch: EventBatch, path: str) -> EventBatch:
 
 def batch_decode(payload: bytes, path: str = "batch") -> EventBatch:
     """One msgpack payload, in any of the encodings above."""
-    first_error: msgspec.DecodeError | None = None
     for decoder in _DECODERS:
         try:
             return _checked(_batch(decoder.decode(payload)), path)
-        except msgspec.DecodeError as exc:
-            first_error = first_error or exc
-    # Maybe an event type this version does not know: decode loosely and skip it.
+        except msgspec.DecodeError:
+            continue
+    # An event type this version does not know (skipped), or a malformed batch: decode
+    # loosely, then event by event, so the error names the part at fault.
     try:
         loose = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as exc:
         raise KvEventFormatError(f"{path}: not msgpack ({exc})") from None
-    try:
-        return batch_convert(loose, path)
-    except KvEventFormatError:
-        if first_error is not None and _has_only_known_tags(loose):
-            raise KvEventFormatError(f"{path}: {first_error}") from None
-        raise
+    return batch_convert(loose, path)
 
 
 def _tag_of(event: Any) -> Any:
@@ -193,11 +206,6 @@ def _tag_of(event: Any) -> Any:
     if isinstance(event, list | tuple) and event:
         return event[0]
     return None
-
-
-def _has_only_known_tags(obj: Any) -> bool:
-    events = obj.get("events") if isinstance(obj, dict) else (obj[1] if len(obj) > 1 else None)
-    return isinstance(events, list) and all(_tag_of(e) in KNOWN_TAGS for e in events)
 
 
 def _hex_hashes(event: dict[str, Any] | list[Any], path: str) -> Any:
@@ -283,7 +291,9 @@ def batch_convert(obj: Any, path: str = "batch") -> EventBatch:
         shaped = _hex_hashes(ev if isinstance(ev, dict) else list(ev), where)
         try:
             out.append(
-                msgspec.convert(shaped, type=_MapEvent if isinstance(ev, dict) else _ArrayEvent)
+                _base(
+                    msgspec.convert(shaped, type=_MapEvent if isinstance(ev, dict) else _ArrayEvent)
+                )
             )
         except msgspec.ValidationError as exc:
             raise KvEventFormatError(_located(str(exc), where, tag, isinstance(ev, dict))) from None

@@ -54,14 +54,15 @@ def index_events(
             kind = ev.kv_cache_spec_kind
             out.append(
                 StoredBlocks(
-                    [_key(h) for h in ev.block_hashes],
+                    tuple(_key(h) for h in ev.block_hashes),
                     linear=kind is not None and kind.lower() not in FULL_ATTENTION_KINDS,
                     medium=ev.medium,
                     group=ev.group_idx,
                 )
             )
         elif isinstance(ev, wire.BlockRemoved):
-            out.append(RemovedBlocks([_key(h) for h in ev.block_hashes], ev.medium, ev.group_idx))
+            keys = tuple(_key(h) for h in ev.block_hashes)
+            out.append(RemovedBlocks(keys, ev.medium, ev.group_idx))
         else:
             out.append(AllCleared())
     return out

@@ -98,6 +98,25 @@ class KvStream:
                 self._recover(last + 1, seq)
             self._deliver(seq, payload)
 
+    def catch_up(self) -> None:
+        """Forward what the engine published since the index's last sequence (an agent that
+        restarts calls this once connected, so it does not wait for the next live frame)."""
+        with self._lock:
+            last = self.state.last_seq
+            if last is None or self.replay is None:
+                return
+            frames = [f for f in self._fetch(last + 1) if f[0] > last]
+            if frames and frames[0][0] != last + 1:
+                self.metrics.kv_gaps.labels(self.instance).inc()
+                self.metrics.kv_unrecovered.labels(self.instance).inc(frames[0][0] - last - 1)
+            for seq, payload in frames:
+                self._deliver(seq, payload)
+            self.metrics.kv_replayed.labels(self.instance).inc(len(frames))
+            if frames:
+                log.info(
+                    "%s: caught up %d batch(es) after seq %d", self.instance, len(frames), last
+                )
+
     # -- internals --------------------------------------------------------------------------
 
     def _deliver(self, seq: int, payload: bytes) -> None:
@@ -153,6 +172,9 @@ class KvStream:
         self.metrics.kv_engine_restarts.labels(self.instance).inc()
         log.info("%s: engine restarted (seq %d after %s)", self.instance, seq, self.state.last_seq)
         self.state.last_seq = None
+        if seq == 0:
+            self._deliver(seq, payload)  # the control plane resets the instance on seq 0
+            return
         frames = [f for f in self._fetch(0) if f[0] < seq]
         if not frames or frames[0][0] != 0:
             # frame 0 of the new process is gone: say what it implies, an empty cache
@@ -246,6 +268,8 @@ class ZmqKvFeed:
         sub.setsockopt(zmq.SUBSCRIBE, self.stream.topic)
         sub.connect(self.endpoint)
         try:
+            # Live frames queue in the SUB socket meanwhile; the stream skips the repeats.
+            self.stream.catch_up()
             while not self._stop.is_set():
                 if not sub.poll(100):
                     continue

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -35,6 +36,23 @@ from tests.engines.vllm_env import OFFLINE_ENV, VllmEnv
 DEFAULT_STARTUP_TIMEOUT_S = 240.0  # 36-58 s measured with --enforce-eager; 4x for a busy box
 BLOCK_SIZE = 32  # the CPU backend refuses 16 (must be a multiple of 32)
 SERVED_MODEL = "tiny"
+
+
+def low_free_ports(n: int, base: int | None = None) -> list[int]:
+    """``n`` ports free now, at or above ``base`` (``PRFAAS_ENGINE_PORT_BASE``, default 21000)
+    and below 32768, where vLLM binds reliably here (the ephemeral range starts at 32768)."""
+    start = base if base is not None else int(os.environ.get("PRFAAS_ENGINE_PORT_BASE", "21000"))
+    out: list[int] = []
+    for port in range(start, 32768):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"no {n} free ports in [{start}, 32768)")
 
 
 class VllmStartError(RuntimeError):
@@ -172,7 +190,7 @@ def vllm_server(
     for name in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV"):
         child_env.pop(name, None)
     log_path = work / "vllm.log"
-    log = open(log_path, "wb")
+    log = open(log_path, "wb")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(
         argv,
         stdout=log,

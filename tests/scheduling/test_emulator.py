@@ -14,8 +14,9 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from clusters.live.kv_events import kv_batch_decode
+from clusters.live.kv_events import index_events
 from clusters.live.prefix_index import RemovedBlocks, StoredBlocks
+from fleet import kv_events as wire
 from scheduling.emulator import (
     FAULTS_KEY,
     FaultError,
@@ -168,11 +169,16 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
     assert (False, 1) in events and (True, 7) in events
     assert cache.take_events() == []
 
-    batch = {"ts": 1.0, "events": kv_batch_events(events, 512)}
-    _, decoded = kv_batch_decode(batch)
-    assert decoded[0] == StoredBlocks(("0000000000000001", "0000000000000002"), linear=False)
-    assert decoded[1] == StoredBlocks(("0000000000000002",), linear=True)
-    assert any(isinstance(e, RemovedBlocks) for e in decoded)
+    # On the wire as vLLM 0.32 sends it, and back through the control plane's decoding.
+    payload = wire.batch_encode(kv_batch_events(events, 512), 1.0)
+    decoded = index_events(wire.batch_decode(payload), 512, "m")
+    full = ("0000000000000001", "0000000000000002")
+    assert decoded[0] == StoredBlocks(full, linear=False, medium="GPU", group=0)
+    assert decoded[1] == StoredBlocks(("0000000000000002",), linear=True, medium="GPU", group=1)
+    removed = [e for e in decoded if isinstance(e, RemovedBlocks)]
+    # one BlockRemoved per evicted block, naming the group it leaves, as vLLM sends them
+    assert removed and all(len(e.block_hashes) == 1 for e in removed)
+    assert RemovedBlocks(("0000000000000001",), "GPU", 0) in removed
 
 
 # -- commands: bad input ---------------------------------------------------------------------

@@ -276,9 +276,8 @@ def main() -> None:
             policy = httpx.get(
                 f"{base}/api/v1/policy", headers={"Authorization": f"Bearer {token}"}, timeout=30
             ).json()
-            topo = policy["topology"]
-            block = int(topo["model"]["block_tokens"])
-            instances = sorted(i["name"] for i in topo["instances"])
+            block = int(policy["model"]["block_tokens"])
+            instances = sorted(i["name"] for i in policy["instances"])
             r = redis.Redis(host="127.0.0.1", port=redis_port)
             print(
                 f"topology: {SCENARIO.name}, {len(instances)} instances, block {block} tokens; "

@@ -31,17 +31,34 @@ class KvBlockSizeError(ValueError):
     """A batch whose blocks are not the served model's block size (message names both)."""
 
 
-def _key(h: int | bytes) -> str:
+def _key(h: int | bytes) -> bytes:
+    """The index's packed 8-byte key of a hash (an int's low 64 bits, a digest's last 8)."""
     if isinstance(h, int):
-        return f"{h & _U64:016x}"
-    return h[-8:].hex()
+        return (h & _U64).to_bytes(8, "big")
+    return h[-8:]
 
 
 def index_events(
     batch: wire.EventBatch, block_tokens: int, model: str, path: str = "batch"
 ) -> list[KvEvent]:
-    """The index operations of one decoded batch, in order."""
+    """The index operations of one decoded batch, in order. Consecutive events of one kind,
+    group and medium become one operation (vLLM sends a ``BlockRemoved`` per evicted block):
+    the same effect, a fraction of the work."""
     out: list[KvEvent] = []
+    run: list[bytes] = []
+    run_key: tuple[object, ...] | None = None
+
+    def flush() -> None:
+        nonlocal run, run_key
+        if run_key is not None:
+            if run_key[0] == "S":
+                _, linear, medium, group = run_key
+                out.append(StoredBlocks(b"".join(run), bool(linear), medium, group))  # type: ignore[arg-type]
+            else:
+                _, medium, group = run_key
+                out.append(RemovedBlocks(b"".join(run), medium, group))  # type: ignore[arg-type]
+        run, run_key = [], None
+
     for i, ev in enumerate(batch.events):
         if isinstance(ev, wire.BlockStored):
             if ev.block_size and ev.block_size != block_tokens:
@@ -52,19 +69,19 @@ def index_events(
                     "the model profile"
                 )
             kind = ev.kv_cache_spec_kind
-            out.append(
-                StoredBlocks(
-                    tuple(_key(h) for h in ev.block_hashes),
-                    linear=kind is not None and kind.lower() not in FULL_ATTENTION_KINDS,
-                    medium=ev.medium,
-                    group=ev.group_idx,
-                )
-            )
+            linear = kind is not None and kind.lower() not in FULL_ATTENTION_KINDS
+            key: tuple[object, ...] = ("S", linear, ev.medium, ev.group_idx)
         elif isinstance(ev, wire.BlockRemoved):
-            keys = tuple(_key(h) for h in ev.block_hashes)
-            out.append(RemovedBlocks(keys, ev.medium, ev.group_idx))
+            key = ("R", ev.medium, ev.group_idx)
         else:
+            flush()
             out.append(AllCleared())
+            continue
+        if key != run_key:
+            flush()
+            run_key = key
+        run.extend(map(_key, ev.block_hashes))
+    flush()
     return out
 
 

@@ -20,7 +20,7 @@ Key layout, compact because a fleet holds tens of millions of entries (target <=
 entry, ``bench/kv_ingest.py``); block hashes are folded to 64-bit keys (16 hex digits at the
 API, 8 raw bytes here):
 
-``pfx:h:{b}``           HASH  bucket ``b`` (the key's last 2 bytes, 65,536 buckets): field =
+``pfx:h:{b}``           HASH  bucket ``b`` (the key's last 2 bytes, raw: 65,536 buckets): field =
                               the key's first 6 bytes, value = 5-byte records
                               ``instance id (3) | flags (1) | epoch (1)`` of its holders.
                               Small buckets are listpack-encoded by Redis (~15 bytes/entry).
@@ -112,12 +112,17 @@ def medium_code(medium: str | None) -> int:
     return MEDIA.get(medium.lower(), OTHER_MEDIUM)
 
 
+# Block keys of an operation: 16-hex-digit keys (:func:`block_hash_key`), or the same keys
+# already packed as 8 bytes each, big-endian (the ingest path's fast form).
+BlockKeys = Sequence[str] | bytes
+
+
 @dataclass(frozen=True)
 class StoredBlocks:
     """BlockStored: a run of full blocks; ``linear`` when they are linear-state checkpoints.
     ``group``: the engine's KV-cache group (``group_idx``), None when it does not say."""
 
-    block_hashes: Sequence[str]
+    block_hashes: BlockKeys
     linear: bool = False
     medium: str | None = None
     group: int | None = None
@@ -128,7 +133,7 @@ class RemovedBlocks:
     """BlockRemoved from ``group`` (None: every group, as engines without groups mean) and
     ``medium`` (None: GPU)."""
 
-    block_hashes: Sequence[str]
+    block_hashes: BlockKeys
     medium: str | None = None
     group: int | None = None
 
@@ -184,56 +189,66 @@ class PrefixMatch:
 
 # Shared Lua: the 5-byte holder records of one bucket field.
 _RECORDS_LUA = """
+local sub, byte, char = string.sub, string.byte, string.char
+local call = redis.call
 local function rec_find(val, idb)
   if not val then return nil end
   for p = 1, #val, 5 do
-    if string.sub(val, p, p + 2) == idb then return p end
+    if sub(val, p, p + 2) == idb then return p end
   end
   return nil
 end
 local function bucket_of(h)
-  return 'pfx:h:' .. (string.byte(h, 7) * 256 + string.byte(h, 8)), string.sub(h, 1, 6)
+  -- the bucket is named by the key's last 2 bytes, raw (no number formatting on this path)
+  return 'pfx:h:' .. sub(h, 7, 8), sub(h, 1, 6)
 end
 """
 
-# ARGV: inst, cap, now, seq (-1 when absent), epochs, then ops:
+# ARGV: inst, cap, now, epochs, then batches, each 'B', seq (-1 when absent), then its ops:
 #   'S', kind (0 full | 1 linear), medium (0..3), group (-1: none), packed 8-byte keys
 #   'R', medium, group (-1: every group), packed keys  |  'C'
-# Returns {status, gap, evicted, state}.
+# All batches of one call run in one script (the per-instance state is read and written once):
+# returns {status, gap, evicted, state} per batch, flattened.
 _APPLY_LUA = (
     _RECORDS_LUA
     + """
 local inst = ARGV[1]
 local cap = tonumber(ARGV[2])
 local now = ARGV[3]
-local seq = tonumber(ARGV[4])
-local k_epochs = tonumber(ARGV[5])
+local k_epochs = tonumber(ARGV[4])
 local epoch_len = math.ceil(cap / k_epochs)
 local pre = 'pfx:i:' .. inst .. ':'
 local meta = pre .. 'm'
 
-local idb = redis.call('HGET', meta, 'id')
+local m = call('HMGET', meta, 'id', 'blocks', 'ckpts', 'stores', 'last_seq', 'state')
+local idb = m[1]
 if not idb then
-  idb = redis.call('HGET', 'pfx:ids', inst)
+  idb = call('HGET', 'pfx:ids', inst)
   if not idb then
-    local n = redis.call('INCR', 'pfx:nextid')
-    idb = string.char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
-    redis.call('HSET', 'pfx:ids', inst, idb)
-    redis.call('HSET', 'pfx:names', idb, inst)
+    local n = call('INCR', 'pfx:nextid')
+    idb = char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+    call('HSET', 'pfx:ids', inst, idb)
+    call('HSET', 'pfx:names', idb, inst)
   end
-  redis.call('HSET', meta, 'id', idb)
+  call('HSET', meta, 'id', idb)
 end
-
-local counts = {0, 0}
-do
-  local c = redis.call('HMGET', meta, 'blocks', 'ckpts', 'stores')
-  counts[1] = tonumber(c[1]) or 0
-  counts[2] = tonumber(c[2]) or 0
-end
-local stores = tonumber(redis.call('HGET', meta, 'stores')) or 0
+local counts = {tonumber(m[2]) or 0, tonumber(m[3]) or 0}
+local stores = tonumber(m[4]) or 0
+local last = tonumber(m[5])
+local state = m[6] or 'exact'
 local evicted = 0
+local groups = {}  -- group_idx -> kind, cached for this call
 
--- flags of one record -> {full?, linear?}
+local function group_kind(group)
+  local kind = groups[group]
+  if kind == nil then
+    kind = tonumber(call('HGET', meta, 'g' .. group)) or false
+    groups[group] = kind
+  end
+  return kind
+end
+
+-- flags of one record -> full?, linear?
 local function kinds_of(flags)
   return bit.band(flags, 15) ~= 0, bit.band(flags, 240) ~= 0
 end
@@ -242,11 +257,11 @@ end
 -- `only_epoch`: only if the record was last stored in that epoch. Returns true if changed.
 local function rec_clear(h, mask, only_epoch)
   local bkey, f = bucket_of(h)
-  local val = redis.call('HGET', bkey, f)
+  local val = call('HGET', bkey, f)
   local p = rec_find(val, idb)
   if not p then return false end
-  local flags = string.byte(val, p + 3)
-  if only_epoch and string.byte(val, p + 4) ~= only_epoch then return false end
+  local flags = byte(val, p + 3)
+  if only_epoch and byte(val, p + 4) ~= only_epoch then return false end
   local left = bit.band(flags, bit.bnot(mask))
   if left == flags then return false end
   local had_full, had_lin = kinds_of(flags)
@@ -255,143 +270,170 @@ local function rec_clear(h, mask, only_epoch)
   if had_lin and not has_lin then counts[2] = counts[2] - 1 end
   local newval
   if left == 0 then
-    newval = string.sub(val, 1, p - 1) .. string.sub(val, p + 5)
+    newval = sub(val, 1, p - 1) .. sub(val, p + 5)
   else
-    newval = string.sub(val, 1, p + 2) .. string.char(left) .. string.sub(val, p + 4)
+    newval = sub(val, 1, p + 2) .. char(left) .. sub(val, p + 4)
   end
-  if newval == '' then redis.call('HDEL', bkey, f) else redis.call('HSET', bkey, f, newval) end
+  if newval == '' then call('HDEL', bkey, f) else call('HSET', bkey, f, newval) end
   return true
 end
 
 local function epoch_drop(e)
   local ekey = pre .. 'e:' .. e
-  local packed = redis.call('GET', ekey)
+  local packed = call('GET', ekey)
   if not packed then return end
-  redis.call('DEL', ekey)
+  call('DEL', ekey)
   for q = 1, #packed, 8 do
-    if rec_clear(string.sub(packed, q, q + 7), 255, e) then evicted = evicted + 1 end
+    if rec_clear(sub(packed, q, q + 7), 255, e) then evicted = evicted + 1 end
   end
 end
 
 local function clear()
   for e = 0, 255 do
     local ekey = pre .. 'e:' .. e
-    local packed = redis.call('GET', ekey)
+    local packed = call('GET', ekey)
     if packed then
-      redis.call('DEL', ekey)
-      for q = 1, #packed, 8 do rec_clear(string.sub(packed, q, q + 7), 255, nil) end
+      call('DEL', ekey)
+      for q = 1, #packed, 8 do rec_clear(sub(packed, q, q + 7), 255, nil) end
     end
   end
   counts[1] = 0
   counts[2] = 0
   stores = 0
-  redis.call('SREM', 'pfx:degraded', inst)
-  redis.call('HSET', meta, 'state', 'exact')
+  call('SREM', 'pfx:degraded', inst)
+  state = 'exact'
 end
 
-local status = 'applied'
-local gap = 0
-if seq >= 0 then
-  local last = redis.call('HGET', meta, 'last_seq')
-  if last then
-    last = tonumber(last)
-    if seq == 0 and last > 0 then
-      status = 'restart'
-      clear()
-    elseif seq <= last then
-      return {'duplicate', 0, 0, redis.call('HGET', meta, 'state') or 'exact'}
-    elseif seq > last + 1 then
-      gap = seq - last - 1
-      redis.call('HSET', meta, 'state', 'degraded', 'gap_at', now)
-      redis.call('HINCRBY', meta, 'gaps', 1)
-      redis.call('HINCRBY', meta, 'missed', gap)
-      redis.call('SADD', 'pfx:degraded', inst)
-    end
+local function store(kind, medium, group, packed)
+  if group >= 0 and groups[group] ~= kind then
+    call('HSET', meta, 'g' .. group, kind)
+    groups[group] = kind
   end
-  redis.call('HSET', meta, 'last_seq', seq)
-end
-if not redis.call('HGET', meta, 'state') then redis.call('HSET', meta, 'state', 'exact') end
-
-local i = 6
-while i <= #ARGV do
-  local op = ARGV[i]
-  if op == 'S' then
-    local kind = tonumber(ARGV[i + 1])
-    local medium = tonumber(ARGV[i + 2])
-    local group = tonumber(ARGV[i + 3])
-    local packed = ARGV[i + 4]
-    if group >= 0 then redis.call('HSET', meta, 'g' .. group, kind) end
-    if kind == 1 then redis.call('SADD', 'pfx:linear', inst) end
-    local bitv = bit.lshift(1, kind * 4 + medium)
-    local epoch = math.floor(stores / epoch_len) % 256
-    local ekey = pre .. 'e:' .. epoch
-    local run_start = 1
-    for q = 1, #packed, 8 do
-      if stores > 0 and stores % epoch_len == 0 then
-        -- a new epoch starts: flush this run to the old one, drop the one K back
-        if q > run_start then redis.call('APPEND', ekey, string.sub(packed, run_start, q - 1)) end
-        run_start = q
-        epoch = math.floor(stores / epoch_len) % 256
-        ekey = pre .. 'e:' .. epoch
-        epoch_drop((epoch - k_epochs) % 256)
-      end
-      stores = stores + 1
-      local h = string.sub(packed, q, q + 7)
-      local bkey, f = bucket_of(h)
-      local val = redis.call('HGET', bkey, f)
+  if kind == 1 then call('SADD', 'pfx:linear', inst) end
+  local bitv = bit.lshift(1, kind * 4 + medium)
+  local epoch = math.floor(stores / epoch_len) % 256
+  local ekey = pre .. 'e:' .. epoch
+  local run_start = 1
+  for q = 1, #packed, 8 do
+    if stores > 0 and stores % epoch_len == 0 then
+      -- a new epoch starts: flush this run to the old one, drop the one K back
+      if q > run_start then call('APPEND', ekey, sub(packed, run_start, q - 1)) end
+      run_start = q
+      epoch = math.floor(stores / epoch_len) % 256
+      ekey = pre .. 'e:' .. epoch
+      epoch_drop((epoch - k_epochs) % 256)
+    end
+    stores = stores + 1
+    local h = sub(packed, q, q + 7)
+    local bkey, f = bucket_of(h)
+    local rec = idb .. char(bitv, epoch)
+    -- most stored blocks are new to the whole fleet: one call for those
+    if call('HSETNX', bkey, f, rec) == 1 then
+      counts[kind + 1] = counts[kind + 1] + 1
+    else
+      local val = call('HGET', bkey, f)
       local p = rec_find(val, idb)
       local newval
       if p then
-        local flags = string.byte(val, p + 3)
+        local flags = byte(val, p + 3)
         local had_full, had_lin = kinds_of(flags)
         if kind == 0 and not had_full then counts[1] = counts[1] + 1 end
         if kind == 1 and not had_lin then counts[2] = counts[2] + 1 end
-        newval = string.sub(val, 1, p + 2) .. string.char(bit.bor(flags, bitv), epoch)
-          .. string.sub(val, p + 5)
+        newval = sub(val, 1, p + 2) .. char(bit.bor(flags, bitv), epoch)
+          .. sub(val, p + 5)
       else
         counts[kind + 1] = counts[kind + 1] + 1
-        newval = (val or '') .. idb .. string.char(bitv, epoch)
+        newval = val .. rec
       end
-      redis.call('HSET', bkey, f, newval)
+      call('HSET', bkey, f, newval)
     end
-    if #packed >= run_start then redis.call('APPEND', ekey, string.sub(packed, run_start)) end
-    i = i + 5
-  elseif op == 'R' then
-    local medium = tonumber(ARGV[i + 1])
-    local group = tonumber(ARGV[i + 2])
-    local packed = ARGV[i + 3]
-    local mask = bit.bor(bit.lshift(1, medium), bit.lshift(1, 4 + medium))
-    if group >= 0 then
-      local kind = redis.call('HGET', meta, 'g' .. group)
-      if kind then mask = bit.lshift(1, tonumber(kind) * 4 + medium) end
-    end
-    for q = 1, #packed, 8 do rec_clear(string.sub(packed, q, q + 7), mask, nil) end
-    i = i + 4
-  elseif op == 'C' then
-    clear()
-    i = i + 1
-  else
-    return redis.error_reply('unknown op ' .. tostring(op))
   end
+  if #packed >= run_start then call('APPEND', ekey, sub(packed, run_start)) end
 end
-redis.call('HSET', meta, 'blocks', counts[1], 'ckpts', counts[2], 'stores', stores)
-redis.call('HINCRBY', meta, 'events', 1)
-redis.call('SADD', 'pfx:instances', inst)
-return {status, gap, evicted, redis.call('HGET', meta, 'state')}
+
+local function remove(medium, group, packed)
+  local mask = bit.bor(bit.lshift(1, medium), bit.lshift(1, 4 + medium))
+  if group >= 0 then
+    local kind = group_kind(group)
+    if kind then mask = bit.lshift(1, kind * 4 + medium) end
+  end
+  for q = 1, #packed, 8 do rec_clear(sub(packed, q, q + 7), mask, nil) end
+end
+
+local out = {}
+local applied = 0
+local i = 5
+while i <= #ARGV do
+  if ARGV[i] ~= 'B' then return redis.error_reply('expected a batch marker at ' .. i) end
+  local seq = tonumber(ARGV[i + 1])
+  i = i + 2
+  local status = 'applied'
+  local gap = 0
+  local skip = false
+  local evicted_before = evicted
+  if seq >= 0 then
+    if last ~= nil then
+      if seq == 0 and last > 0 then
+        status = 'restart'
+        clear()
+      elseif seq <= last then
+        status = 'duplicate'
+        skip = true
+      elseif seq > last + 1 then
+        gap = seq - last - 1
+        state = 'degraded'
+        call('HSET', meta, 'gap_at', now)
+        call('HINCRBY', meta, 'gaps', 1)
+        call('HINCRBY', meta, 'missed', gap)
+        call('SADD', 'pfx:degraded', inst)
+      end
+    end
+    if not skip then last = seq end
+  end
+  while i <= #ARGV and ARGV[i] ~= 'B' do
+    local op = ARGV[i]
+    if op == 'S' then
+      if not skip then
+        store(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ARGV[i + 4])
+      end
+      i = i + 5
+    elseif op == 'R' then
+      if not skip then remove(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]) end
+      i = i + 4
+    elseif op == 'C' then
+      if not skip then clear() end
+      i = i + 1
+    else
+      return redis.error_reply('unknown op ' .. tostring(op))
+    end
+  end
+  if not skip then applied = applied + 1 end
+  out[#out + 1] = status
+  out[#out + 1] = gap
+  out[#out + 1] = evicted - evicted_before
+  out[#out + 1] = state
+end
+local fields = {'blocks', counts[1], 'ckpts', counts[2], 'stores', stores, 'state', state}
+if last ~= nil then
+  fields[#fields + 1] = 'last_seq'
+  fields[#fields + 1] = last
+end
+call('HSET', meta, unpack(fields))
+if applied > 0 then call('HINCRBY', meta, 'events', applied) end
+call('SADD', 'pfx:instances', inst)
+return out
 """
 )
 
 
-def _packed(hashes: Sequence[str]) -> bytes:
+def _packed(hashes: BlockKeys) -> bytes:
+    if isinstance(hashes, bytes):
+        return hashes
     return bytes.fromhex("".join(hashes))
 
 
-def _apply_args(
-    instance: str, seq: int | None, events: Sequence[KvEvent], cap: int, now: float
-) -> list[Any]:
-    if cap < 1:
-        raise ValueError(f"cap must be at least 1, not {cap}")
-    args: list[Any] = [instance, cap, repr(now), -1 if seq is None else seq, min(EPOCHS, cap)]
+def _batch_args(seq: int | None, events: Sequence[KvEvent]) -> list[Any]:
+    args: list[Any] = ["B", -1 if seq is None else seq]
     for ev in events:
         if isinstance(ev, StoredBlocks):
             if ev.block_hashes:
@@ -407,11 +449,35 @@ def _apply_args(
     return args
 
 
-def _result(raw: Sequence[Any]) -> BatchResult:
+def _apply_args(
+    instance: str,
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
+    cap: int,
+    now: float,
+) -> list[Any]:
+    if cap < 1:
+        raise ValueError(f"cap must be at least 1, not {cap}")
+    args: list[Any] = [instance, cap, repr(now), min(EPOCHS, cap)]
+    for seq, events in batches:
+        args += _batch_args(seq, events)
+    return args
+
+
+def _results(raw: Sequence[Any]) -> list[BatchResult]:
     def s(v: Any) -> str:
         return v.decode() if isinstance(v, bytes) else str(v)
 
-    return BatchResult(status=s(raw[0]), gap=int(raw[1]), evicted=int(raw[2]), state=s(raw[3]))
+    return [
+        BatchResult(
+            status=s(raw[k]), gap=int(raw[k + 1]), evicted=int(raw[k + 2]), state=s(raw[k + 3])
+        )
+        for k in range(0, len(raw), 4)
+    ]
+
+
+# Batches per script call: one call holds Redis for its duration, so a huge post is applied in
+# slices (each atomic; in order) rather than in one long script.
+MAX_BATCHES_PER_CALL = 200
 
 
 APPLY_SCRIPT = lua_script(_APPLY_LUA)
@@ -426,12 +492,12 @@ def kv_batch_apply(
 ) -> BatchResult:
     """Apply one KV-event batch of ``instance`` atomically (hashes already folded)."""
     r = client or redis_sync()
-    args = _apply_args(instance, seq, events, cap, time.time())
+    args = _apply_args(instance, [(seq, events)], cap, time.time())
     try:
         raw = r.evalsha(APPLY_SCRIPT.sha, 0, *args)
     except redis.exceptions.NoScriptError:
         raw = r.eval(_APPLY_LUA, 0, *args)
-    return _result(raw)
+    return _results(raw)[0]
 
 
 async def kv_batch_apply_async(
@@ -451,10 +517,14 @@ async def kv_batches_apply_async(
     cap: int = DEFAULT_CAP_PER_INSTANCE,
     client: aioredis.Redis | None = None,
 ) -> list[BatchResult]:
-    """Apply several batches of one instance in order, in one round trip."""
+    """Apply several batches of one instance in order, in one round trip (a script call per
+    ``MAX_BATCHES_PER_CALL`` batches)."""
     r = client or redis_async()
     now = time.time()
-    argsets = [_apply_args(instance, seq, events, cap, now) for seq, events in batches]
+    argsets = [
+        _apply_args(instance, batches[k : k + MAX_BATCHES_PER_CALL], cap, now)
+        for k in range(0, len(batches), MAX_BATCHES_PER_CALL)
+    ]
     for attempt in (0, 1):
         pipe = r.pipeline(transaction=False)
         for args in argsets:
@@ -463,9 +533,9 @@ async def kv_batches_apply_async(
             else:
                 pipe.eval(_APPLY_LUA, 0, *args)
         try:
-            return [_result(raw) for raw in await pipe.execute()]
+            return [res for raw in await pipe.execute() for res in _results(raw)]
         except redis.exceptions.NoScriptError:
-            # the first batch failed on NOSCRIPT, so none was applied: send the source once
+            # the first call failed on NOSCRIPT, so none was applied: send the source once
             await r.script_load(_APPLY_LUA)
     raise RuntimeError("unreachable")
 
@@ -494,9 +564,9 @@ _MATCH_LUA = (
 local hybrid = ARGV[1] == '1'
 local linear = {}
 if hybrid then
-  local names = redis.call('SMEMBERS', 'pfx:linear')
+  local names = call('SMEMBERS', 'pfx:linear')
   if #names > 0 then
-    local ids = redis.call('HMGET', 'pfx:ids', unpack(names))
+    local ids = call('HMGET', 'pfx:ids', unpack(names))
     for _, idb in ipairs(ids) do if idb then linear[idb] = true end end
   end
 end
@@ -510,14 +580,14 @@ for c = 2, #ARGV do
   local usable = {}
   for q = 1, #packed, 8 do
     local i = (q + 7) / 8
-    local bkey, f = bucket_of(string.sub(packed, q, q + 7))
-    local val = redis.call('HGET', bkey, f)
+    local bkey, f = bucket_of(sub(packed, q, q + 7))
+    local val = call('HGET', bkey, f)
     if not val then break end
     local next_alive = {}
     local any = false
     for p = 1, #val, 5 do
-      local idb = string.sub(val, p, p + 2)
-      local flags = string.byte(val, p + 3)
+      local idb = sub(val, p, p + 2)
+      local flags = byte(val, p + 3)
       if (alive == nil or alive[idb]) and bit.band(flags, 15) ~= 0 then
         next_alive[idb] = flags
         any = true
@@ -547,7 +617,7 @@ for c = 2, #ARGV do
   for _, v in ipairs(entries) do out[#out + 1] = v end
 end
 if #wanted_list > 0 then
-  local names = redis.call('HMGET', 'pfx:names', unpack(wanted_list))
+  local names = call('HMGET', 'pfx:names', unpack(wanted_list))
   local name_of = {}
   for j, idb in ipairs(wanted_list) do name_of[idb] = names[j] or '' end
   local at = 1
@@ -560,7 +630,7 @@ if #wanted_list > 0 then
     at = at + 1 + 2 * k
   end
 end
-local degraded = redis.call('SMEMBERS', 'pfx:degraded')
+local degraded = call('SMEMBERS', 'pfx:degraded')
 out[#out + 1] = #degraded
 for _, inst in ipairs(degraded) do out[#out + 1] = inst end
 return out

@@ -172,13 +172,15 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
     # On the wire as vLLM 0.32 sends it, and back through the control plane's decoding.
     payload = wire.batch_encode(kv_batch_events(events, 512), 1.0)
     decoded = index_events(wire.batch_decode(payload), 512, "m")
-    full = ("0000000000000001", "0000000000000002")
-    assert decoded[0] == StoredBlocks(full, linear=False, medium="GPU", group=0)
-    assert decoded[1] == StoredBlocks(("0000000000000002",), linear=True, medium="GPU", group=1)
+
+    def keys(*blocks: int) -> bytes:  # the index's packed 8-byte keys
+        return b"".join(b.to_bytes(8, "big") for b in blocks)
+
+    assert decoded[0] == StoredBlocks(keys(1, 2), linear=False, medium="GPU", group=0)
+    assert decoded[1] == StoredBlocks(keys(2), linear=True, medium="GPU", group=1)
     removed = [e for e in decoded if isinstance(e, RemovedBlocks)]
-    # one BlockRemoved per evicted block, naming the group it leaves, as vLLM sends them
-    assert removed and all(len(e.block_hashes) == 1 for e in removed)
-    assert RemovedBlocks(("0000000000000001",), "GPU", 0) in removed
+    # vLLM sends one BlockRemoved per evicted block; the index takes a run of them at once
+    assert removed and RemovedBlocks(keys(1, 2), "GPU", 0) in removed
 
 
 # -- commands: bad input ---------------------------------------------------------------------

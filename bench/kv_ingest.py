@@ -142,7 +142,9 @@ def agent_posts(
     instance: str, batches: list[tuple[int, bytes]], limits: UplinkLimits
 ) -> list[bytes]:
     """The bodies the agent's uplink would send for these batches (same limits)."""
-    out, current, size = [], [], 0
+    out: list[bytes] = []
+    current: list[tuple[int, bytes]] = []
+    size = 0
     for seq, payload in batches:
         if current and (
             len(current) >= limits.max_post_batches or size + len(payload) > limits.max_post_bytes
@@ -189,7 +191,7 @@ def post_all(
 def old_layout_bytes(r: redis.Redis, entries: dict[str, list[int]]) -> float:
     """Memory per entry of the previous layout for the same entries (db 1 of the same server):
     ``pfx:b:{hash}`` SET of instance names, ``pfx:i:{inst}:b`` ZSET hash -> store order."""
-    r.select(1)  # type: ignore[attr-defined]
+    r.select(1)
     r.flushdb()
     before = int(r.info("memory")["used_memory"])
     n = 0
@@ -205,7 +207,7 @@ def old_layout_bytes(r: redis.Redis, entries: dict[str, list[int]]) -> float:
         pipe.execute()
     after = int(r.info("memory")["used_memory"])
     r.flushdb()
-    r.select(0)  # type: ignore[attr-defined]
+    r.select(0)
     return (after - before) / max(1, n)
 
 

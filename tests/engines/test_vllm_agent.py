@@ -293,7 +293,11 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
             "the agent's buffer empty", lambda: agent.metric("prfaas_agent_buffered_items") == 0
         )
         agent.kill()
-        missed_prompts = [PREFIX + f"while the agent was down {i}" for i in range(3)]
+        # prompts of their own (no shared prefix), so their blocks are new to the index
+        missed_prompts = [
+            f"while the agent was down {i}: " + " ".join(f"w{i}x{j} t{j * 7}" for j in range(40))
+            for i in range(3)
+        ]
         missed_chains = []
         for p in missed_prompts:
             engine.complete(p, max_tokens=1)
@@ -304,8 +308,11 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
         assert any(matched(c) < len(c) * BLOCK for c in missed_chains)  # not indexed yet
         agent.start()
         engine.complete(PREFIX + "after the agent came back", max_tokens=1)
-        for chain in missed_chains:
-            wait_for("the missed blocks in the index", lambda c=chain: matched(c) == len(c) * BLOCK)
+
+        def all_missed_indexed() -> bool:
+            return all(matched(c) == len(c) * BLOCK for c in missed_chains)
+
+        wait_for("the missed blocks in the index", all_missed_indexed)
         after = prefix_index.prefix_index_states([INSTANCE])[0]
         assert after.state == "exact" and after.gaps == 0, after
         assert after.last_seq is not None and before.last_seq is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,21 +16,22 @@ from tests.fleet.captured import CapturedFrame
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_0.32_block_hashes.json"
 
 
-def fixture_prompts() -> list[dict[str, object]]:
+def fixture_prompts() -> list[dict[str, Any]]:
     return list(json.loads(FIXTURE.read_text())["prompts"])
 
 
-@pytest.mark.parametrize(
-    "prompt", fixture_prompts(), ids=lambda p: f"{p['algorithm']}-{len(p['token_ids'])}"
-)  # type: ignore[index,arg-type]
-def test_hashes_match_what_vllm_published(prompt: dict[str, object]) -> None:
-    token_ids = list(prompt["token_ids"])  # type: ignore[call-overload]
+def prompt_id(prompt: dict[str, Any]) -> str:
+    return f"{prompt['algorithm']}-{len(prompt['token_ids'])}"
+
+
+@pytest.mark.parametrize("prompt", fixture_prompts(), ids=prompt_id)
+def test_hashes_match_what_vllm_published(prompt: dict[str, Any]) -> None:
+    token_ids = list(prompt["token_ids"])
     published = prompt["published_block_hashes"]
-    keys = blockhash.block_keys(
-        token_ids, int(prompt["block_size"]), algorithm=str(prompt["algorithm"])
-    )  # type: ignore[call-overload]
-    assert keys[: len(published)] == published  # type: ignore[arg-type]
-    assert len(keys) == len(token_ids) // int(prompt["block_size"])  # type: ignore[call-overload]
+    block_size = int(prompt["block_size"])
+    keys = blockhash.block_keys(token_ids, block_size, algorithm=str(prompt["algorithm"]))
+    assert keys[: len(published)] == published
+    assert len(keys) == len(token_ids) // block_size
 
 
 def test_at_least_three_prompts_and_both_algorithms_are_covered() -> None:

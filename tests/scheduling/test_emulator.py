@@ -17,8 +17,11 @@ from django.core.management.base import CommandError
 from clusters.live.kv_events import index_events
 from clusters.live.prefix_index import RemovedBlocks, StoredBlocks
 from fleet import kv_events as wire
+from fleet.agent.kv import KvStream
+from fleet.agent.metrics import AgentMetrics
 from scheduling.emulator import (
     FAULTS_KEY,
+    EmulatedEngineEvents,
     FaultError,
     ReportingPrefixCache,
     RequestStream,
@@ -181,6 +184,22 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
     removed = [e for e in decoded if isinstance(e, RemovedBlocks)]
     # vLLM sends one BlockRemoved per evicted block; the index takes a run of them at once
     assert removed and RemovedBlocks(keys(1, 2), "GPU", 0) in removed
+
+
+def test_emulated_engines_publish_vllm_frames_into_the_agents_stream() -> None:
+    """The emulator's engines go through the agent's KvStream (the real engines' path): seq
+    from 0, vLLM payloads, and a replay buffer that fills what the stream did not see."""
+    forwarded: list[tuple[int, bytes]] = []
+    stream = KvStream("pd-a-p0", lambda i, seq, p, n: forwarded.append((seq, p)), AgentMetrics())
+    engine = EmulatedEngineEvents(stream)
+    engine.publish(kv_batch_events([(True, 1), (True, 2)], 512), 1.0)
+    engine.seq += 1  # a batch the stream never received (as if ZMQ had dropped it)
+    engine.buffer.append((engine.seq, wire.batch_encode(kv_batch_events([(True, 3)], 512), 2.0)))
+    engine.publish(kv_batch_events([(False, 1)], 512), 3.0)
+    assert [seq for seq, _ in forwarded] == [0, 1, 2]
+    decoded = [wire.batch_decode(p).events for _, p in forwarded]
+    assert [e.block_hashes for e in decoded[0]] == [[1, 2]]  # type: ignore[union-attr]
+    assert isinstance(decoded[2][0], wire.BlockRemoved) and decoded[2][0].group_idx == 0
 
 
 # -- commands: bad input ---------------------------------------------------------------------

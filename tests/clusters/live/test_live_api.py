@@ -14,7 +14,6 @@ from django.test import Client
 
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
-from tests.fleet.captured import CapturedFrame
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,
@@ -23,6 +22,7 @@ from tests.factories import (
     api_token,
     bearer,
 )
+from tests.fleet.captured import CapturedFrame
 
 
 @pytest.fixture

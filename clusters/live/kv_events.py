@@ -17,6 +17,9 @@ and counting its blocks at the profile's size would mis-state every cached lengt
 
 from __future__ import annotations
 
+import array
+import sys
+
 from clusters.live.prefix_index import AllCleared, KvEvent, RemovedBlocks, StoredBlocks
 from fleet import kv_events as wire
 from fleet.kv_events import KvEventFormatError
@@ -38,6 +41,17 @@ def _key(h: int | bytes) -> bytes:
     return h[-8:]
 
 
+def _keys(hashes: list[int | bytes]) -> bytes:
+    """The packed keys of an event's hashes; uint64 ints (vLLM's default) in one C call."""
+    try:
+        packed = array.array("Q", hashes)  # type: ignore[type-var]
+    except (TypeError, OverflowError):  # digests, or negative ints (older builtin hashes)
+        return b"".join(map(_key, hashes))
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
 def index_events(
     batch: wire.EventBatch, block_tokens: int, model: str, path: str = "batch"
 ) -> list[KvEvent]:
@@ -45,22 +59,26 @@ def index_events(
     group and medium become one operation (vLLM sends a ``BlockRemoved`` per evicted block):
     the same effect, a fraction of the work."""
     out: list[KvEvent] = []
-    run: list[bytes] = []
-    run_key: tuple[object, ...] | None = None
+    run: list[int | bytes] = []
+    run_op = ""  # "S" (stored), "R" (removed) or "" (none open)
+    run_linear = False
+    run_medium: str | None = None
+    run_group: int | None = None
 
     def flush() -> None:
-        nonlocal run, run_key
-        if run_key is not None:
-            if run_key[0] == "S":
-                _, linear, medium, group = run_key
-                out.append(StoredBlocks(b"".join(run), bool(linear), medium, group))  # type: ignore[arg-type]
-            else:
-                _, medium, group = run_key
-                out.append(RemovedBlocks(b"".join(run), medium, group))  # type: ignore[arg-type]
-        run, run_key = [], None
+        if run_op == "S":
+            out.append(StoredBlocks(_keys(run), run_linear, run_medium, run_group))
+        elif run_op == "R":
+            out.append(RemovedBlocks(_keys(run), run_medium, run_group))
+        run.clear()
 
     for i, ev in enumerate(batch.events):
-        if isinstance(ev, wire.BlockStored):
+        if isinstance(ev, wire.BlockRemoved):
+            if not (run_op == "R" and ev.medium == run_medium and ev.group_idx == run_group):
+                flush()
+                run_op, run_medium, run_group = "R", ev.medium, ev.group_idx
+            run.extend(ev.block_hashes)
+        elif isinstance(ev, wire.BlockStored):
             if ev.block_size and ev.block_size != block_tokens:
                 raise KvBlockSizeError(
                     f"{path}.events[{i}].block_size: the engine caches blocks of "
@@ -70,17 +88,19 @@ def index_events(
                 )
             kind = ev.kv_cache_spec_kind
             linear = kind is not None and kind.lower() not in FULL_ATTENTION_KINDS
-            key: tuple[object, ...] = ("S", linear, ev.medium, ev.group_idx)
-        elif isinstance(ev, wire.BlockRemoved):
-            key = ("R", ev.medium, ev.group_idx)
+            if not (
+                run_op == "S"
+                and linear == run_linear
+                and ev.medium == run_medium
+                and ev.group_idx == run_group
+            ):
+                flush()
+                run_op, run_linear, run_medium, run_group = "S", linear, ev.medium, ev.group_idx
+            run.extend(ev.block_hashes)
         else:
             flush()
+            run_op = ""
             out.append(AllCleared())
-            continue
-        if key != run_key:
-            flush()
-            run_key = key
-        run.extend(map(_key, ev.block_hashes))
     flush()
     return out
 

@@ -475,9 +475,35 @@ def _results(raw: Sequence[Any]) -> list[BatchResult]:
     ]
 
 
-# Batches per script call: one call holds Redis for its duration, so a huge post is applied in
-# slices (each atomic; in order) rather than in one long script.
-MAX_BATCHES_PER_CALL = 200
+# Block hashes per script call: a script holds Redis for its duration (~5 us a block here), and
+# route lookups wait behind it, so a big post is applied in slices of ~1,000 blocks (a few ms
+# each; each slice atomic, in order) rather than in one long script.
+MAX_BLOCKS_PER_CALL = 1_000
+
+
+def _blocks_of(events: Sequence[KvEvent]) -> int:
+    n = 0
+    for ev in events:
+        if isinstance(ev, StoredBlocks | RemovedBlocks):
+            keys = ev.block_hashes
+            n += len(keys) // 8 if isinstance(keys, bytes) else len(keys)
+    return n
+
+
+def _slices(
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
+) -> list[Sequence[tuple[int | None, Sequence[KvEvent]]]]:
+    out: list[Sequence[tuple[int | None, Sequence[KvEvent]]]] = []
+    start = blocks = 0
+    for k, (_, events) in enumerate(batches):
+        n = _blocks_of(events)
+        if k > start and blocks + n > MAX_BLOCKS_PER_CALL:
+            out.append(batches[start:k])
+            start, blocks = k, 0
+        blocks += n
+    if start < len(batches):
+        out.append(batches[start:])
+    return out
 
 
 APPLY_SCRIPT = lua_script(_APPLY_LUA)
@@ -518,13 +544,10 @@ async def kv_batches_apply_async(
     client: aioredis.Redis | None = None,
 ) -> list[BatchResult]:
     """Apply several batches of one instance in order, in one round trip (a script call per
-    ``MAX_BATCHES_PER_CALL`` batches)."""
+    ~``MAX_BLOCKS_PER_CALL`` blocks)."""
     r = client or redis_async()
     now = time.time()
-    argsets = [
-        _apply_args(instance, batches[k : k + MAX_BATCHES_PER_CALL], cap, now)
-        for k in range(0, len(batches), MAX_BATCHES_PER_CALL)
-    ]
+    argsets = [_apply_args(instance, part, cap, now) for part in _slices(batches)]
     for attempt in (0, 1):
         pipe = r.pipeline(transaction=False)
         for args in argsets:

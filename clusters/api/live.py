@@ -105,6 +105,7 @@ class ErrorOut(Schema):
 
 
 ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+KV_ERRORS: dict[int, Any] = {**ERRORS, 503: ErrorOut}
 
 
 @router.post("/telemetry", auth=AGENT, response={200: TelemetryOut, **ERRORS})
@@ -120,7 +121,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
     )
 
 
-@router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **ERRORS})
+@router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **KV_ERRORS})
 async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
     """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
     return await ingest.kv_events_ingest_async(
@@ -165,7 +166,7 @@ _FRAMES_BODY = {
 @router.post(
     "/kv-events/msgpack",
     auth=AGENT,
-    response={200: KvEventsOut, 415: ErrorOut, **ERRORS},
+    response={200: KvEventsOut, 415: ErrorOut, **KV_ERRORS},
     openapi_extra=_FRAMES_BODY,
 )
 async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:

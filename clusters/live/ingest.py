@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from clusters.live import kv_events, prefix_index, telemetry
+from clusters.live.connection import redis_async_ingest
 from clusters.live.telemetry import InstanceSample, LinkSample
-from controlplane.errors import Invalid, NotFound
+from controlplane.errors import ApiError, Invalid, NotFound
 from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
 
 log = logging.getLogger(__name__)
@@ -129,7 +132,19 @@ async def kv_events_ingest_async(
         decoded.append((seq, events))
     applied = duplicates = restarts = missed = evicted = 0
     state = "exact"
-    for result in await prefix_index.kv_batches_apply_async(instance, decoded):
+    try:
+        results = await prefix_index.kv_batches_apply_async(
+            instance, decoded, client=redis_async_ingest()
+        )
+    except (redis.exceptions.RedisError, OSError) as exc:
+        # Some slices may be applied: a retry re-sends them and their seq skips them.
+        log.warning("KV events of %s not applied: %s", instance, exc)
+        raise ApiError(
+            f"the live store is unavailable ({type(exc).__name__}); retry later",
+            code="live_store_unavailable",
+            status=503,
+        ) from None
+    for result in results:
         state = result.state
         evicted += result.evicted
         missed += result.gap

@@ -23,6 +23,7 @@ from tests.factories import (
     bearer,
 )
 from tests.fleet.captured import CapturedFrame
+from tests.support.servers import free_port
 
 
 @pytest.fixture
@@ -297,3 +298,13 @@ def test_bad_msgpack_bodies_get_a_clear_error(
     assert response.status_code == status, response.content
     got = response.json()
     assert set(got) == {"detail", "code"} and detail_part in got["detail"]
+
+
+def test_kv_events_while_redis_is_away_get_503_to_retry(
+    agent: dict[str, str], settings: Any
+) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 32}]]
+    response = post("/kv-events", {"instance": "pd-a-p0", "batches": [{"batch": batch}]}, agent)
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "live_store_unavailable"

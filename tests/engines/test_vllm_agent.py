@@ -306,17 +306,28 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
             missed_chains.append([prefix_index.block_hash_key(k) for k in keys])
         before = prefix_index.prefix_index_states([INSTANCE])[0]
         assert any(matched(c) < len(c) * BLOCK for c in missed_chains)  # not indexed yet
-        agent.start()
-        engine.complete(PREFIX + "after the agent came back", max_tokens=1)
+        agent.start()  # it catches up from the replay socket at once
+        back = "after the agent came back: " + " ".join(f"b{j} q{j * 3}" for j in range(40))
+        engine.complete(back, max_tokens=1)
+        missed_chains.append(
+            [prefix_index.block_hash_key(k) for k in block_keys(engine.tokenize(back), BLOCK)[:-1]]
+        )
 
         def all_missed_indexed() -> bool:
             return all(matched(c) == len(c) * BLOCK for c in missed_chains)
 
-        wait_for("the missed blocks in the index", all_missed_indexed)
-        after = prefix_index.prefix_index_states([INSTANCE])[0]
+        wait_for("the missed and the new blocks in the index", all_missed_indexed)
+        after = wait_for(
+            "the index past the new frame",
+            lambda: (
+                s
+                if (s := prefix_index.prefix_index_states([INSTANCE])[0]).last_seq
+                and before.last_seq is not None
+                and s.last_seq >= before.last_seq + len(missed_prompts) + 1
+                else None
+            ),
+        )
         assert after.state == "exact" and after.gaps == 0, after
-        assert after.last_seq is not None and before.last_seq is not None
-        assert after.last_seq >= before.last_seq + len(missed_prompts) + 1
         assert agent.metric("prfaas_agent_kv_replayed_batches_total") >= len(missed_prompts)
         assert agent.metric("prfaas_agent_kv_unrecovered_batches_total") == 0
         timings["replay_recovered_s"] = time.monotonic() - t0

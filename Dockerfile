@@ -1,4 +1,5 @@
-# One image for web, worker, beat and the demo emulator; the compose command picks the role.
+# One image for web, worker, beat, the demo emulator and the fleet agent; the compose command
+# picks the role.
 # Front-end assets (htmx, uPlot) come from npm in a build stage; only their dist files ship.
 FROM node:20-slim AS assets
 WORKDIR /src
@@ -12,7 +13,8 @@ WORKDIR /app
 # Dependencies first (a layer that survives code changes). pyproject names README.md; the
 # wildcard lets the build work before it exists.
 COPY pyproject.toml requirements.lock README.m[d] ./
-RUN test -f README.md || touch README.md; pip install -c requirements.lock .
+# The fleet extra too: the same image runs the fleet agent (compose profile `agent`).
+RUN test -f README.md || touch README.md; pip install -c requirements.lock '.[fleet]'
 COPY . .
 COPY --from=assets /src/node_modules/htmx.org/dist /app/node_modules/htmx.org/dist
 COPY --from=assets /src/node_modules/uplot/dist /app/node_modules/uplot/dist

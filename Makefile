@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup system-deps demo test lint fmt bench clean
+.PHONY: setup system-deps demo test test-engines engines-env lint fmt bench clean
 
 # Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
@@ -55,6 +55,15 @@ demo: $(RUNTIME_STAMP) node_modules/.setup-stamp
 
 test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Real engines (a real vLLM on CPU): the vLLM venv and the tiny model are built once into
+# $${PRFAAS_CACHE_DIR:-~/.cache/prfaas} (~4 min cold, a few seconds warm), then the tests
+# marked `engine` run (each starts vLLM: ~1 min). Not part of `make test`.
+engines-env: setup
+	$(PY) -m tests.engines.vllm_env prepare
+
+test-engines: engines-env
+	$(PY) -m pytest -m engine tests/engines $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

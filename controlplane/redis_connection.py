@@ -1,7 +1,9 @@
 """Redis clients for live state: one sync client per process, one async client per event loop.
 
 Timeouts are short on purpose: the request path must answer from its snapshot when Redis is
-slow or gone (``telemetry_stale``), never hang on it.
+slow or gone (``telemetry_stale``), never hang on it. Bulk ingest (KV events from agents) has
+its own client per event loop with a longer timeout (:func:`redis_async_ingest`): a post of
+thousands of batches waits behind other agents' posts, and an agent retries anyway.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from redis.backoff import NoBackoff
 SOCKET_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 ASYNC_POOL_SIZE = 48
+INGEST_TIMEOUT_S = 15.0
+INGEST_POOL_SIZE = 8
 
 _sync_lock = threading.Lock()
 _sync_client: redis.Redis | None = None
@@ -28,6 +32,9 @@ _sync_url: str | None = None
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, aioredis.Redis]] = (
     weakref.WeakKeyDictionary()
 )
+_ingest_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[str, aioredis.Redis]
+] = weakref.WeakKeyDictionary()
 
 
 def redis_sync() -> redis.Redis:
@@ -64,5 +71,25 @@ def redis_async() -> aioredis.Redis:
         # No retries: the caller's deadline decides, and a stale answer beats a late one.
         client = aioredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
         _async_clients[loop] = (url, client)
+        return client
+    return entry[1]
+
+
+def redis_async_ingest() -> aioredis.Redis:
+    """The event loop's client for bulk ingest: a small pool, a long timeout, no retries (a
+    batch applied twice is skipped by its sequence number, so the agent's retry is safe)."""
+    loop = asyncio.get_running_loop()
+    url = settings.REDIS_URL
+    entry = _ingest_clients.get(loop)
+    if entry is None or entry[0] != url:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=INGEST_POOL_SIZE,
+            timeout=INGEST_TIMEOUT_S,
+            socket_timeout=INGEST_TIMEOUT_S,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+        )
+        client = aioredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
+        _ingest_clients[loop] = (url, client)
         return client
     return entry[1]

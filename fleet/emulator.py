@@ -10,10 +10,16 @@ deployment uses:
   (:class:`scheduling.core.simulator.engine.Simulation`: FCFS prefill queues, the fluid
   cross-datacenter link, batched decode, hybrid prefix caches), on a clock ``speed`` times
   faster than the wall clock;
-* **the agents**: every ``telemetry_s`` wall seconds the instances' queues and KV usage and the
-  links' bytes go to ``POST /api/v1/telemetry``, and the prefix caches' stores and evictions go
-  to ``POST /api/v1/kv-events`` as vLLM ``BlockStored``/``BlockRemoved`` batches with a
-  sequence number per instance.
+* **the engines' KV events**: each emulated engine publishes its prefix cache's stores and
+  evictions as vLLM 0.32 does (:func:`scheduling.core.kv_events.batch_encode`: msgpack batches with a
+  sequence number from 0 per engine process, ``BlockStored`` runs per KV group, one
+  ``BlockRemoved`` per evicted block) and keeps a replay buffer like vLLM's;
+* **the agents**: the frames go through the fleet agent's own code, the same path as a real
+  engine's (:class:`fleet.agent.kv.KvStream`: sequence tracking, replay, compaction; then
+  :class:`fleet.agent.uplink.Uplink`: bounded buffers, ``POST /api/v1/kv-events/msgpack``), and
+  every ``telemetry_s`` wall seconds the instances' queues and KV usage and the links' bytes go
+  through the same uplink to ``POST /api/v1/telemetry``. Only the socket is skipped: frames are
+  handed to the stream in process instead of over ZMQ.
 
 It obeys the control plane: the fleet is built from ``GET /api/v1/policy`` (re-read with its
 ETag), and a role change there drains the instance in the simulation and flips it; an instance
@@ -37,15 +43,18 @@ import json
 import logging
 import math
 import time
-import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from fleet.agent.kv import KvStream
+from fleet.agent.metrics import AgentMetrics
+from fleet.agent.uplink import KV_PATH, TELEMETRY_PATH, Uplink
 from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
+from scheduling.core import kv_events as wire
 from scheduling.core import routing
 from scheduling.core.scenario import LinkEvent, RateEvent, Scenario, StateEvent
 from scheduling.core.simulator.cache import HybridPrefixCache
@@ -72,8 +81,14 @@ GIB = float(1 << 30)
 # Loops of a finite workload get fresh block hashes (new conversations), far above trace ids.
 _LOOP_SALT = 1 << 40
 _FRESH_BASE = 1 << 52
-# Keep request bodies under the API's body limit (default 256 KiB): hashes per call.
+# Keep route request bodies under the API's body limit (default 256 KiB): hashes per call.
 _MAX_HASHES_PER_CALL = 6000
+# Block hashes per published batch (a vLLM step publishes a few hundred at most).
+_MAX_HASHES_PER_BATCH = 2000
+# Batches an emulated engine keeps for replay (vLLM's default buffer_steps).
+_REPLAY_BUFFER = 10_000
+# KV groups as a hybrid vLLM model numbers them: full attention first, the linear state next.
+FULL_GROUP, LINEAR_GROUP = 0, 1
 _MAX_BATCH = 500
 # Wall seconds the emulator may fall behind its clock before it stops trying to catch up.
 MAX_LAG_S = 5.0
@@ -242,27 +257,52 @@ class ReportingPrefixCache(HybridPrefixCache):
         return events
 
 
-def kv_batch_events(events: Sequence[tuple[bool, int]], block_tokens: int) -> list[dict[str, Any]]:
-    """vLLM map-encoded events for a journal: runs of full blocks (keys >= 0), linear-state
-    checkpoints (key ``~h`` for the state ending at block ``h``) and removals, in order."""
-    out: list[dict[str, Any]] = []
+def kv_batch_events(events: Sequence[tuple[bool, int]], block_tokens: int) -> list[wire.KvEvent]:
+    """A journal as vLLM 0.32 reports it: a ``BlockStored`` per run of stored blocks of one KV
+    group (full attention, group 0; linear-state checkpoints, key ``~h`` for the state ending at
+    block ``h``, group 1 of kind ``mamba``), and one ``BlockRemoved`` per evicted block naming
+    its group, in order. The emulator has no token ids, so ``token_ids`` is empty and the first
+    block's parent is not given."""
+    out: list[wire.KvEvent] = []
     for (stored, linear), run in itertools.groupby(events, key=lambda e: (e[0], e[1] < 0)):
-        hashes = [~key if linear else key for _, key in run]
+        hashes: list[int | bytes] = [(~key if linear else key) % (1 << 64) for _, key in run]
+        group = LINEAR_GROUP if linear else FULL_GROUP
         if stored:
             out.append(
-                {
-                    "type": "BlockStored",
-                    "block_hashes": hashes,
-                    "parent_block_hash": None,
-                    "token_ids": [],
-                    "block_size": block_tokens,
-                    "medium": "GPU",
-                    "kv_cache_spec_kind": "linear_attention" if linear else "full_attention",
-                }
+                wire.BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=block_tokens,
+                    medium="GPU",
+                    extra_keys=[None] * len(hashes),
+                    group_idx=group,
+                    kv_cache_spec_kind="mamba" if linear else "full_attention",
+                )
             )
         else:
-            out.append({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"})
+            out.extend(wire.BlockRemoved([h], medium="GPU", group_idx=group) for h in hashes)
     return out
+
+
+class EmulatedEngineEvents:
+    """One emulated engine's KV-event publisher: sequence numbers from 0 (a new process), the
+    msgpack payloads vLLM sends, and its replay buffer; each frame goes to the agent stream."""
+
+    def __init__(self, stream: KvStream) -> None:
+        self.stream = stream
+        self.seq = -1
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=_REPLAY_BUFFER)
+        stream.replay = self.replay
+
+    def publish(self, events: Sequence[wire.KvEvent], ts: float) -> None:
+        self.seq += 1
+        payload = wire.batch_encode(events, ts)
+        self.buffer.append((self.seq, payload))
+        self.stream.frame_receive(b"kv-events", self.seq.to_bytes(8, "big"), payload)
+
+    def replay(self, start: int) -> list[tuple[int, bytes]]:
+        return [(seq, payload) for seq, payload in self.buffer if seq >= start]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,6 +552,20 @@ class FleetEmulator:
             timeout=httpx.Timeout(config.timeout_s),
             transport=transport,
         )
+        # The agent's uplink and streams: the same code a real engine's agent runs.
+        self.agent_metrics = AgentMetrics()
+        self.uplink = Uplink(
+            config.base_url,
+            config.agent_token,
+            self.agent_metrics,
+            client=httpx.Client(
+                base_url=config.base_url.rstrip("/"),
+                headers={"Authorization": f"Bearer {config.agent_token}"},
+                timeout=httpx.Timeout(config.timeout_s),
+                transport=transport,
+            ),
+        )
+        self._engines: dict[str, EmulatedEngineEvents] = {}
         try:
             self.client.refresh_policy()
         except (RouterUnavailableError, RouterApiError, httpx.HTTPError) as exc:
@@ -539,7 +593,6 @@ class FleetEmulator:
             members.setdefault(p.cluster, []).append(p.name)
         self._events = scenario_faults(scenario.events, members)
         self._decisions: dict[int, routing.RouteDecision | None] = {}
-        self._kv_seq: dict[str, int] = {}
         self._link_sent: dict[str, float] = {k: 0.0 for k in self.sim.links}
         self._wall0 = 0.0
         self._started = 0.0
@@ -629,8 +682,11 @@ class FleetEmulator:
             pass
         finally:
             self._status(final=True)
+            self.uplink.flush(force=True)
+            self._post_stats()
             self.client.close()
             self.http.close()
+            self.uplink.close()
         return self.stats
 
     def stop(self) -> None:
@@ -942,20 +998,6 @@ class FleetEmulator:
 
     # -- reporting --------------------------------------------------------------------------
 
-    def _post(self, path: str, body: Mapping[str, Any]) -> bool:
-        headers = {"Authorization": f"Bearer {self.config.agent_token}"}
-        try:
-            response = self.http.post(path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            self.stats.post_errors += 1
-            log.warning("emulator: POST %s failed: %s", path, exc)
-            return False
-        if response.status_code >= 400:
-            self.stats.post_errors += 1
-            log.warning("emulator: POST %s: %s %s", path, response.status_code, response.text[:300])
-            return False
-        return True
-
     def _report(self, wall: float) -> None:
         """One telemetry batch (instances and links) and the KV events since the last one."""
         sim = self.sim
@@ -982,12 +1024,10 @@ class FleetEmulator:
                         "interval_s": interval,
                     }
                 )
-        if self._post(
-            "/api/v1/telemetry",
-            {"idempotency_key": uuid.uuid4().hex, "instances": instances, "links": links},
-        ):
-            self.stats.telemetry_posts += 1
+        self.uplink.telemetry_put(instances, links)
         self._kv_report(wall)
+        self.uplink.flush(force=True)
+        self._post_stats()
 
     def _instance_sample(self, name: str, wall: float) -> dict[str, Any] | None:
         sim = self.sim
@@ -1031,45 +1071,51 @@ class FleetEmulator:
                 out[instance.name] = instance.cache
         return out
 
-    def _kv_reset_all(self) -> None:
-        """A fresh engine starts empty: sequence 0 with AllBlocksCleared for every cache."""
-        for name in sorted(self._caches()):
-            self._kv_seq[name] = 0
-            self._post(
-                "/api/v1/kv-events",
-                {
-                    "instance": name,
-                    "batches": [
-                        {
-                            "seq": 0,
-                            "batch": {
-                                "ts": self._clock(),
-                                "events": [{"type": "AllBlocksCleared"}],
-                            },
-                        }
-                    ],
-                },
+    def _engine(self, name: str) -> EmulatedEngineEvents:
+        engine = self._engines.get(name)
+        if engine is None:
+            # a new engine process: its stream resumes after what the index last applied, and
+            # the engine's seq 0 tells the control plane to start the instance afresh
+            stream = KvStream(
+                name,
+                self.uplink.kv_batch_put,
+                self.agent_metrics,
+                last_seq=self.uplink.kv_last_seq(name),
             )
+            engine = self._engines[name] = EmulatedEngineEvents(stream)
+        return engine
+
+    def _kv_reset_all(self) -> None:
+        """Fresh engines: each publishes an empty batch at seq 0, as a vLLM that just started
+        does with its first step, so the index forgets the previous run's entries."""
+        for name in sorted(self._caches()):
+            self._engine(name).publish([], self._clock())
+        self.uplink.flush(force=True)
 
     def _kv_report(self, wall: float) -> None:
         for name, cache in sorted(self._caches().items()):
             events = cache.take_events()
-            if not events:
-                continue
-            batches = []
-            for start in range(0, len(events), _MAX_HASHES_PER_CALL):
-                seq = self._kv_seq.get(name, 0) + 1
-                self._kv_seq[name] = seq
-                part = events[start : start + _MAX_HASHES_PER_CALL]
-                batches.append(
-                    {
-                        "seq": seq,
-                        "batch": {"ts": wall, "events": kv_batch_events(part, self.block_tokens)},
-                    }
-                )
-            for batch in batches:
-                if self._post("/api/v1/kv-events", {"instance": name, "batches": [batch]}):
-                    self.stats.kv_posts += 1
+            for start in range(0, len(events), _MAX_HASHES_PER_BATCH):
+                part = events[start : start + _MAX_HASHES_PER_BATCH]
+                self._engine(name).publish(kv_batch_events(part, self.block_tokens), wall)
+
+    def _post_stats(self) -> None:
+        """The emulator's post counters, read from the agent's own metrics."""
+        ok = errors = 0
+        kv = telemetry = 0
+        for metric in self.agent_metrics.posts.collect():
+            for sample in metric.samples:
+                if not sample.name.endswith("_total"):
+                    continue
+                path, outcome = sample.labels["endpoint"], sample.labels["outcome"]
+                if outcome == "ok":
+                    ok += int(sample.value)
+                    kv += int(sample.value) if path == KV_PATH else 0
+                    telemetry += int(sample.value) if path == TELEMETRY_PATH else 0
+                else:
+                    errors += int(sample.value)
+        self.stats.kv_posts, self.stats.telemetry_posts = kv, telemetry
+        self.stats.post_errors = errors
 
     def _status(self, final: bool = False) -> None:
         s = self.stats

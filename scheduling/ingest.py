@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
-from controlplane.errors import Invalid, NotFound
+from controlplane.errors import ApiError, Invalid, NotFound
+from controlplane.redis_connection import redis_async_ingest
 from scheduling.decisions import control_tick_async
 from scheduling.overview import telemetry_frames_apublish
 from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
@@ -103,22 +106,44 @@ class KvIngestResult:
 async def kv_events_ingest_async(
     instance: str, batches: Sequence[tuple[int | None, Any]]
 ) -> KvIngestResult:
-    """Apply an instance's batches in order; sequence gaps mark its index ``degraded``."""
+    """Apply an instance's batches in order; sequence gaps mark its index ``degraded``.
+
+    A batch is vLLM's msgpack payload (``bytes``, what the agent forwards) or the same batch
+    parsed from JSON. Every batch is decoded and checked before any is applied: a request with
+    one bad batch changes nothing.
+    """
     snap = await snapshot_current_async()
     if instance not in snap.known_instances:
         snap = await snapshot_refresh_async()
         if instance not in snap.known_instances:
             raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
+    model = snap.topology.model.name
     decoded = []
     for i, (seq, batch) in enumerate(batches):
         try:
-            _, events = kv_events.kv_batch_decode(batch, f"batches[{i}].batch")
+            events = kv_events.payload_events(
+                batch, snap.block_tokens, model, f"batches[{i}].batch"
+            )
         except kv_events.KvEventFormatError as exc:
             raise Invalid(str(exc), code="invalid_kv_event") from None
+        except kv_events.KvBlockSizeError as exc:
+            raise Invalid(str(exc), code="block_size_mismatch") from None
         decoded.append((seq, events))
     applied = duplicates = restarts = missed = evicted = 0
     state = "exact"
-    for result in await prefix_index.kv_batches_apply_async(instance, decoded):
+    try:
+        results = await prefix_index.kv_batches_apply_async(
+            instance, decoded, client=redis_async_ingest()
+        )
+    except (redis.exceptions.RedisError, OSError) as exc:
+        # Some slices may be applied: a retry re-sends them and their seq skips them.
+        log.warning("KV events of %s not applied: %s", instance, exc)
+        raise ApiError(
+            f"the live store is unavailable ({type(exc).__name__}); retry later",
+            code="live_store_unavailable",
+            status=503,
+        ) from None
+    for result in results:
         state = result.state
         evicted += result.evicted
         missed += result.gap

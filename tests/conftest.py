@@ -66,3 +66,11 @@ def client_as(client: Any) -> Callable[..., Any]:
         return client
 
     return login
+
+
+@pytest.fixture(scope="session")
+def captured_frames(shared_dir: Path) -> list[Any]:
+    """The KV-event frames a real vLLM 0.32 published (``tests/fleet/captured.py``)."""
+    from tests.fleet.captured import captured_frames as parse
+
+    return parse(shared_dir)

@@ -160,6 +160,17 @@ def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
     routes = {d["decision"]["route"] for d in api(demo, "/api/v1/decisions/recent", limit=200)}
     assert routes <= {"local", "prfaas"} and routes
 
+    # The emulated engines' KV events came through the fleet agent's stream and uplink (vLLM
+    # msgpack frames, sequence-checked): the index holds their blocks, with no gap.
+    index = wait_for(
+        "prefix-index entries",
+        lambda: [s for s in api(demo, "/api/v1/prefix-index") if s["blocks"] > 0],
+        demo,
+        60,
+    )
+    assert all(s["state"] == "exact" and s["gaps"] == 0 for s in index), index
+    assert all(s["last_seq"] is not None and s["last_seq"] >= 1 for s in index), index
+
     # The rebalancer (20 s in this test) proposes a plan from the observed traffic.
     plans = wait_for("a plan", lambda: api(demo, "/api/v1/plans")["items"], demo, 150)
     assert plans[0]["cluster"]

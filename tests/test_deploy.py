@@ -151,7 +151,11 @@ def test_development_settings_fail_check_deploy(tmp_path: Path) -> None:
     assert "SESSION_COOKIE_SECURE" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("profile", [[], ["--profile", "demo"]], ids=["default", "demo"])
+@pytest.mark.parametrize(
+    "profile",
+    [[], ["--profile", "demo"], ["--profile", "agent"]],
+    ids=["default", "demo", "agent"],
+)
 def test_compose_file_validates(profile: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "COMPOSE_"))}
     result = subprocess.run(
@@ -170,6 +174,8 @@ def test_compose_runs_every_role_and_the_emulator_only_in_the_demo_profile() -> 
     assert {"postgres", "redis", "migrate", "web", "worker", "beat", "emulator"} <= set(services)
     assert services["emulator"]["profiles"] == ["demo"]
     assert services["demo-setup"]["profiles"] == ["demo"]
+    assert services["agent"]["profiles"] == ["agent"]
+    assert services["agent"]["command"][:3] == ["python", "-m", "fleet.agent"]
     for name in ("web", "worker", "beat", "migrate", "postgres", "redis"):
         assert "profiles" not in services[name], name
 

@@ -1,119 +1,116 @@
-"""Decoding vLLM KV-cache event batches (``../shared/samples/vllm-kv-events.md``).
+"""vLLM KV-event batches into prefix-index operations, checked against the served model.
 
-Agents forward each ZMQ message ``[topic, seq, payload]`` as JSON. vLLM's msgspec payload
-comes in two encodings, and both are accepted:
+Decoding is :mod:`scheduling.core.kv_events` (the agent's decoder: msgpack payloads as engines publish
+them, or the JSON-shaped objects of ``POST /kv-events``); this module maps the typed events to
+:mod:`clusters.live.prefix_index` operations:
 
-- **array** (``array_like=True``): batch ``[ts, events, dp_rank?]``, each event
-  ``[tag, field, ...]`` with the fields in declaration order, trailing defaults omitted;
-- **map**: batch ``{"ts", "events", "data_parallel_rank"?}``, each event
-  ``{"type": tag, "block_hashes": ..., ...}``.
+- ``BlockStored`` -> :class:`StoredBlocks` of the event's KV group (``group_idx``), kind
+  (``kv_cache_spec_kind``: full attention and MLA are full blocks; sliding window, Mamba and
+  the other request-level states are linear-state checkpoints) and ``medium``;
+- ``BlockRemoved`` -> :class:`RemovedBlocks` of that group and medium;
+- ``AllBlocksCleared`` -> :class:`AllCleared`.
 
-Events: ``BlockStored`` (block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window),
-``BlockRemoved`` (block_hashes, medium, group_idx), ``AllBlocksCleared``. A ``BlockStored``
-whose ``kv_cache_spec_kind`` names a non-full-attention group (mamba, linear, sliding
-window) stores linear-state checkpoints. Unknown event tags are skipped (newer engines), a
-known event with a wrong shape is an error naming its path.
+An event whose ``block_size`` differs from the model profile's ``block_tokens`` is refused
+(:class:`KvBlockSizeError`): its hashes cover other token spans than ``/route`` callers hash,
+and counting its blocks at the profile's size would mis-state every cached length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import array
+import sys
 
-from clusters.live.prefix_index import (
-    AllCleared,
-    BlockHashError,
-    KvEvent,
-    RemovedBlocks,
-    StoredBlocks,
-    block_hash_key,
-)
+from clusters.live.prefix_index import AllCleared, KvEvent, RemovedBlocks, StoredBlocks
+from scheduling.core import kv_events as wire
+from scheduling.core.kv_events import KvEventFormatError
 
-STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-)
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-FULL_ATTENTION_KINDS = frozenset({"full_attention", "full", "mla", "mla_attention"})
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "full", "mla"})
+_U64 = (1 << 64) - 1
+
+__all__ = ["KvBlockSizeError", "KvEventFormatError", "index_events", "payload_events"]
 
 
-class KvEventFormatError(ValueError):
-    """A batch or event that is not vLLM's shape; the message starts with its path."""
+class KvBlockSizeError(ValueError):
+    """A batch whose blocks are not the served model's block size (message names both)."""
 
 
-def _fields(event: Any, names: Sequence[str], path: str) -> dict[str, Any]:
-    if isinstance(event, Mapping):
-        return {k: event.get(k) for k in names}
-    values = list(event[1:])
-    if len(values) > len(names):
-        raise KvEventFormatError(f"{path}: {len(values)} fields, at most {len(names)} expected")
-    return dict(zip(names, values + [None] * (len(names) - len(values)), strict=True))
+def _key(h: int | bytes) -> bytes:
+    """The index's packed 8-byte key of a hash (an int's low 64 bits, a digest's last 8)."""
+    if isinstance(h, int):
+        return (h & _U64).to_bytes(8, "big")
+    return h[-8:]
 
 
-def _hashes(value: Any, path: str) -> list[str]:
-    if not isinstance(value, list):
-        raise KvEventFormatError(f"{path}.block_hashes: must be a list")
-    out = []
-    for i, h in enumerate(value):
-        try:
-            out.append(block_hash_key(h))
-        except BlockHashError as exc:
-            raise KvEventFormatError(f"{path}.block_hashes[{i}]: {exc}") from None
+def _keys(hashes: list[int | bytes]) -> bytes:
+    """The packed keys of an event's hashes; uint64 ints (vLLM's default) in one C call."""
+    try:
+        packed = array.array("Q", hashes)  # type: ignore[type-var]
+    except (TypeError, OverflowError):  # digests, or negative ints (older builtin hashes)
+        return b"".join(map(_key, hashes))
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def index_events(
+    batch: wire.EventBatch, block_tokens: int, model: str, path: str = "batch"
+) -> list[KvEvent]:
+    """The index operations of one decoded batch, in order. Consecutive events of one kind,
+    group and medium become one operation (vLLM sends a ``BlockRemoved`` per evicted block):
+    the same effect, a fraction of the work."""
+    out: list[KvEvent] = []
+    run: list[int | bytes] = []
+    run_op = ""  # "S" (stored), "R" (removed) or "" (none open)
+    run_linear = False
+    run_medium: str | None = None
+    run_group: int | None = None
+
+    def flush() -> None:
+        if run_op == "S":
+            out.append(StoredBlocks(_keys(run), run_linear, run_medium, run_group))
+        elif run_op == "R":
+            out.append(RemovedBlocks(_keys(run), run_medium, run_group))
+        run.clear()
+
+    for i, ev in enumerate(batch.events):
+        if isinstance(ev, wire.BlockRemoved):
+            if not (run_op == "R" and ev.medium == run_medium and ev.group_idx == run_group):
+                flush()
+                run_op, run_medium, run_group = "R", ev.medium, ev.group_idx
+            run.extend(ev.block_hashes)
+        elif isinstance(ev, wire.BlockStored):
+            if ev.block_size and ev.block_size != block_tokens:
+                raise KvBlockSizeError(
+                    f"{path}.events[{i}].block_size: the engine caches blocks of "
+                    f"{ev.block_size} tokens but model {model!r} is profiled with block_tokens "
+                    f"{block_tokens}; start the engine with --block-size {block_tokens} or fix "
+                    "the model profile"
+                )
+            kind = ev.kv_cache_spec_kind
+            linear = kind is not None and kind.lower() not in FULL_ATTENTION_KINDS
+            if not (
+                run_op == "S"
+                and linear == run_linear
+                and ev.medium == run_medium
+                and ev.group_idx == run_group
+            ):
+                flush()
+                run_op, run_linear, run_medium, run_group = "S", linear, ev.medium, ev.group_idx
+            run.extend(ev.block_hashes)
+        else:
+            flush()
+            run_op = ""
+            out.append(AllCleared())
+    flush()
     return out
 
 
-def kv_event_decode(event: Any, path: str) -> KvEvent | None:
-    """One event in either encoding; None for an event type this version does not know."""
-    if isinstance(event, Mapping):
-        tag = event.get("type")
-    elif isinstance(event, list) and event:
-        tag = event[0]
+def payload_events(
+    payload: bytes | object, block_tokens: int, model: str, path: str = "batch"
+) -> list[KvEvent]:
+    """Decode one batch (msgpack bytes, or a JSON-parsed object) into index operations."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        batch = wire.batch_decode(bytes(payload), path)
     else:
-        raise KvEventFormatError(f"{path}: an event is a [tag, ...] list or a {{type: ...}} map")
-    if not isinstance(tag, str):
-        raise KvEventFormatError(f"{path}: the event tag must be a string")
-    if tag == "BlockStored":
-        f = _fields(event, STORED_FIELDS, path)
-        kind = f.get("kv_cache_spec_kind")
-        if kind is not None and not isinstance(kind, str):
-            raise KvEventFormatError(f"{path}.kv_cache_spec_kind: must be a string or null")
-        linear = kind is not None and kind.lower() not in FULL_ATTENTION_KINDS
-        return StoredBlocks(tuple(_hashes(f["block_hashes"], path)), linear=linear)
-    if tag == "BlockRemoved":
-        f = _fields(event, REMOVED_FIELDS, path)
-        return RemovedBlocks(tuple(_hashes(f["block_hashes"], path)))
-    if tag == "AllBlocksCleared":
-        return AllCleared()
-    return None
-
-
-def kv_batch_decode(batch: Any, path: str = "batch") -> tuple[float | None, list[KvEvent]]:
-    """``(ts, events)`` of one batch in either encoding."""
-    if isinstance(batch, Mapping):
-        ts, events = batch.get("ts"), batch.get("events")
-    elif isinstance(batch, list) and len(batch) >= 2:
-        ts, events = batch[0], batch[1]
-    else:
-        raise KvEventFormatError(
-            f"{path}: a batch is [ts, events] (array encoding) or {{ts, events}} (map encoding)"
-        )
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float)):
-        raise KvEventFormatError(f"{path}.ts: must be a number (unix seconds)")
-    if not isinstance(events, list):
-        raise KvEventFormatError(f"{path}.events: must be a list")
-    out: list[KvEvent] = []
-    for i, ev in enumerate(events):
-        decoded = kv_event_decode(ev, f"{path}.events[{i}]")
-        if decoded is not None:
-            out.append(decoded)
-    return (float(ts) if ts is not None else None), out
+        batch = wire.batch_convert(payload, path)
+    return index_events(batch, block_tokens, model, path)

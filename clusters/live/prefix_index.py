@@ -8,28 +8,41 @@ Two kinds of entries (``../shared/paper/PRFAAS.md`` section 3.2):
   only at an exact length: a checkpoint at block ``h`` means the state after the prefix ending
   with ``h`` is stored.
 
-Key layout (block hashes are folded to 64-bit keys, written as 16 hex digits):
+An entry is (block, instance), with per-entry flags: which kind (full / linear) in which
+medium (GPU, CPU, storage, other), so evicting a linear checkpoint (``BlockRemoved`` of the
+linear KV group) leaves the full-attention block, and a GPU eviction leaves a CPU-tier copy.
+KV groups map to kinds per instance, learned from ``BlockStored``'s ``group_idx`` and
+``kv_cache_spec_kind``; a removal that names no group (engines before hybrid groups) removes
+both kinds. LoRA adapters and salted requests stay apart because vLLM hashes them into the
+block hash (``fleet.blockhash``).
 
-``pfx:b:{hash}``        SET   instances holding full-attention block ``hash``
-``pfx:l:{hash}``        SET   instances holding a linear-state checkpoint ending at ``hash``
-``pfx:i:{inst}:b``      ZSET  block hash -> store order, per instance (eviction order)
-``pfx:i:{inst}:l``      ZSET  checkpoint hash -> store order, per instance
-``pfx:i:{inst}:n``      STRING per-instance store counter (the scores above)
-``pfx:i:{inst}:m``      HASH  last_seq, state (exact|degraded), gaps, missed, gap_at, events
+Key layout, compact because a fleet holds tens of millions of entries (target <= 150 bytes per
+entry, ``bench/kv_ingest.py``); block hashes are folded to 64-bit keys (16 hex digits at the
+API, 8 raw bytes here):
+
+``pfx:h:{b}``           HASH  bucket ``b`` (the key's last 2 bytes, raw: 65,536 buckets): field =
+                              the key's first 6 bytes, value = 5-byte records
+                              ``instance id (3) | flags (1) | epoch (1)`` of its holders.
+                              Small buckets are listpack-encoded by Redis (~15 bytes/entry).
+``pfx:i:{inst}:m``      HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
+                              events, blocks, ckpts, stores, g{group_idx} (kind of a group)
+``pfx:i:{inst}:e:{n}``  STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
+``pfx:ids``/``pfx:names`` HASH instance name <-> 3-byte id
 ``pfx:degraded``        SET   instances whose event stream showed a sequence gap
 ``pfx:instances``       SET   instances with entries
 ``pfx:linear``          SET   instances that ever reported linear-state checkpoints (an
                               engine that reports none is matched on full blocks only)
 
-Layout for the lookup: per-block sets of holders, so a chain ``h0..hn`` is matched by
-intersecting ``pfx:b:h0``, ``pfx:b:h1``, ... until the run of holders is empty. That walk runs
-server-side in one Lua script for all chains of an API call (:func:`prefix_matches_queue`,
-queued in the caller's one read pipeline): only the answer, a few (instance, blocks) pairs per
-chain, crosses the network, and a walk stops at the first block no candidate holds.
+Memory is bounded per instance by ``cap``: stores are counted in epochs of ``cap / K`` (K = 16,
+or ``cap`` when smaller); when a new epoch starts, the entries still held from the epoch K back
+are evicted (an entry stored again later carries the newer epoch and stays). vLLM sends
+``BlockRemoved`` for what it evicts, so the cap only bounds what missed removals (gaps) leave
+behind; it evicts oldest-stored first, to within one epoch.
 
-Memory is bounded: each instance keeps at most ``cap`` blocks and ``cap`` checkpoints; storing
-past the cap evicts that instance's oldest entries (vLLM evicts LRU blocks too, and will send
-``BlockRemoved`` for them). Empty sets disappear by themselves in Redis.
+Lookup: a chain ``h0..hn`` is matched by intersecting holders block by block until the run is
+empty. That walk runs server-side in one Lua script for all chains of an API call
+(:func:`prefix_matches_queue`, queued in the caller's one read pipeline): only the answer, a few
+(instance, blocks) pairs per chain, crosses the network.
 
 Sequence numbers: batches carry the publisher's ``seq`` (+1 per batch, from 0). A batch with
 ``seq`` at or below the last one is a redelivery and is skipped; a jump marks the instance
@@ -53,7 +66,12 @@ from clusters.live.scripts import lua_script
 from controlplane.redis_connection import redis_async, redis_sync
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
+EPOCHS = 16
 _U64 = 1 << 64
+
+# Media (vLLM's ``medium``): GPU is the default tier (and what engines without the field mean).
+MEDIA = {"gpu": 0, "cpu": 1, "storage": 2, "disk": 2}
+OTHER_MEDIUM = 3
 
 
 class BlockHashError(ValueError):
@@ -87,17 +105,37 @@ def block_hash_key(value: int | str | bytes) -> str:
     raise BlockHashError(f"unsupported block hash type {type(value).__name__}")
 
 
+def medium_code(medium: str | None) -> int:
+    """The index's tier code of a vLLM ``medium`` (None: GPU)."""
+    if medium is None:
+        return 0
+    return MEDIA.get(medium.lower(), OTHER_MEDIUM)
+
+
+# Block keys of an operation: 16-hex-digit keys (:func:`block_hash_key`), or the same keys
+# already packed as 8 bytes each, big-endian (the ingest path's fast form).
+BlockKeys = Sequence[str] | bytes
+
+
 @dataclass(frozen=True)
 class StoredBlocks:
-    """BlockStored: a run of full blocks; ``linear`` when they are linear-state checkpoints."""
+    """BlockStored: a run of full blocks; ``linear`` when they are linear-state checkpoints.
+    ``group``: the engine's KV-cache group (``group_idx``), None when it does not say."""
 
-    block_hashes: Sequence[str]
+    block_hashes: BlockKeys
     linear: bool = False
+    medium: str | None = None
+    group: int | None = None
 
 
 @dataclass(frozen=True)
 class RemovedBlocks:
-    block_hashes: Sequence[str]
+    """BlockRemoved from ``group`` (None: every group, as engines without groups mean) and
+    ``medium`` (None: GPU)."""
+
+    block_hashes: BlockKeys
+    medium: str | None = None
+    group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,119 +187,326 @@ class IndexMatch:
         return out
 
 
-# ARGV: inst, cap, now, seq (-1 when absent), then ops:
-#   'S', kind ('b'|'l'), n, hash * n  |  'R', n, hash * n  |  'C'
-# Returns {status, gap, evicted, state}.
-_APPLY_LUA = """
+# Shared Lua: the 5-byte holder records of one bucket field.
+_RECORDS_LUA = """
+local sub, byte, char = string.sub, string.byte, string.char
+local call = redis.call
+local function rec_find(val, idb)
+  if not val then return nil end
+  for p = 1, #val, 5 do
+    if sub(val, p, p + 2) == idb then return p end
+  end
+  return nil
+end
+local function bucket_of(h)
+  -- the bucket is named by the key's last 2 bytes, raw (no number formatting on this path)
+  return 'pfx:h:' .. sub(h, 7, 8), sub(h, 1, 6)
+end
+"""
+
+# ARGV: inst, cap, now, epochs, then batches, each 'B', seq (-1 when absent), then its ops:
+#   'S', kind (0 full | 1 linear), medium (0..3), group (-1: none), packed 8-byte keys
+#   'R', medium, group (-1: every group), packed keys  |  'C'
+# All batches of one call run in one script (the per-instance state is read and written once):
+# returns {status, gap, evicted, state} per batch, flattened.
+_APPLY_LUA = (
+    _RECORDS_LUA
+    + """
 local inst = ARGV[1]
 local cap = tonumber(ARGV[2])
 local now = ARGV[3]
-local seq = tonumber(ARGV[4])
+local k_epochs = tonumber(ARGV[4])
+local epoch_len = math.ceil(cap / k_epochs)
 local pre = 'pfx:i:' .. inst .. ':'
 local meta = pre .. 'm'
 
-local function clear()
-  for _, kind in ipairs({'b', 'l'}) do
-    local z = pre .. kind
-    local members = redis.call('ZRANGE', z, 0, -1)
-    for _, h in ipairs(members) do redis.call('SREM', 'pfx:' .. kind .. ':' .. h, inst) end
-    redis.call('DEL', z)
+local m = call('HMGET', meta, 'id', 'blocks', 'ckpts', 'stores', 'last_seq', 'state')
+local idb = m[1]
+if not idb then
+  idb = call('HGET', 'pfx:ids', inst)
+  if not idb then
+    local n = call('INCR', 'pfx:nextid')
+    idb = char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+    call('HSET', 'pfx:ids', inst, idb)
+    call('HSET', 'pfx:names', idb, inst)
   end
-  redis.call('SREM', 'pfx:degraded', inst)
-  redis.call('HSET', meta, 'state', 'exact')
+  call('HSET', meta, 'id', idb)
+end
+local counts = {tonumber(m[2]) or 0, tonumber(m[3]) or 0}
+local stores = tonumber(m[4]) or 0
+local last = tonumber(m[5])
+local state = m[6] or 'exact'
+local evicted = 0
+local groups = {}  -- group_idx -> kind, cached for this call
+
+local function group_kind(group)
+  local kind = groups[group]
+  if kind == nil then
+    kind = tonumber(call('HGET', meta, 'g' .. group)) or false
+    groups[group] = kind
+  end
+  return kind
 end
 
-local status = 'applied'
-local gap = 0
-if seq >= 0 then
-  local last = redis.call('HGET', meta, 'last_seq')
-  if last then
-    last = tonumber(last)
-    if seq == 0 and last > 0 then
-      status = 'restart'
-      clear()
-    elseif seq <= last then
-      return {'duplicate', 0, 0, redis.call('HGET', meta, 'state') or 'exact'}
-    elseif seq > last + 1 then
-      gap = seq - last - 1
-      redis.call('HSET', meta, 'state', 'degraded', 'gap_at', now)
-      redis.call('HINCRBY', meta, 'gaps', 1)
-      redis.call('HINCRBY', meta, 'missed', gap)
-      redis.call('SADD', 'pfx:degraded', inst)
+-- flags of one record -> full?, linear?
+local function kinds_of(flags)
+  return bit.band(flags, 15) ~= 0, bit.band(flags, 240) ~= 0
+end
+
+-- Remove bits `mask` of this instance's record for key h (all bits when mask is 255);
+-- `only_epoch`: only if the record was last stored in that epoch. Returns true if changed.
+local function rec_clear(h, mask, only_epoch)
+  local bkey, f = bucket_of(h)
+  local val = call('HGET', bkey, f)
+  local p = rec_find(val, idb)
+  if not p then return false end
+  local flags = byte(val, p + 3)
+  if only_epoch and byte(val, p + 4) ~= only_epoch then return false end
+  local left = bit.band(flags, bit.bnot(mask))
+  if left == flags then return false end
+  local had_full, had_lin = kinds_of(flags)
+  local has_full, has_lin = kinds_of(left)
+  if had_full and not has_full then counts[1] = counts[1] - 1 end
+  if had_lin and not has_lin then counts[2] = counts[2] - 1 end
+  local newval
+  if left == 0 then
+    newval = sub(val, 1, p - 1) .. sub(val, p + 5)
+  else
+    newval = sub(val, 1, p + 2) .. char(left) .. sub(val, p + 4)
+  end
+  if newval == '' then call('HDEL', bkey, f) else call('HSET', bkey, f, newval) end
+  return true
+end
+
+local function epoch_drop(e)
+  local ekey = pre .. 'e:' .. e
+  local packed = call('GET', ekey)
+  if not packed then return end
+  call('DEL', ekey)
+  for q = 1, #packed, 8 do
+    if rec_clear(sub(packed, q, q + 7), 255, e) then evicted = evicted + 1 end
+  end
+end
+
+local function clear()
+  for e = 0, 255 do
+    local ekey = pre .. 'e:' .. e
+    local packed = call('GET', ekey)
+    if packed then
+      call('DEL', ekey)
+      for q = 1, #packed, 8 do rec_clear(sub(packed, q, q + 7), 255, nil) end
     end
   end
-  redis.call('HSET', meta, 'last_seq', seq)
+  counts[1] = 0
+  counts[2] = 0
+  stores = 0
+  call('SREM', 'pfx:degraded', inst)
+  state = 'exact'
 end
-if not redis.call('HGET', meta, 'state') then redis.call('HSET', meta, 'state', 'exact') end
 
-local evicted = 0
+local function store(kind, medium, group, packed)
+  if group >= 0 and groups[group] ~= kind then
+    call('HSET', meta, 'g' .. group, kind)
+    groups[group] = kind
+  end
+  if kind == 1 then call('SADD', 'pfx:linear', inst) end
+  local bitv = bit.lshift(1, kind * 4 + medium)
+  local epoch = math.floor(stores / epoch_len) % 256
+  local ekey = pre .. 'e:' .. epoch
+  local run_start = 1
+  for q = 1, #packed, 8 do
+    if stores > 0 and stores % epoch_len == 0 then
+      -- a new epoch starts: flush this run to the old one, drop the one K back
+      if q > run_start then call('APPEND', ekey, sub(packed, run_start, q - 1)) end
+      run_start = q
+      epoch = math.floor(stores / epoch_len) % 256
+      ekey = pre .. 'e:' .. epoch
+      epoch_drop((epoch - k_epochs) % 256)
+    end
+    stores = stores + 1
+    local h = sub(packed, q, q + 7)
+    local bkey, f = bucket_of(h)
+    local rec = idb .. char(bitv, epoch)
+    -- most stored blocks are new to the whole fleet: one call for those
+    if call('HSETNX', bkey, f, rec) == 1 then
+      counts[kind + 1] = counts[kind + 1] + 1
+    else
+      local val = call('HGET', bkey, f)
+      local p = rec_find(val, idb)
+      local newval
+      if p then
+        local flags = byte(val, p + 3)
+        local had_full, had_lin = kinds_of(flags)
+        if kind == 0 and not had_full then counts[1] = counts[1] + 1 end
+        if kind == 1 and not had_lin then counts[2] = counts[2] + 1 end
+        newval = sub(val, 1, p + 2) .. char(bit.bor(flags, bitv), epoch)
+          .. sub(val, p + 5)
+      else
+        counts[kind + 1] = counts[kind + 1] + 1
+        newval = val .. rec
+      end
+      call('HSET', bkey, f, newval)
+    end
+  end
+  if #packed >= run_start then call('APPEND', ekey, sub(packed, run_start)) end
+end
+
+local function remove(medium, group, packed)
+  local mask = bit.bor(bit.lshift(1, medium), bit.lshift(1, 4 + medium))
+  if group >= 0 then
+    local kind = group_kind(group)
+    if kind then mask = bit.lshift(1, kind * 4 + medium) end
+  end
+  for q = 1, #packed, 8 do rec_clear(sub(packed, q, q + 7), mask, nil) end
+end
+
+local out = {}
+local applied = 0
 local i = 5
 while i <= #ARGV do
-  local op = ARGV[i]
-  if op == 'S' then
-    local kind = ARGV[i + 1]
-    local n = tonumber(ARGV[i + 2])
-    local z = pre .. kind
-    if kind == 'l' then redis.call('SADD', 'pfx:linear', inst) end
-    local order = redis.call('INCRBY', pre .. 'n', n) - n
-    for j = 1, n do
-      local h = ARGV[i + 2 + j]
-      redis.call('SADD', 'pfx:' .. kind .. ':' .. h, inst)
-      redis.call('ZADD', z, order + j, h)
-    end
-    local size = redis.call('ZCARD', z)
-    if size > cap then
-      local old = redis.call('ZPOPMIN', z, size - cap)
-      for k = 1, #old, 2 do
-        redis.call('SREM', 'pfx:' .. kind .. ':' .. old[k], inst)
-        evicted = evicted + 1
+  if ARGV[i] ~= 'B' then return redis.error_reply('expected a batch marker at ' .. i) end
+  local seq = tonumber(ARGV[i + 1])
+  i = i + 2
+  local status = 'applied'
+  local gap = 0
+  local skip = false
+  local evicted_before = evicted
+  if seq >= 0 then
+    if last ~= nil then
+      if seq == 0 and last > 0 then
+        status = 'restart'
+        clear()
+      elseif seq <= last then
+        status = 'duplicate'
+        skip = true
+      elseif seq > last + 1 then
+        gap = seq - last - 1
+        state = 'degraded'
+        call('HSET', meta, 'gap_at', now)
+        call('HINCRBY', meta, 'gaps', 1)
+        call('HINCRBY', meta, 'missed', gap)
+        call('SADD', 'pfx:degraded', inst)
       end
     end
-    i = i + 3 + n
-  elseif op == 'R' then
-    local n = tonumber(ARGV[i + 1])
-    for j = 1, n do
-      local h = ARGV[i + 1 + j]
-      for _, kind in ipairs({'b', 'l'}) do
-        redis.call('SREM', 'pfx:' .. kind .. ':' .. h, inst)
-        redis.call('ZREM', pre .. kind, h)
-      end
-    end
-    i = i + 2 + n
-  elseif op == 'C' then
-    clear()
-    i = i + 1
-  else
-    return redis.error_reply('unknown op ' .. tostring(op))
+    if not skip then last = seq end
   end
+  while i <= #ARGV and ARGV[i] ~= 'B' do
+    local op = ARGV[i]
+    if op == 'S' then
+      if not skip then
+        store(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ARGV[i + 4])
+      end
+      i = i + 5
+    elseif op == 'R' then
+      if not skip then remove(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]) end
+      i = i + 4
+    elseif op == 'C' then
+      if not skip then clear() end
+      i = i + 1
+    else
+      return redis.error_reply('unknown op ' .. tostring(op))
+    end
+  end
+  if not skip then applied = applied + 1 end
+  out[#out + 1] = status
+  out[#out + 1] = gap
+  out[#out + 1] = evicted - evicted_before
+  out[#out + 1] = state
 end
-redis.call('HINCRBY', meta, 'events', 1)
-redis.call('SADD', 'pfx:instances', inst)
-return {status, gap, evicted, redis.call('HGET', meta, 'state')}
+local fields = {'blocks', counts[1], 'ckpts', counts[2], 'stores', stores, 'state', state}
+if last ~= nil then
+  fields[#fields + 1] = 'last_seq'
+  fields[#fields + 1] = last
+end
+call('HSET', meta, unpack(fields))
+if applied > 0 then call('HINCRBY', meta, 'events', applied) end
+call('SADD', 'pfx:instances', inst)
+return out
 """
+)
 
 
-def _apply_args(
-    instance: str, seq: int | None, events: Sequence[KvEvent], cap: int, now: float
-) -> list[Any]:
-    args: list[Any] = [instance, cap, repr(now), -1 if seq is None else seq]
+def _packed(hashes: BlockKeys) -> bytes:
+    if isinstance(hashes, bytes):
+        return hashes
+    return bytes.fromhex("".join(hashes))
+
+
+def _batch_args(seq: int | None, events: Sequence[KvEvent]) -> list[Any]:
+    args: list[Any] = ["B", -1 if seq is None else seq]
     for ev in events:
         if isinstance(ev, StoredBlocks):
             if ev.block_hashes:
-                args += ["S", "l" if ev.linear else "b", len(ev.block_hashes), *ev.block_hashes]
+                group = -1 if ev.group is None else ev.group
+                kind = 1 if ev.linear else 0
+                args += ["S", kind, medium_code(ev.medium), group, _packed(ev.block_hashes)]
         elif isinstance(ev, RemovedBlocks):
             if ev.block_hashes:
-                args += ["R", len(ev.block_hashes), *ev.block_hashes]
+                group = -1 if ev.group is None else ev.group
+                args += ["R", medium_code(ev.medium), group, _packed(ev.block_hashes)]
         else:
             args.append("C")
     return args
 
 
-def _result(raw: Sequence[Any]) -> BatchResult:
+def _apply_args(
+    instance: str,
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
+    cap: int,
+    now: float,
+) -> list[Any]:
+    if cap < 1:
+        raise ValueError(f"cap must be at least 1, not {cap}")
+    args: list[Any] = [instance, cap, repr(now), min(EPOCHS, cap)]
+    for seq, events in batches:
+        args += _batch_args(seq, events)
+    return args
+
+
+def _results(raw: Sequence[Any]) -> list[BatchResult]:
     def s(v: Any) -> str:
         return v.decode() if isinstance(v, bytes) else str(v)
 
-    return BatchResult(status=s(raw[0]), gap=int(raw[1]), evicted=int(raw[2]), state=s(raw[3]))
+    return [
+        BatchResult(
+            status=s(raw[k]), gap=int(raw[k + 1]), evicted=int(raw[k + 2]), state=s(raw[k + 3])
+        )
+        for k in range(0, len(raw), 4)
+    ]
+
+
+# Block hashes per script call: a script holds Redis for its duration (~5 us a block here), and
+# route lookups wait behind it, so a big post is applied in slices of ~1,000 blocks (a few ms
+# each; each slice atomic, in order) rather than in one long script.
+MAX_BLOCKS_PER_CALL = 1_000
+
+
+def _blocks_of(events: Sequence[KvEvent]) -> int:
+    n = 0
+    for ev in events:
+        if isinstance(ev, StoredBlocks | RemovedBlocks):
+            keys = ev.block_hashes
+            n += len(keys) // 8 if isinstance(keys, bytes) else len(keys)
+    return n
+
+
+def _slices(
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
+) -> list[Sequence[tuple[int | None, Sequence[KvEvent]]]]:
+    out: list[Sequence[tuple[int | None, Sequence[KvEvent]]]] = []
+    start = blocks = 0
+    for k, (_, events) in enumerate(batches):
+        n = _blocks_of(events)
+        if k > start and blocks + n > MAX_BLOCKS_PER_CALL:
+            out.append(batches[start:k])
+            start, blocks = k, 0
+        blocks += n
+    if start < len(batches):
+        out.append(batches[start:])
+    return out
+
+
+APPLY_SCRIPT = lua_script(_APPLY_LUA)
 
 
 def kv_batch_apply(
@@ -273,8 +518,12 @@ def kv_batch_apply(
 ) -> BatchResult:
     """Apply one KV-event batch of ``instance`` atomically (hashes already folded)."""
     r = client or redis_sync()
-    raw = r.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, time.time()))
-    return _result(raw)
+    args = _apply_args(instance, [(seq, events)], cap, time.time())
+    try:
+        raw = r.evalsha(APPLY_SCRIPT.sha, 0, *args)
+    except redis.exceptions.NoScriptError:
+        raw = r.eval(_APPLY_LUA, 0, *args)
+    return _results(raw)[0]
 
 
 async def kv_batch_apply_async(
@@ -285,9 +534,7 @@ async def kv_batch_apply_async(
     client: aioredis.Redis | None = None,
 ) -> BatchResult:
     """Async twin of :func:`kv_batch_apply`."""
-    r = client or redis_async()
-    raw = await r.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, time.time()))
-    return _result(raw)
+    return (await kv_batches_apply_async(instance, [(seq, events)], cap, client))[0]
 
 
 async def kv_batches_apply_async(
@@ -296,20 +543,33 @@ async def kv_batches_apply_async(
     cap: int = DEFAULT_CAP_PER_INSTANCE,
     client: aioredis.Redis | None = None,
 ) -> list[BatchResult]:
-    """Apply several batches of one instance in order, in one round trip."""
-    pipe = (client or redis_async()).pipeline(transaction=False)
+    """Apply several batches of one instance in order, in one round trip (a script call per
+    ~``MAX_BLOCKS_PER_CALL`` blocks)."""
+    r = client or redis_async()
     now = time.time()
-    for seq, events in batches:
-        pipe.eval(_APPLY_LUA, 0, *_apply_args(instance, seq, events, cap, now))
-    return [_result(raw) for raw in await pipe.execute()]
+    argsets = [_apply_args(instance, part, cap, now) for part in _slices(batches)]
+    for attempt in (0, 1):
+        pipe = r.pipeline(transaction=False)
+        for args in argsets:
+            if attempt == 0:
+                pipe.evalsha(APPLY_SCRIPT.sha, 0, *args)
+            else:
+                pipe.eval(_APPLY_LUA, 0, *args)
+        try:
+            return [res for raw in await pipe.execute() for res in _results(raw)]
+        except redis.exceptions.NoScriptError:
+            # the first call failed on NOSCRIPT, so none was applied: send the source once
+            await r.script_load(_APPLY_LUA)
+    raise RuntimeError("unreachable")
 
 
 def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None) -> None:
     """Forget everything about an instance (removed from inventory, or operator reset)."""
     r = client or redis_sync()
-    r.eval(_APPLY_LUA, 0, *_apply_args(instance, None, [AllCleared()], 1, time.time()))
-    r.delete(f"pfx:i:{instance}:m", f"pfx:i:{instance}:n")
+    kv_batch_apply(instance, None, [AllCleared()], client=r)
+    r.delete(f"pfx:i:{instance}:m")
     r.srem("pfx:instances", instance)
+    r.srem("pfx:linear", instance)
 
 
 # --- lookup -------------------------------------------------------------------------------
@@ -319,59 +579,86 @@ def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None
 # from the start and stop at the first block nobody still in the run holds. Returns, per chain,
 # ``[k, inst1, blocks1, ..., instk, blocksk]`` (usable blocks: for hybrid models, the last
 # linear checkpoint inside the run, for instances that report checkpoints at all), then the
-# degraded instances. Only the answer crosses the network, not every block's holders.
-# ARGV: hybrid (0|1), then one string per chain: its 16-hex-digit block keys, concatenated.
-_MATCH_LUA = """
+# degraded instances. A block counts in any medium (a CPU-tier copy is reused too).
+# ARGV: hybrid (0|1), then one string per chain: its 8-byte block keys, concatenated.
+_MATCH_LUA = (
+    _RECORDS_LUA
+    + """
 local hybrid = ARGV[1] == '1'
 local linear = {}
 if hybrid then
-  for _, inst in ipairs(redis.call('SMEMBERS', 'pfx:linear')) do linear[inst] = true end
+  local names = call('SMEMBERS', 'pfx:linear')
+  if #names > 0 then
+    local ids = call('HMGET', 'pfx:ids', unpack(names))
+    for _, idb in ipairs(ids) do if idb then linear[idb] = true end end
+  end
 end
 local out = {}
+local wanted = {}
+local wanted_list = {}
 for c = 2, #ARGV do
   local packed = ARGV[c]
-  local len = #packed / 16
   local alive = nil
   local full = {}
   local usable = {}
-  for i = 1, len do
-    local h = string.sub(packed, 16 * (i - 1) + 1, 16 * i)
-    local members = redis.call('SMEMBERS', 'pfx:b:' .. h)
+  for q = 1, #packed, 8 do
+    local i = (q + 7) / 8
+    local bkey, f = bucket_of(sub(packed, q, q + 7))
+    local val = call('HGET', bkey, f)
+    if not val then break end
     local next_alive = {}
     local any = false
-    if alive == nil then
-      for _, inst in ipairs(members) do next_alive[inst] = true; any = true end
-    else
-      for _, inst in ipairs(members) do
-        if alive[inst] then next_alive[inst] = true; any = true end
+    for p = 1, #val, 5 do
+      local idb = sub(val, p, p + 2)
+      local flags = byte(val, p + 3)
+      if (alive == nil or alive[idb]) and bit.band(flags, 15) ~= 0 then
+        next_alive[idb] = flags
+        any = true
       end
     end
     if not any then break end
     alive = next_alive
-    for inst, _ in pairs(alive) do
-      full[inst] = i
-      if hybrid and linear[inst] and redis.call('SISMEMBER', 'pfx:l:' .. h, inst) == 1 then
-        usable[inst] = i
-      end
+    for idb, flags in pairs(alive) do
+      full[idb] = i
+      if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = i end
     end
   end
   local entries = {}
-  for inst, blocks in pairs(full) do
+  for idb, blocks in pairs(full) do
     local b = blocks
-    if hybrid and linear[inst] then b = usable[inst] or 0 end
+    if hybrid and linear[idb] then b = usable[idb] or 0 end
     if b > 0 then
-      entries[#entries + 1] = inst
+      if not wanted[idb] then
+        wanted[idb] = true
+        wanted_list[#wanted_list + 1] = idb
+      end
+      entries[#entries + 1] = idb
       entries[#entries + 1] = b
     end
   end
   out[#out + 1] = #entries / 2
   for _, v in ipairs(entries) do out[#out + 1] = v end
 end
-local degraded = redis.call('SMEMBERS', 'pfx:degraded')
+if #wanted_list > 0 then
+  local names = call('HMGET', 'pfx:names', unpack(wanted_list))
+  local name_of = {}
+  for j, idb in ipairs(wanted_list) do name_of[idb] = names[j] or '' end
+  local at = 1
+  for _ = 2, #ARGV do
+    local k = out[at]
+    for j = 1, k do
+      local pos = at + 2 * j - 1
+      out[pos] = name_of[out[pos]]
+    end
+    at = at + 1 + 2 * k
+  end
+end
+local degraded = call('SMEMBERS', 'pfx:degraded')
 out[#out + 1] = #degraded
 for _, inst in ipairs(degraded) do out[#out + 1] = inst end
 return out
 """
+)
 MATCH_SCRIPT = lua_script(_MATCH_LUA)
 
 
@@ -381,9 +668,9 @@ def prefix_matches_queue(
     """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
 
     Chains hold folded keys (16 hex digits, :func:`block_hash_key`); each travels as one
-    string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
+    binary string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
     """
-    args: list[Any] = ["1" if hybrid else "0", *("".join(chain) for chain in chains)]
+    args: list[Any] = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
     if by_sha:
         MATCH_SCRIPT.queue(pipe, [], args)
     else:
@@ -447,23 +734,24 @@ def prefix_index_states(
         instances = sorted(m.decode() for m in r.smembers("pfx:instances"))  # type: ignore[union-attr]
     pipe = r.pipeline(transaction=False)
     for inst in instances:
-        pipe.hgetall(f"pfx:i:{inst}:m")
-        pipe.zcard(f"pfx:i:{inst}:b")
-        pipe.zcard(f"pfx:i:{inst}:l")
-    raw = pipe.execute()
+        pipe.hmget(
+            f"pfx:i:{inst}:m", "state", "last_seq", "gaps", "missed", "gap_at", "blocks", "ckpts"
+        )
     out = []
-    for k, inst in enumerate(instances):
-        meta = {a.decode(): b.decode() for a, b in raw[3 * k].items()}
+    for inst, row in zip(instances, pipe.execute(), strict=True):
+        state, last_seq, gaps, missed, gap_at, blocks, ckpts = (
+            v.decode() if v is not None else None for v in row
+        )
         out.append(
             InstanceIndexState(
                 instance=inst,
-                state=meta.get("state", "exact"),
-                last_seq=int(meta["last_seq"]) if "last_seq" in meta else None,
-                gaps=int(meta.get("gaps", 0)),
-                missed_batches=int(meta.get("missed", 0)),
-                last_gap_at=float(meta["gap_at"]) if "gap_at" in meta else None,
-                blocks=int(raw[3 * k + 1]),
-                checkpoints=int(raw[3 * k + 2]),
+                state=state or "exact",
+                last_seq=int(last_seq) if last_seq is not None else None,
+                gaps=int(gaps or 0),
+                missed_batches=int(missed or 0),
+                last_gap_at=float(gap_at) if gap_at is not None else None,
+                blocks=int(blocks or 0),
+                checkpoints=int(ckpts or 0),
             )
         )
     return out

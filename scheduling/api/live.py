@@ -1,10 +1,16 @@
 """Live-state API: agents post telemetry and KV events (``agent`` scope); the prefix index's
-health per instance is readable (``read`` scope), so a sequence gap is visible."""
+health per instance is readable (``read`` scope), so a sequence gap is visible.
+
+KV events come two ways into one pipeline (:func:`scheduling.ingest.kv_events_ingest_async`):
+``/kv-events`` takes batches parsed from JSON, ``/kv-events/msgpack`` takes vLLM's own msgpack
+payloads as the fleet agent forwards them (no re-encoding, ~10x smaller, the fleet-scale
+path)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
+import msgspec
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 from pydantic import StringConstraints
@@ -12,7 +18,7 @@ from pydantic import StringConstraints
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
 from controlplane.auth import require_scope
-from controlplane.errors import ErrorOut
+from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
 from scheduling.snapshot import snapshot_refresh
 
@@ -20,6 +26,7 @@ router = Router(tags=["live"])
 
 AGENT = require_scope("agent", asynchronous=True)
 READ = require_scope("read")
+AGENT_SYNC = require_scope("agent")
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=150)]
 Count = Annotated[int, Field(ge=0, le=10**9)]
@@ -94,6 +101,7 @@ class IndexStateOut(Schema):
 
 
 ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+KV_ERRORS: dict[int, Any] = {**ERRORS, 503: ErrorOut}
 
 
 @router.post("/telemetry", auth=AGENT, response={200: TelemetryOut, **ERRORS})
@@ -109,12 +117,89 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
     )
 
 
-@router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **ERRORS})
+@router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **KV_ERRORS})
 async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
     """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
     return await ingest.kv_events_ingest_async(
         payload.instance, [(b.seq, b.batch) for b in payload.batches]
     )
+
+
+class _KvFramesIn(msgspec.Struct, forbid_unknown_fields=True):
+    instance: str
+    batches: list[tuple[int | None, bytes]]
+
+
+_FRAMES_DECODER = msgspec.msgpack.Decoder(_KvFramesIn)
+MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+MAX_FRAME_BATCHES = 10_000
+
+_FRAMES_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/msgpack": {
+                "schema": {
+                    "type": "object",
+                    "required": ["instance", "batches"],
+                    "properties": {
+                        "instance": {"type": "string", "maxLength": 150},
+                        "batches": {
+                            "type": "array",
+                            "maxItems": MAX_FRAME_BATCHES,
+                            "description": "[seq | null, payload] pairs: the publisher's "
+                            "sequence number and vLLM's msgpack KVEventBatch payload (bin)",
+                            "items": {"type": "array"},
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/kv-events/msgpack",
+    auth=AGENT,
+    response={200: KvEventsOut, 415: ErrorOut, **KV_ERRORS},
+    openapi_extra=_FRAMES_BODY,
+)
+async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
+    """One instance's KV-event batches as the engine published them (msgpack payloads)."""
+    content_type = (request.content_type or "").lower()
+    if content_type not in MSGPACK_TYPES:
+        raise ApiError(
+            f"content type {content_type or 'none'!r}: send application/msgpack",
+            code="unsupported_media_type",
+            status=415,
+        )
+    try:
+        body = _FRAMES_DECODER.decode(request.body)
+    except msgspec.DecodeError as exc:
+        raise Invalid(f"body: {exc}", code="invalid_kv_event") from None
+    if not 1 <= len(body.instance) <= 150:
+        raise Invalid("instance: 1 to 150 characters", code="invalid")
+    if not 1 <= len(body.batches) <= MAX_FRAME_BATCHES:
+        raise Invalid(f"batches: 1 to {MAX_FRAME_BATCHES} batches", code="invalid")
+    for i, (seq, _) in enumerate(body.batches):
+        if seq is not None and not 0 <= seq < 1 << 64:
+            raise Invalid(f"batches[{i}].seq: must be in [0, 2^64)", code="invalid")
+    return await ingest.kv_events_ingest_async(body.instance, body.batches)
+
+
+@router.get(
+    "/kv-events/state",
+    auth=AGENT_SYNC,
+    response={200: IndexStateOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut},
+)
+def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.InstanceIndexState:
+    """Where the index stands for one instance (``last_seq``): an agent that (re)starts
+    replays from the engine what came after it, instead of leaving a gap."""
+    snap = snapshot_refresh()
+    if instance not in snap.known_instances:
+        raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
+    return prefix_index.prefix_index_states([instance])[0]
 
 
 @router.get(

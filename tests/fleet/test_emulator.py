@@ -14,10 +14,13 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from clusters.live.kv_events import kv_batch_decode
+from clusters.live.kv_events import index_events
 from clusters.live.prefix_index import RemovedBlocks, StoredBlocks
+from fleet.agent.kv import KvStream
+from fleet.agent.metrics import AgentMetrics
 from fleet.emulator import (
     FAULTS_KEY,
+    EmulatedEngineEvents,
     FaultError,
     ReportingPrefixCache,
     RequestStream,
@@ -27,6 +30,7 @@ from fleet.emulator import (
     kv_batch_events,
     scenario_faults,
 )
+from scheduling.core import kv_events as wire
 from scheduling.core.scenario import LinkEvent, RateEvent, StateEvent
 from scheduling.core.simulator.workload import RequestSpec, Workload
 from tests.factories import InstanceFactory, LinkFactory
@@ -168,11 +172,34 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
     assert (False, 1) in events and (True, 7) in events
     assert cache.take_events() == []
 
-    batch = {"ts": 1.0, "events": kv_batch_events(events, 512)}
-    _, decoded = kv_batch_decode(batch)
-    assert decoded[0] == StoredBlocks(("0000000000000001", "0000000000000002"), linear=False)
-    assert decoded[1] == StoredBlocks(("0000000000000002",), linear=True)
-    assert any(isinstance(e, RemovedBlocks) for e in decoded)
+    # On the wire as vLLM 0.32 sends it, and back through the control plane's decoding.
+    payload = wire.batch_encode(kv_batch_events(events, 512), 1.0)
+    decoded = index_events(wire.batch_decode(payload), 512, "m")
+
+    def keys(*blocks: int) -> bytes:  # the index's packed 8-byte keys
+        return b"".join(b.to_bytes(8, "big") for b in blocks)
+
+    assert decoded[0] == StoredBlocks(keys(1, 2), linear=False, medium="GPU", group=0)
+    assert decoded[1] == StoredBlocks(keys(2), linear=True, medium="GPU", group=1)
+    removed = [e for e in decoded if isinstance(e, RemovedBlocks)]
+    # vLLM sends one BlockRemoved per evicted block; the index takes a run of them at once
+    assert removed and RemovedBlocks(keys(1, 2), "GPU", 0) in removed
+
+
+def test_emulated_engines_publish_vllm_frames_into_the_agents_stream() -> None:
+    """The emulator's engines go through the agent's KvStream (the real engines' path): seq
+    from 0, vLLM payloads, and a replay buffer that fills what the stream did not see."""
+    forwarded: list[tuple[int, bytes]] = []
+    stream = KvStream("pd-a-p0", lambda i, seq, p, n: forwarded.append((seq, p)), AgentMetrics())
+    engine = EmulatedEngineEvents(stream)
+    engine.publish(kv_batch_events([(True, 1), (True, 2)], 512), 1.0)
+    engine.seq += 1  # a batch the stream never received (as if ZMQ had dropped it)
+    engine.buffer.append((engine.seq, wire.batch_encode(kv_batch_events([(True, 3)], 512), 2.0)))
+    engine.publish(kv_batch_events([(False, 1)], 512), 3.0)
+    assert [seq for seq, _ in forwarded] == [0, 1, 2]
+    decoded = [wire.batch_decode(p).events for _, p in forwarded]
+    assert [e.block_hashes for e in decoded[0]] == [[1, 2]]  # type: ignore[union-attr]
+    assert isinstance(decoded[2][0], wire.BlockRemoved) and decoded[2][0].group_idx == 0
 
 
 # -- commands: bad input ---------------------------------------------------------------------

@@ -23,13 +23,15 @@ def pd_prfaas_fleet(
     prfaas_name: str,
     h20_prefill_seconds: list[list[float]],
     kv_budget_bytes: int | None = None,
+    block_tokens: int = BLOCK_TOKENS,
 ) -> tuple[Cluster, Cluster]:
     """``pd_name`` (H20: 2 prefill, 2 decode) <- 100 Gbps, 10 ms <- ``prfaas_name`` (H200:
-    2 prefill, no decode profile), blocks of 512 tokens; returns (PD cluster, PrfaaS cluster).
+    2 prefill, no decode profile), blocks of ``block_tokens`` (512); returns (PD cluster,
+    PrfaaS cluster).
 
     Instances are named ``<cluster>-p<i>`` (prefill) and ``<cluster>-d<i>`` (decode).
     """
-    model = ModelProfileFactory(block_tokens=BLOCK_TOKENS)
+    model = ModelProfileFactory(block_tokens=block_tokens)
     h20 = AcceleratorFactory(name="H20")
     h200 = AcceleratorFactory(name="H200")
     PerformanceProfileFactory(accelerator=h20, model=model, prefill_seconds=h20_prefill_seconds)

@@ -57,8 +57,20 @@ def test_memory_is_capped_per_instance_by_evicting_oldest(redis_client: redis.Re
     result = px.kv_batch_apply("a", 0, [StoredBlocks(c)], cap=4)
     assert result.evicted == 6
     assert px.prefix_index_states(["a"])[0].blocks == 4
-    assert redis_client.exists(f"pfx:b:{c[0]}") == 0
-    assert redis_client.sismember(f"pfx:b:{c[9]}", "a")
+    assert px.prefix_match(c, 1).tokens_by_instance == {}  # the oldest, c[0], is gone
+    assert px.prefix_match(c[6:], 1).tokens_by_instance == {"a": 4}
+
+
+def test_the_cap_keeps_a_block_stored_again_since(redis_client: redis.Redis) -> None:
+    c = chain(8)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c[:4])], cap=4)
+    # c[0] is stored again (vLLM re-caches it after an eviction), then four newer blocks:
+    # the cap evicts c[1..3] (stored earliest), never the re-stored c[0].
+    px.kv_batch_apply("a", 1, [RemovedBlocks(c[:1]), StoredBlocks(c[:1])], cap=4)
+    px.kv_batch_apply("a", 2, [StoredBlocks(c[5:8])], cap=4)
+    assert px.prefix_index_states(["a"])[0].blocks == 4
+    assert px.prefix_match(c[:1], 1).tokens_by_instance == {"a": 1}
+    assert px.prefix_match(c[1:2], 1).tokens_by_instance == {}
 
 
 def test_sequence_gap_marks_instance_degraded_until_cleared(redis_client: redis.Redis) -> None:
@@ -90,3 +102,56 @@ def test_engine_restart_resets_the_instance(redis_client: redis.Redis) -> None:
     restart = px.kv_batch_apply("a", 0, [StoredBlocks(c[:1])])
     assert (restart.status, restart.state) == ("restart", "exact")
     assert px.prefix_match(c, 1).tokens_by_instance == {"a": 1}
+
+
+def test_evicting_a_linear_checkpoint_keeps_the_full_attention_blocks(
+    redis_client: redis.Redis,
+) -> None:
+    """The issue's 6 -> 0 case: blocks 1-6 in the full-attention group (0), checkpoints at 3
+    and 6 in the linear group (1); BlockRemoved [h3] of the linear group leaves 6 matched."""
+    c = chain(6)
+    px.kv_batch_apply(
+        "a",
+        0,
+        [
+            StoredBlocks(c, group=0),
+            StoredBlocks([c[2], c[5]], linear=True, group=1),
+        ],
+    )
+    assert px.prefix_match(c, 1, hybrid=True).tokens_by_instance == {"a": 6}
+    px.kv_batch_apply("a", 1, [RemovedBlocks([c[2]], group=1)])
+    assert px.prefix_match(c, 1, hybrid=True).tokens_by_instance == {"a": 6}
+    state = px.prefix_index_states(["a"])[0]
+    assert (state.blocks, state.checkpoints) == (6, 1)
+    # the full-attention group's eviction of h3 does cut the run, at block 2
+    px.kv_batch_apply("a", 2, [RemovedBlocks([c[2]], group=0)])
+    assert px.prefix_match(c, 1, hybrid=False).tokens_by_instance == {"a": 2}
+
+
+def test_a_removal_without_a_group_removes_every_kind(redis_client: redis.Redis) -> None:
+    c = chain(3)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c, group=0), StoredBlocks(c, linear=True, group=1)])
+    px.kv_batch_apply("a", 1, [RemovedBlocks(c[1:])])
+    state = px.prefix_index_states(["a"])[0]
+    assert (state.blocks, state.checkpoints) == (1, 1)
+
+
+def test_a_gpu_eviction_keeps_the_cpu_tier_copy(redis_client: redis.Redis) -> None:
+    c = chain(4)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c, medium="GPU"), StoredBlocks(c[:2], medium="CPU")])
+    px.kv_batch_apply("a", 1, [RemovedBlocks(c, medium="GPU")])
+    assert px.prefix_match(c, 1).tokens_by_instance == {"a": 2}
+    px.kv_batch_apply("a", 2, [RemovedBlocks(c[:2], medium="cpu")])
+    assert px.prefix_match(c, 1).tokens_by_instance == {}
+    assert px.prefix_index_states(["a"])[0].blocks == 0
+
+
+def test_instances_sharing_blocks_are_matched_and_removed_apart(redis_client: redis.Redis) -> None:
+    c = chain(5)
+    for name in ("a", "b", "c"):
+        px.kv_batch_apply(name, 0, [StoredBlocks(c)])
+    px.kv_batch_apply("b", 1, [RemovedBlocks(c[3:])])
+    px.kv_batch_apply("c", 1, [AllCleared()])
+    assert px.prefix_match(c, 16).tokens_by_instance == {"a": 80, "b": 48}
+    px.prefix_index_instance_reset("a")
+    assert px.prefix_match(c, 16).tokens_by_instance == {"b": 48}

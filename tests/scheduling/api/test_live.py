@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 from django.test import Client
@@ -21,11 +22,14 @@ from tests.factories import (
     api_token,
     bearer,
 )
+from tests.fleet.captured import CapturedFrame
+from tests.support.servers import free_port
 
 
 @pytest.fixture
 def agent(db: None, redis_client: redis.Redis, route_state_clean: None) -> dict[str, str]:
-    pd = ClusterFactory(name="pd-a")
+    # vLLM on CPU caches 32-token blocks: the profile says so (the captured frames use it)
+    pd = ClusterFactory(name="pd-a", model__block_tokens=32)
     pf = PrfaasClusterFactory(name="prfaas-x", model=pd.model)
     InstanceFactory(cluster=pd, name="pd-a-p0", role=InstanceRole.PREFILL)
     InstanceFactory(cluster=pd, name="pd-a-d0", role=InstanceRole.DECODE)
@@ -139,7 +143,7 @@ def test_samples_stamped_in_the_future_are_taken_as_now(agent: dict[str, str]) -
 
 def test_kv_events_in_both_encodings_feed_the_prefix_index(agent: dict[str, str]) -> None:
     digest = "ab" * 24 + f"{2:016x}"  # a 32-byte digest whose low 64 bits are 2
-    array_form = [time.time(), [["BlockStored", [1, digest], None, [], 16, None, "GPU"]]]
+    array_form = [time.time(), [["BlockStored", [1, digest], None, [], 32, None, "GPU"]]]
     map_form = {
         "ts": time.time(),
         "events": [{"type": "BlockStored", "block_hashes": [3], "parent_block_hash": 2}],
@@ -152,11 +156,11 @@ def test_kv_events_in_both_encodings_feed_the_prefix_index(agent: dict[str, str]
     assert response.status_code == 200, response.content
     assert response.json()["applied"] == 2 and response.json()["state"] == "exact"
     chain = [prefix_index.block_hash_key(h) for h in (1, 2, 3, 4)]
-    assert prefix_index.prefix_match(chain, 16).tokens_by_instance == {"pd-a-p0": 48}
+    assert prefix_index.prefix_match(chain, 32).tokens_by_instance == {"pd-a-p0": 96}
 
     removed = {"seq": 2, "batch": [time.time(), [["BlockRemoved", [2]]]]}
     post("/kv-events", {"instance": "pd-a-p0", "batches": [removed]}, agent)
-    assert prefix_index.prefix_match(chain, 16).tokens_by_instance == {"pd-a-p0": 16}
+    assert prefix_index.prefix_match(chain, 32).tokens_by_instance == {"pd-a-p0": 32}
 
 
 def test_a_sequence_gap_degrades_the_instance_until_cleared(agent: dict[str, str]) -> None:
@@ -165,7 +169,7 @@ def test_a_sequence_gap_degrades_the_instance_until_cleared(agent: dict[str, str
 
     post(
         "/kv-events",
-        {"instance": "pd-a-p0", "batches": [batch(0, ["BlockStored", [1], None, [], 16])]},
+        {"instance": "pd-a-p0", "batches": [batch(0, ["BlockStored", [1], None, [], 32])]},
         agent,
     )
     gap = post("/kv-events", {"instance": "pd-a-p0", "batches": [batch(3)]}, agent).json()
@@ -212,3 +216,95 @@ def test_unknown_event_types_from_newer_engines_are_skipped(agent: dict[str, str
     body = {"instance": "pd-a-p0", "batches": [{"seq": 0, "batch": [0, [["BlockPromoted", [1]]]]}]}
     response = post("/kv-events", body, agent)
     assert response.status_code == 200 and response.json()["applied"] == 1
+
+
+def test_an_engine_with_another_block_size_is_refused_naming_both(agent: dict[str, str]) -> None:
+    batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 16}]]
+    body = {"instance": "pd-a-p0", "batches": [{"seq": 0, "batch": batch}]}
+    response = post("/kv-events", body, agent)
+    assert response.status_code == 422
+    got = response.json()
+    assert got["code"] == "block_size_mismatch"
+    assert "16" in got["detail"] and "block_tokens 32" in got["detail"]
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].blocks == 0
+
+
+def post_msgpack(
+    body: Any, headers: dict[str, str], content_type: str = "application/msgpack"
+) -> Any:
+    return Client().post(
+        "/api/v1/kv-events/msgpack",
+        data=msgspec.msgpack.encode(body),
+        content_type=content_type,
+        headers=headers,
+    )
+
+
+def test_real_vllm_frames_feed_the_index_through_the_msgpack_endpoint(
+    agent: dict[str, str], captured_frames: list[CapturedFrame]
+) -> None:
+    """Frames of a real vLLM 0.32 (int hashes): request A's 11 blocks, its 12th block, then
+    request B sharing the first 11: the index holds 13 blocks, and A's chain matches 12."""
+    int_frames = [f for f in captured_frames if f.section in "ABC"]
+    body = {"instance": "pd-a-p0", "batches": [[f.seq, f.payload] for f in int_frames]}
+    response = post_msgpack(body, agent)
+    assert response.status_code == 200, response.content
+    assert response.json()["applied"] == 3
+    a_chain = [prefix_index.block_hash_key(h) for h in int_frames[0].decoded_hashes()]
+    a_chain.append(prefix_index.block_hash_key(int_frames[1].decoded_hashes()[0]))
+    assert prefix_index.prefix_match(a_chain, 32).tokens_by_instance == {"pd-a-p0": 12 * 32}
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].blocks == 13
+
+
+def test_digest_hashes_fold_to_the_int_hashes_of_the_same_blocks(
+    agent: dict[str, str], captured_frames: list[CapturedFrame]
+) -> None:
+    by_section = {f.section: f for f in captured_frames}
+    body = {"instance": "pd-a-p0", "batches": [[0, by_section["D"].payload]]}
+    assert post_msgpack(body, agent).status_code == 200
+    int_chain = [prefix_index.block_hash_key(h) for h in by_section["A"].decoded_hashes()]
+    assert prefix_index.prefix_match(int_chain, 32).tokens_by_instance == {"pd-a-p0": 11 * 32}
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type", "status", "detail_part"),
+    [
+        (
+            msgspec.msgpack.encode({"instance": "pd-a-p0", "batches": [[0, b"\xc1"]]}),
+            None,
+            422,
+            "batches[0].batch",
+        ),
+        (b"\x93", None, 422, "body"),
+        (
+            msgspec.msgpack.encode({"instance": "ghost", "batches": [[0, b"\x92\x00\x90"]]}),
+            None,
+            404,
+            "ghost",
+        ),
+        (msgspec.msgpack.encode({"instance": "pd-a-p0", "batches": []}), None, 422, "batches"),
+        (b"{}", "application/json", 415, "application/msgpack"),
+    ],
+)
+def test_bad_msgpack_bodies_get_a_clear_error(
+    agent: dict[str, str], data: bytes, content_type: str | None, status: int, detail_part: str
+) -> None:
+    response = Client().post(
+        "/api/v1/kv-events/msgpack",
+        data=data,
+        content_type=content_type or "application/msgpack",
+        headers=agent,
+    )
+    assert response.status_code == status, response.content
+    got = response.json()
+    assert set(got) == {"detail", "code"} and detail_part in got["detail"]
+
+
+def test_kv_events_while_redis_is_away_get_503_to_retry(
+    agent: dict[str, str], settings: Any
+) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 32}]]
+    response = post("/kv-events", {"instance": "pd-a-p0", "batches": [{"batch": batch}]}, agent)
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "live_store_unavailable"

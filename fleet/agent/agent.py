@@ -1,0 +1,144 @@
+"""The agent process: one KV feed per engine, a sampler, an uplink, its own /metrics.
+
+Contract: :class:`Agent` wires :class:`fleet.agent.kv.KvStream` (one per engine, fed by a ZMQ
+feed thread for a real engine, or directly by the emulator), the
+:class:`fleet.agent.telemetry.TelemetrySampler` and the :class:`fleet.agent.uplink.Uplink`.
+:meth:`Agent.run` runs until :meth:`Agent.stop` (SIGTERM/SIGINT in ``__main__``), then posts
+what is still buffered (bounded in time) and closes its sockets. On start, each engine's stream
+learns from the control plane the last sequence number the index applied for it, so a
+restarted agent replays what it missed from the engine instead of leaving a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import zmq
+
+from fleet.agent.config import AgentConfig, EngineConfig
+from fleet.agent.kv import KvStream, Replay, ZmqKvFeed
+from fleet.agent.metrics import AgentMetrics
+from fleet.agent.telemetry import TelemetrySampler
+from fleet.agent.uplink import Uplink, UplinkLimits
+
+log = logging.getLogger(__name__)
+
+FINAL_FLUSH_S = 5.0
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        metrics: AgentMetrics | None = None,
+        uplink: Uplink | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or AgentMetrics()
+        self.uplink = uplink or Uplink(
+            config.url,
+            config.token,
+            self.metrics,
+            UplinkLimits(max_kv_batches=config.max_kv_batches, max_telemetry=config.max_telemetry),
+        )
+        self.sampler = TelemetrySampler(config.engines, config.links, self.metrics)
+        self.streams: dict[str, KvStream] = {}
+        self.feeds: list[ZmqKvFeed] = []
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._stop = threading.Event()
+        self._server: object | None = None
+
+    def stream_add(
+        self, instance: str, *, topic: str = "", replay: Replay | None = None
+    ) -> KvStream:
+        """A stream for ``instance``, resuming after the index's last applied sequence."""
+        stream = KvStream(
+            instance,
+            self.uplink.kv_batch_put,
+            self.metrics,
+            topic=topic,
+            replay=replay,
+            last_seq=self.uplink.kv_last_seq(instance),
+        )
+        self.streams[instance] = stream
+        return stream
+
+    def _feeds_start(self, engines: Sequence[EngineConfig]) -> None:
+        self._context = zmq.Context()
+        for engine in engines:
+            kv = engine.kv_events
+            if kv is None:
+                continue
+            stream = self.stream_add(engine.instance, topic=kv.topic)
+            feed = ZmqKvFeed(
+                self._context,
+                stream,
+                kv.endpoint,
+                kv.replay_endpoint,
+                replay_timeout_s=kv.replay_timeout_s,
+            )
+            feed.start()
+            self.feeds.append(feed)
+
+    def run(self) -> None:
+        if self.config.listen_port:
+            self._server = self.metrics.serve(self.config.listen_host, self.config.listen_port)
+        self._feeds_start(self.config.engines)
+        uplink_thread = threading.Thread(target=self._uplink_loop, name="uplink", daemon=True)
+        uplink_thread.start()
+        log.info(
+            "agent: %d engine(s), %d link(s), posting to %s",
+            len(self.config.engines),
+            len(self.config.links),
+            self.config.url,
+        )
+        next_sample = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_sample:
+                    next_sample = now + self.config.interval_s
+                    instances, links = self.sampler.sample()
+                    self.uplink.telemetry_put(instances, links)
+                self._stop.wait(max(0.0, next_sample - time.monotonic()))
+        finally:
+            for feed in self.feeds:
+                feed.stop()
+            self.uplink.wake.set()
+            uplink_thread.join(10)
+            self._final_flush()
+            self.close()
+
+    def _uplink_loop(self) -> None:
+        while not self._stop.is_set():
+            self.uplink.wake.wait(self.config.flush_s * 20)
+            self.uplink.wake.clear()
+            self.uplink.flush()
+            # batch what arrives within one flush period into the next post
+            self._stop.wait(self.config.flush_s)
+
+    def _final_flush(self) -> None:
+        deadline = time.monotonic() + FINAL_FLUSH_S
+        while self.uplink.buffered() and time.monotonic() < deadline:
+            if not self.uplink.flush(force=True):
+                time.sleep(0.2)
+        if self.uplink.buffered():
+            log.warning("agent: %d item(s) not posted at exit", self.uplink.buffered())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+        server = self._server
+        if server is not None:
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+            self._server = None
+        self.uplink.close()

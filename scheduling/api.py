@@ -115,6 +115,9 @@ class ReservationOut(Schema):
     source: str
     target: str
     bytes: int
+    id: str | None = Field(
+        None, description="release it with POST /outcomes when the transfer ends"
+    )
 
 
 class RouteOut(Schema):
@@ -215,3 +218,8 @@ async def decisions_recent(
 from scheduling.api_plans import router as plans_router  # noqa: E402
 
 router.add_router("", plans_router)
+
+# Routers that decide in process: live state, link reservations, outcomes (closing the loop).
+from scheduling.api_outcomes import router as outcomes_router  # noqa: E402
+
+router.add_router("", outcomes_router)

@@ -75,7 +75,9 @@ async def reservation_take(request: HttpRequest, payload: ReservationIn) -> Http
     result = await outcomes.reservation_take_async(
         payload.source, payload.target, payload.bytes, payload.hold_s
     )
-    return _json({"admitted": result.admitted, "id": result.id, "budget_bytes": result.budget_bytes})
+    return _json(
+        {"admitted": result.admitted, "id": result.id, "budget_bytes": result.budget_bytes}
+    )
 
 
 class PlaceIn(Schema):

@@ -236,7 +236,7 @@ async def outcomes_record_async(outcomes: Sequence[Outcome]) -> OutcomesResult:
     decisions: dict[tuple[str, str], int] = {}
     counts: dict[str, int] = {}
     decision_entries: list[str] = []
-    for k, o in enumerate(outcomes):
+    for o in outcomes:
         counts[f"{o.status}|{o.transfer}"] = counts.get(f"{o.status}|{o.transfer}", 0) + 1
         if o.decided_by == "gateway":
             # Decided in the gateway: the route service never counted it, so the traffic

@@ -22,7 +22,9 @@ def _instance(value: str) -> tuple[str, int, str]:
         raise argparse.ArgumentTypeError(f"expected NAME:PORT[:KV_ROLE], not {value!r}")
     role = parts[2] if len(parts) == 3 else "kv_both"
     if role not in ("kv_producer", "kv_consumer", "kv_both"):
-        raise argparse.ArgumentTypeError(f"{value}: KV_ROLE must be kv_producer|kv_consumer|kv_both")
+        raise argparse.ArgumentTypeError(
+            f"{value}: KV_ROLE must be kv_producer|kv_consumer|kv_both"
+        )
     return parts[0], int(parts[1]), role
 
 

@@ -288,7 +288,9 @@ class FakeEngine:
                 got = await self._http.get(url)
             except httpx.HTTPError as exc:
                 self.stats.kv_pull_failed += 1
-                raise HttpError(500, f"KV pull from {url} failed: {exc}", "KVTransferError")
+                raise HttpError(
+                    500, f"KV pull from {url} failed: {exc}", "KVTransferError"
+                ) from None
             if got.status_code != 200 or got.json().get("tokens") != tokens[: len(tokens)]:
                 self.stats.kv_pull_failed += 1
                 raise HttpError(500, f"KV pull from {url}: no such blocks", "KVTransferError")

@@ -149,7 +149,11 @@ def test_development_settings_fail_check_deploy(tmp_path: Path) -> None:
     assert "SESSION_COOKIE_SECURE" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("profile", [[], ["--profile", "demo"]], ids=["default", "demo"])
+@pytest.mark.parametrize(
+    "profile",
+    [[], ["--profile", "demo"], ["--profile", "gateway"]],
+    ids=["default", "demo", "gateway"],
+)
 def test_compose_file_validates(profile: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "COMPOSE_"))}
     result = subprocess.run(
@@ -170,6 +174,7 @@ def test_compose_runs_every_role_and_the_emulator_only_in_the_demo_profile() -> 
     assert services["demo-setup"]["profiles"] == ["demo"]
     for name in ("web", "worker", "beat", "migrate", "postgres", "redis"):
         assert "profiles" not in services[name], name
+    assert services["gateway"]["profiles"] == ["gateway"]
 
 
 def test_every_long_running_compose_service_has_a_health_check() -> None:

@@ -57,6 +57,7 @@ from fleet.fake_engine.launch import fake_engines_serve, gateway_serve, process_
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 PD = "pd-bench"
+JSON = {"Content-Type": "application/json"}
 SCENARIO = {
     "version": 1,
     "name": "gateway-bench",
@@ -104,7 +105,8 @@ def bodies(n: int, seed: int = 7) -> list[bytes]:
     out = []
     for _ in range(n):
         length = rng.randint(64, 1024)
-        prompt = [rng.randrange(1024) for _ in range(length)]
+        # Text: sglang-router's /v1/completions takes no token-id prompts.
+        prompt = " ".join(f"w{rng.randrange(1000)}" for _ in range(length // 2))
         out.append(json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16}).encode())
     return out
 
@@ -168,6 +170,8 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
                 f"{PD}-1": workers[f"{PD}-decode"],
             },
             "live_max_age_s": 10.0,
+            "tokenizer": args.tokenizer,
+            "workers": args.gateway_workers,
         }
         (tmp / "gateway.yaml").write_text(yaml.safe_dump(config))
         gateway, gw_proc = stack.enter_context(
@@ -182,13 +186,16 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
         load = bodies(args.requests)
         warm = load[: min(500, len(load))]
         path = "/v1/completions"
+        time.sleep(1.0)  # every worker up (uvicorn starts them after the supervisor)
         gw_pids = process_tree(gw_proc.pid)
         rt_pids = process_tree(rt_proc.pid)
         cp_pids = process_tree(cp.pid)
 
-        check = httpx.post(gateway + path, content=load[0], timeout=10)
-        direct = httpx.post(workers[f"{PD}-decode"] + path, content=load[0], timeout=10)
-        via_router = httpx.post(router + path, content=load[0], timeout=10)
+        check = httpx.post(gateway + path, content=load[0], headers=JSON, timeout=10)
+        direct = httpx.post(
+            workers[f"{PD}-decode"] + path, content=load[0], headers=JSON, timeout=10
+        )
+        via_router = httpx.post(router + path, content=load[0], headers=JSON, timeout=10)
         for name, got in (("gateway", check), ("sglang-router", via_router)):
             if got.status_code != 200 or got.json()["choices"] != direct.json()["choices"]:
                 sys.exit(f"{name} does not answer like the engine: {got.status_code} {got.text}")
@@ -250,6 +257,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--rate-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="gateway processes (default: one per CPU, as sglang-router's threads)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        choices=("estimate", "engine"),
+        default="estimate",
+        help="the gateway's tokenizer setting (engine: one more upstream call per request)",
+    )
     args = parser.parse_args()
     if args.requests < 10 or args.concurrency < 1 or args.rate <= 0 or args.rate_seconds <= 0:
         parser.error("--requests >= 10, --concurrency >= 1, --rate and --rate-seconds > 0")

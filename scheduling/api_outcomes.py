@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
-from pydantic import StringConstraints, field_validator
+from pydantic import StringConstraints
 
 from controlplane.auth import require_scope
+from controlplane.errors import Invalid
 from scheduling import outcomes
 from scheduling import router as routing
 from scheduling.decisions import live_state_read_async
@@ -108,18 +109,13 @@ class OutcomeIn(Schema):
     request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     block_hashes: int = Field(0, ge=0, le=100_000)
 
-    @field_validator("decision", mode="after")
-    @classmethod
-    def _decision(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def to_outcome(self, index: int) -> outcomes.Outcome:
         try:
-            routing.decision_from_dict(value)
+            decision = routing.decision_from_dict(self.decision)
         except ValueError as exc:
-            raise ValueError(f"not a decision: {exc}") from None
-        return value
-
-    def to_outcome(self) -> outcomes.Outcome:
+            raise Invalid(f"outcomes[{index}].decision: not a decision: {exc}") from None
         return outcomes.Outcome(
-            decision=routing.decision_from_dict(self.decision),
+            decision=decision,
             decided_by=self.decided_by,
             origin=self.origin,
             prompt_tokens=self.prompt_tokens,
@@ -143,8 +139,34 @@ class OutcomeIn(Schema):
         )
 
 
+class ServedGroupIn(Schema):
+    """Plain outcomes summed by the gateway (see ``scheduling.outcomes.ServedGroup``)."""
+
+    origin: Name
+    route: Literal["local", "prfaas"]
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    prefill_cluster: Name
+    decided_by: Literal["gateway", "control_plane"]
+    status: Literal["ok", "failed", "cancelled"]
+    transfer: Literal["none", "finished", "failed"]
+    ts: float = Field(ge=0, allow_inf_nan=False)
+    incremental_tokens: list[Tokens] = Field(min_length=1, max_length=100_000)
+    cached_tokens: int = Field(ge=0, le=1 << 50)
+    output_tokens: int = Field(ge=0, le=1 << 50)
+    observed_ttft_s: list[Seconds] = Field(default_factory=list, max_length=100_000)
+    predicted_ttft_s: list[Seconds] = Field(default_factory=list, max_length=100_000)
+
+    def to_group(self, index: int) -> outcomes.ServedGroup:
+        if len(self.observed_ttft_s) != len(self.predicted_ttft_s):
+            raise Invalid(f"groups[{index}]: observed_ttft_s and predicted_ttft_s must pair up")
+        if len(self.observed_ttft_s) > len(self.incremental_tokens):
+            raise Invalid(f"groups[{index}]: more TTFT pairs than requests")
+        return outcomes.ServedGroup(**self.dict())
+
+
 class OutcomesIn(Schema):
-    outcomes: list[OutcomeIn] = Field(min_length=1, max_length=MAX_OUTCOMES)
+    outcomes: list[OutcomeIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
+    groups: list[ServedGroupIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
 
 
 class OutcomesOut(Schema):
@@ -155,9 +177,16 @@ class OutcomesOut(Schema):
 
 @router.post("/outcomes", auth=ROUTER, response={200: OutcomesOut, **ERRORS})
 async def outcomes_post(request: HttpRequest, payload: OutcomesIn) -> HttpResponse:
-    """Report what was served (up to 1,000 requests): releases their link reservations,
-    counts gateway-decided traffic for the rebalancer, tracks predicted vs observed TTFT."""
-    result = await outcomes.outcomes_record_async([o.to_outcome() for o in payload.outcomes])
+    """Report what was served: up to 1,000 outcomes one by one (those holding a reservation,
+    failed, or sampled for the recent list) and up to 1,000 groups of plain ones summed.
+    Releases link reservations, counts gateway-decided traffic for the rebalancer, tracks
+    predicted vs observed TTFT."""
+    if not payload.outcomes and not payload.groups:
+        raise Invalid("outcomes or groups: nothing to record", code="empty")
+    result = await outcomes.outcomes_record_async(
+        [o.to_outcome(i) for i, o in enumerate(payload.outcomes)],
+        [g.to_group(i) for i, g in enumerate(payload.groups)],
+    )
     return _json(
         {
             "accepted": result.accepted,

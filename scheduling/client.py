@@ -352,12 +352,17 @@ class RouterClient:
             reservation.source, reservation.target, reservation.bytes, str(answer["id"])
         )
 
-    def outcomes_report(self, outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Send served requests' outcomes (``POST /api/v1/outcomes``, at most 1,000): releases
-        their reservations on the control plane. Raises RouterUnavailableError when the server
-        cannot answer (the caller keeps them for later)."""
+    def outcomes_report(
+        self, outcomes: Sequence[bytes], groups: Sequence[bytes] = ()
+    ) -> dict[str, Any]:
+        """Send served requests' outcomes (``POST /api/v1/outcomes``): at most 1,000 whole
+        ones and 1,000 summed groups, each already JSON-encoded, all within the API's body
+        limit. Releases their reservations on the control plane. Raises
+        RouterUnavailableError when the server cannot answer (the caller keeps them)."""
+        body = b'{"outcomes":[' + b",".join(outcomes) + b'],"groups":[' + b",".join(groups) + b"]}"
+        headers = {"Content-Type": "application/json"}
         try:
-            return dict(self._send("POST", OUTCOMES_PATH, json={"outcomes": list(outcomes)}).json())
+            return dict(self._send("POST", OUTCOMES_PATH, content=body, headers=headers).json())
         except _Unreachable as exc:
             raise RouterUnavailableError(f"outcomes not delivered: {exc}") from exc
 

@@ -51,6 +51,9 @@ COUNTS_KEY = "outcomes:counts"
 RELEASED_KEY = "outcomes:released"
 RECENT_KEY = "outcomes:recent"
 RECENT_CAP = 500
+# Outcomes of one batch kept in the recent lists (plus every one that released a reservation
+# or failed): a batch of 1,000 plain local requests must not cost 2,000 list pushes.
+RECENT_PER_BATCH = 32
 # A reservation is held at most this long without an outcome (the gateway died): it then
 # expires by itself like the route path's, so a lost outcome never leaks link budget.
 MAX_HOLD_S = 600.0
@@ -133,23 +136,62 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class ServedGroup:
+    """Plain outcomes a gateway summed before sending (no reservation, nothing failed, not
+    among the few it sends whole): requests that share origin, served route and reason,
+    prefill cluster, who decided, status and transfer result. ``incremental_tokens`` has one
+    entry per request (the traffic store bins it); ``observed_ttft_s`` and
+    ``predicted_ttft_s`` are pairs for the requests that have both."""
+
+    origin: str
+    route: str
+    reason: str
+    prefill_cluster: str
+    decided_by: str
+    status: str
+    transfer: str
+    ts: float
+    incremental_tokens: Sequence[int]
+    cached_tokens: int
+    output_tokens: int
+    observed_ttft_s: Sequence[float] = ()
+    predicted_ttft_s: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
 class OutcomesResult:
     accepted: int
     released: int
     released_bytes: int
 
 
-def _bucket_rows(cluster: str, observed: float, predicted: float) -> tuple[list[Any], list[Any]]:
-    key = ttft_key(cluster)
-    o = bisect.bisect_left(TTFT_BUCKETS_S, observed)
-    p = bisect.bisect_left(TTFT_BUCKETS_S, predicted)
-    ints = [(key, f"o{o}", 1, 0), (key, f"p{p}", 1, 0), (key, "count", 1, 0)]
-    floats = [
-        (key, "osum", observed, 0),
-        (key, "psum", predicted, 0),
-        (key, "abserr", abs(observed - predicted), 0),
-    ]
-    return ints, floats
+class _Sums:
+    """Counter increments of a batch summed by (key, field) before they go to Redis."""
+
+    def __init__(self) -> None:
+        self.ints: dict[tuple[str, str], int] = {}
+        self.floats: dict[tuple[str, str], float] = {}
+
+    def add(self, key: str, name: str, n: int = 1) -> None:
+        self.ints[(key, name)] = self.ints.get((key, name), 0) + n
+
+    def add_float(self, key: str, name: str, x: float) -> None:
+        self.floats[(key, name)] = self.floats.get((key, name), 0.0) + x
+
+    def ttft(self, cluster: str, observed: float, predicted: float) -> None:
+        key = ttft_key(cluster)
+        self.add(key, f"o{bisect.bisect_left(TTFT_BUCKETS_S, observed)}")
+        self.add(key, f"p{bisect.bisect_left(TTFT_BUCKETS_S, predicted)}")
+        self.add(key, "count")
+        self.add_float(key, "osum", observed)
+        self.add_float(key, "psum", predicted)
+        self.add_float(key, "abserr", abs(observed - predicted))
+
+    def rows(self) -> tuple[list[Any], list[Any]]:
+        return (
+            [(k, f, n, 0) for (k, f), n in self.ints.items()],
+            [(k, f, x, 0) for (k, f), x in self.floats.items()],
+        )
 
 
 def predicted_ttft(outcome: Outcome) -> float | None:
@@ -208,8 +250,10 @@ def _recent_decision(outcome: Outcome) -> str:
     ).decode()
 
 
-async def outcomes_record_async(outcomes: Sequence[Outcome]) -> OutcomesResult:
-    """Record a batch of outcomes in one pipeline (see the module docstring)."""
+async def outcomes_record_async(
+    outcomes: Sequence[Outcome], groups: Sequence[ServedGroup] = ()
+) -> OutcomesResult:
+    """Record a batch of outcomes and summed groups in one pipeline (module docstring)."""
     snap = await snapshot_get_async()
     r = redis_async()
     pipe = r.pipeline(transaction=False)
@@ -231,13 +275,15 @@ async def outcomes_record_async(outcomes: Sequence[Outcome]) -> OutcomesResult:
 
     pipe = r.pipeline(transaction=False)
     served = traffic.TrafficAggregate()
-    ints: list[Any] = []
-    floats: list[Any] = []
+    sums = _Sums()
     decisions: dict[tuple[str, str], int] = {}
-    counts: dict[str, int] = {}
     decision_entries: list[str] = []
-    for o in outcomes:
-        counts[f"{o.status}|{o.transfer}"] = counts.get(f"{o.status}|{o.transfer}", 0) + 1
+    outcome_entries: list[str] = []
+    for k, o in enumerate(outcomes):
+        sums.add(COUNTS_KEY, f"{o.status}|{o.transfer}")
+        notable = k in freed or o.status != "ok"
+        if k < RECENT_PER_BATCH or notable:
+            outcome_entries.append(_recent_outcome(o, freed.get(k)))
         if o.decided_by == "gateway":
             # Decided in the gateway: the route service never counted it, so the traffic
             # store (the rebalancer's input) learns it from what was served.
@@ -254,17 +300,39 @@ async def outcomes_record_async(outcomes: Sequence[Outcome]) -> OutcomesResult:
             )
             pair = (o.served_route, o.served_reason)
             decisions[pair] = decisions.get(pair, 0) + 1
-            decision_entries.append(_recent_decision(o))
+            if k < RECENT_PER_BATCH or notable:
+                decision_entries.append(_recent_decision(o))
         predicted = predicted_ttft(o)
         if o.status == "ok" and o.observed_ttft_s is not None and predicted is not None:
-            i, f = _bucket_rows(o.prefill_cluster, o.observed_ttft_s, predicted)
-            ints += i
-            floats += f
-    ints += [(COUNTS_KEY, name, n, 0) for name, n in counts.items()]
+            sums.ttft(o.prefill_cluster, o.observed_ttft_s, predicted)
+    for g in groups:
+        n = len(g.incremental_tokens)
+        sums.add(COUNTS_KEY, f"{g.status}|{g.transfer}", n)
+        for observed, predicted in zip(g.observed_ttft_s, g.predicted_ttft_s, strict=True):
+            sums.ttft(g.prefill_cluster, observed, predicted)
+        if g.decided_by != "gateway" or not n:
+            continue
+        decisions[(g.route, g.reason)] = decisions.get((g.route, g.reason), 0) + n
+        per = g.cached_tokens // n
+        for i, tokens in enumerate(g.incremental_tokens):
+            served.add(
+                traffic.TrafficRecord(
+                    origin=g.origin,
+                    ts=g.ts,
+                    route=g.route,
+                    reason=g.reason,
+                    incremental_tokens=tokens,
+                    cached_tokens=per + (g.cached_tokens % n if i == 0 else 0),
+                    # The group's output total goes on its first record: the store sums them.
+                    output_tokens=(g.output_tokens if i == 0 else 0) if g.status == "ok" else None,
+                )
+            )
     released_bytes = sum(freed.values())
     released = sum(1 for v in freed.values() if v > 0)
     if released:
-        ints += [(RELEASED_KEY, "count", released, 0), (RELEASED_KEY, "bytes", released_bytes, 0)]
+        sums.add(RELEASED_KEY, "count", released)
+        sums.add(RELEASED_KEY, "bytes", released_bytes)
+    ints, floats = sums.rows()
     counters_queue(
         pipe,
         served.increments() + metrics.decision_increments(decisions) + ints,
@@ -278,11 +346,13 @@ async def outcomes_record_async(outcomes: Sequence[Outcome]) -> OutcomesResult:
         [],
         list_key=RECENT_KEY,
         list_cap=RECENT_CAP,
-        entries=[_recent_outcome(o, freed.get(k)) for k, o in enumerate(outcomes)],
+        entries=outcome_entries,
     )
     async with asyncio.timeout(REDIS_DEADLINE_S):
         await pipe.execute()
-    return OutcomesResult(len(outcomes), released, released_bytes)
+    return OutcomesResult(
+        len(outcomes) + sum(len(g.incremental_tokens) for g in groups), released, released_bytes
+    )
 
 
 async def outcomes_recent_async(limit: int = 50) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """``python -m fleet.gateway --config gateway.yaml``: serve the gateway (uvicorn, uvloop,
-httptools; one process, scale out by running more behind a load balancer: link reservations
-are atomic on the control plane, so replicas never exceed a link's budget together).
+httptools; ``workers`` processes on one port, or more gateways behind a load balancer: link
+reservations are atomic on the control plane, so they never exceed a link's budget together).
 
 Exit status 2 and a message naming the key when the configuration is wrong.
 """
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
-from fleet.gateway.app import Gateway
+from fleet.gateway.app import CONFIG_ENV, Gateway
 from fleet.gateway.config import ConfigError, config_load
 
 
@@ -28,17 +31,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {args.config}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
-    uvicorn.run(
-        Gateway(config),
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    server: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": args.log_level,
+        "access_log": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+    }
+    if config.workers > 1:
+        # Each worker process builds its own gateway from the same file.
+        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+        uvicorn.run(
+            "fleet.gateway.app:gateway_from_env", factory=True, workers=config.workers, **server
+        )
+    else:
+        uvicorn.run(Gateway(config), **server)
     return 0
 
 

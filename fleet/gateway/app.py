@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -46,7 +47,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleet.blockhash import block_keys
 from fleet.gateway import metrics
-from fleet.gateway.config import GatewayConfig
+from fleet.gateway.config import GatewayConfig, config_load
 from fleet.gateway.control import ControlPlane, Decided
 from fleet.gateway.protocol import (
     Engines,
@@ -72,6 +73,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MAX_BODY_BYTES = 16 << 20
+# Where ``gateway_from_env`` (the factory of each uvicorn worker) finds the configuration.
+CONFIG_ENV = "PRFAAS_GATEWAY_CONFIG"
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 # The offload failed on its PrfaaS prefill instance: served locally, as when none is usable.
@@ -227,17 +230,29 @@ class Gateway:
     async def _serve_cancellable(
         self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
     ) -> None:
-        """Serve, and cancel everything upstream the moment the client goes away."""
-        work = asyncio.ensure_future(self._serve(scope, send, body, chat))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        """Serve, and cancel everything upstream the moment the client goes away (one watcher
+        task that cancels this one: cancelling an aiohttp call closes its connection)."""
+        me = asyncio.current_task()
+        assert me is not None
+        state = {"serving": True, "gone": False}
+
+        async def watch() -> None:
+            await _disconnected(receive)
+            if state["serving"]:
+                state["gone"] = True
+                me.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            await self._serve(scope, send, body, chat)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            me.uncancel()
+            metrics.ERRORS.labels("client_disconnect").inc()
         finally:
-            if not work.done():
-                metrics.ERRORS.labels("client_disconnect").inc()
-                work.cancel()
-            gone.cancel()
-        await asyncio.gather(work, return_exceptions=work.cancelled())
+            state["serving"] = False
+            watcher.cancel()
 
     # -- one request ------------------------------------------------------------------------
 
@@ -246,12 +261,10 @@ class Gateway:
         endpoint = "chat" if chat else "completions"
         rid = _header(scope, b"x-request-id") or f"gw-{uuid.uuid4().hex}"
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        tokens = await self._tokens(body, chat, rid)
-        snap = self.control.snapshot
-        chain = tuple(block_keys(tokens, snap.topology.model.block_tokens))
+        prompt_tokens, chain = await self._prompt(body, chat, rid)
         request = RouteRequest(
             origin=self.config.origin,
-            prompt_tokens=max(1, len(tokens)),
+            prompt_tokens=prompt_tokens,
             block_hashes=chain,
             request_id=rid,
             expected_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
@@ -279,7 +292,40 @@ class Gateway:
             if served.ttft_s is not None:
                 metrics.TTFT.labels(served.route).observe(served.ttft_s)
             metrics.DURATION.labels(served.route).observe(time.perf_counter() - started)
-            self.control.outcome_add(self._outcome(served, request, len(chain)))
+            notable = (
+                served.status != "ok"
+                or served.fallback is not None
+                or served.transfer != "none"
+                or served.decision.reservation is not None
+            )
+            self.control.outcome_add(self._outcome(served, request, len(chain)), notable=notable)
+
+    async def _prompt(
+        self, body: dict[str, Any], chat: bool, rid: str
+    ) -> tuple[int, tuple[int, ...]]:
+        """The prompt's length in tokens and its block-hash chain (none when estimated)."""
+        prompt = body.get("prompt")
+        given = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
+        if self.config.tokenizer == "estimate" and not given:
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise ClientError(
+                        400, "invalid_messages", "messages: a non-empty list is required"
+                    )
+                size = sum(
+                    len(str(m.get("content") or "")) for m in messages if isinstance(m, dict)
+                )
+            elif isinstance(prompt, str) and prompt:
+                size = len(prompt.encode())
+            else:
+                raise ClientError(
+                    400, "invalid_prompt", "prompt: one string or one list of token ids"
+                )
+            return max(1, round(size / self.config.chars_per_token)), ()
+        tokens = await self._tokens(body, chat, rid)
+        block_tokens = self.control.snapshot.topology.model.block_tokens
+        return max(1, len(tokens)), tuple(block_keys(tokens, block_tokens))
 
     async def _tokens(self, body: dict[str, Any], chat: bool, rid: str) -> list[int]:
         """The prompt's token ids: given (a completion prompt of ids), or from an engine."""
@@ -658,3 +704,9 @@ async def _send(
 
 async def _send_json(send: Send, status: int, data: Any) -> None:
     await _send(send, status, orjson.dumps(data))
+
+
+def gateway_from_env() -> Gateway:
+    """For ``uvicorn --factory`` (``workers`` > 1): the gateway of the file named by
+    ``PRFAAS_GATEWAY_CONFIG``."""
+    return Gateway(config_load(os.environ[CONFIG_ENV]))

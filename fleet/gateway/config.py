@@ -23,12 +23,17 @@ plane's token comes from the environment variable named by ``control_plane.token
     prefill_timeout_s: 60           # one prefill step (cache transfers included)
     decode_timeout_s: 600           # one decode step, to its last token
     connect_timeout_s: 2.0
-    max_inflight: 512               # requests being served at once
+    workers: 1                      # gateway processes on the port (one event loop each)
+    max_inflight: 512               # requests being served at once, per worker
     max_waiting: 1024               # requests queued for a slot; beyond: 503 at once
     outcome_batch: 200              # outcomes per POST /outcomes
     outcome_interval_s: 0.5
     outcome_buffer: 20000           # kept while the control plane is away; oldest dropped
     prefix_index_blocks: 200000     # blocks remembered by the served-prefix index (local)
+    tokenizer: engine               # engine: POST /tokenize on an origin engine (exact, one
+                                    # more call); estimate: bytes / chars_per_token, no block
+                                    # hashes (no prefix-aware routing for text prompts)
+    chars_per_token: 4.0
 """
 
 from __future__ import annotations
@@ -65,12 +70,15 @@ class GatewayConfig:
     prefill_timeout_s: float = 60.0
     decode_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
+    workers: int = 1
     max_inflight: int = 512
     max_waiting: int = 1024
     outcome_batch: int = 200
     outcome_interval_s: float = 0.5
     outcome_buffer: int = 20000
     prefix_index_blocks: int = 200000
+    tokenizer: str = "engine"
+    chars_per_token: float = 4.0
 
     def endpoint_of(self, instance: str, inventory_endpoint: str) -> str:
         """Where ``instance`` is reached: the override, the inventory's, or the template."""
@@ -88,12 +96,14 @@ _NUMBERS = {  # key: (kind, low, high)
     "prefill_timeout_s": (float, 0.01, 3600.0),
     "decode_timeout_s": (float, 0.01, 86400.0),
     "connect_timeout_s": (float, 0.01, 60.0),
+    "workers": (int, 1, 256),
     "max_inflight": (int, 1, 1_000_000),
     "max_waiting": (int, 0, 10_000_000),
     "outcome_batch": (int, 1, 1000),
     "outcome_interval_s": (float, 0.01, 60.0),
     "outcome_buffer": (int, 1, 10_000_000),
     "prefix_index_blocks": (int, 0, 100_000_000),
+    "chars_per_token": (float, 0.5, 64.0),
 }
 
 
@@ -173,6 +183,10 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
         raise ConfigError("endpoint_template: must contain {instance}")
     kwargs["endpoint_template"] = template
     kwargs["model"] = _string("model", data.get("model", ""))
+    tokenizer = data.get("tokenizer", "engine")
+    if tokenizer not in ("engine", "estimate"):
+        raise ConfigError(f"tokenizer: must be engine or estimate, got {tokenizer!r}")
+    kwargs["tokenizer"] = tokenizer
     for key in _NUMBERS:
         if key != "port" and key in data:
             kwargs[key] = _number(key, data[key])

@@ -29,12 +29,15 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig
@@ -55,6 +58,69 @@ log = logging.getLogger(__name__)
 
 # A reservation is held at most this long past its predicted end without an outcome.
 HOLD_MARGIN_S = 30.0
+OUTCOME_BATCH_BYTES = 192 * 1024
+# Plain outcomes sent whole per flush (for the control plane's recent list); the others are
+# summed into groups, so that thousands of requests a second cost the control plane little.
+OUTCOME_SAMPLE = 16
+
+
+def _predicted(outcome: dict[str, Any]) -> float | None:
+    d = outcome["decision"]
+    if outcome["route"] != d["route"]:
+        return None
+    value = d["ttft_estimate_s"].get("prfaas" if d["route"] == "prfaas" else "local")
+    return float(value) if value is not None else None
+
+
+class _Groups:
+    """Plain outcomes summed by (origin, route, reason, prefill cluster, decided by, status,
+    transfer) until the next flush (``POST /outcomes`` ``groups``)."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, ...], dict[str, Any]] = {}
+        self.requests = 0
+
+    def add(self, o: dict[str, Any]) -> None:
+        key = (
+            o["origin"],
+            o["route"],
+            o["reason"],
+            o["prefill"]["cluster"],
+            o["decided_by"],
+            o["status"],
+            o["transfer"],
+        )
+        g = self.by_key.get(key)
+        if g is None:
+            g = self.by_key[key] = {
+                "origin": key[0],
+                "route": key[1],
+                "reason": key[2],
+                "prefill_cluster": key[3],
+                "decided_by": key[4],
+                "status": key[5],
+                "transfer": key[6],
+                "incremental_tokens": [],
+                "cached_tokens": 0,
+                "output_tokens": 0,
+                "observed_ttft_s": [],
+                "predicted_ttft_s": [],
+            }
+        g["incremental_tokens"].append(o["incremental_tokens"])
+        g["cached_tokens"] += o["cached_tokens"]
+        g["output_tokens"] += o["output_tokens"]
+        predicted = _predicted(o)
+        if o["observed_ttft_s"] is not None and predicted is not None:
+            g["observed_ttft_s"].append(o["observed_ttft_s"])
+            g["predicted_ttft_s"].append(predicted)
+        self.requests += 1
+
+    def take(self) -> list[bytes]:
+        now = time.time()
+        out = [orjson.dumps({**g, "ts": now}) for g in self.by_key.values()]
+        self.by_key = {}
+        self.requests = 0
+        return out
 
 
 class ServedPrefixIndex:
@@ -122,7 +188,10 @@ class ControlPlane:
             cooldown_s=1.0,
         )
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
-        self._outcomes: collections.deque[dict[str, Any]] = collections.deque()
+        self._outcomes: collections.deque[bytes] = collections.deque()
+        self._groups = _Groups()
+        self._pending_groups: list[bytes] = []
+        self._sampled = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
 
@@ -282,38 +351,55 @@ class ControlPlane:
 
     # -- outcomes -------------------------------------------------------------------------
 
-    def outcome_add(self, outcome: dict[str, Any]) -> None:
+    def outcome_add(self, outcome: dict[str, Any], *, notable: bool) -> None:
+        """Queue one request's outcome: whole when ``notable`` (it holds a reservation,
+        failed, fell back) or among the first few of this flush, else summed in a group."""
+        if not notable and self._sampled >= OUTCOME_SAMPLE:
+            if self.outcomes_pending >= self.config.outcome_buffer:
+                metrics.OUTCOMES_DROPPED.inc()
+                return
+            self._groups.add(outcome)
+            return
+        self._sampled += 1
         if len(self._outcomes) >= self.config.outcome_buffer:
             self._outcomes.popleft()
             metrics.OUTCOMES_DROPPED.inc()
-        self._outcomes.append(outcome)
+        self._outcomes.append(orjson.dumps(outcome))
         if len(self._outcomes) >= self.config.outcome_batch:
             self._flush_now.set()
 
     @property
     def outcomes_pending(self) -> int:
-        return len(self._outcomes)
+        return len(self._outcomes) + self._groups.requests
 
     async def flush(self) -> int:
-        """Send what is queued, one batch after another; returns how many went. Raises
-        RouterUnavailableError when the control plane is away (they stay queued)."""
+        """Send what is queued: whole outcomes first (they release reservations), then the
+        summed groups, in batches within the control plane's body limit; returns how many
+        requests went. Raises RouterUnavailableError when the control plane is away (they
+        stay queued)."""
         sent = 0
+        self._sampled = 0
+        self._pending_groups += self._groups.take()
         while self._outcomes:
-            batch = [
-                self._outcomes[i]
-                for i in range(min(self.config.outcome_batch, len(self._outcomes)))
-            ]
-            try:
-                await asyncio.to_thread(self.client.outcomes_report, batch)
-            except RouterApiError as exc:
-                # The control plane refused the batch as malformed: a bug here, not a reason
-                # to block the queue behind it forever.
-                metrics.OUTCOMES_DROPPED.inc(len(batch))
-                log.error("outcomes refused by the control plane (%s); dropped", exc)
+            batch = _batch(self._outcomes, self.config.outcome_batch)
+            await self._report(batch, [])
             for _ in batch:
                 self._outcomes.popleft()
             sent += len(batch)
+        while self._pending_groups:
+            batch = _batch(self._pending_groups, 1000)
+            await self._report([], batch)
+            del self._pending_groups[: len(batch)]
+            sent += len(batch)
         return sent
+
+    async def _report(self, outcomes: list[bytes], groups: list[bytes]) -> None:
+        try:
+            await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
+        except RouterApiError as exc:
+            # Refused as malformed: a bug here, not a reason to block the queue behind it.
+            metrics.OUTCOMES_DROPPED.inc(len(outcomes) + len(groups))
+            log.error("outcomes refused by the control plane (%s); dropped", exc)
 
     async def _outcomes_loop(self) -> None:
         while True:
@@ -326,6 +412,19 @@ class ControlPlane:
                 metrics.ERRORS.labels("control_plane_unreachable").inc()
                 log.warning("outcomes kept for later: %s", exc)
                 await asyncio.sleep(self.config.outcome_interval_s)
+
+
+def _batch(items: Iterable[bytes], limit: int) -> list[bytes]:
+    """The first items, at most ``limit`` of them and ``OUTCOME_BATCH_BYTES`` (the control
+    plane refuses bodies over its API_MAX_BODY_BYTES, 256 KiB by default)."""
+    batch: list[bytes] = []
+    size = 0
+    for item in itertools.islice(items, limit):
+        if batch and size + len(item) > OUTCOME_BATCH_BYTES:
+            break
+        batch.append(item)
+        size += len(item) + 1
+    return batch
 
 
 def _stale() -> LiveState:

@@ -110,6 +110,7 @@ class Engines:
     def __init__(self, connect_timeout_s: float) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
@@ -122,7 +123,11 @@ class Engines:
             await self._session.close()
 
     def _timeout(self, total_s: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total_s, sock_connect=self._connect_timeout_s)
+        timeout = self._timeouts.get(total_s)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=self._connect_timeout_s)
+            self._timeouts[total_s] = timeout
+        return timeout
 
     async def call_json(
         self, url: str, body: Mapping[str, Any], request_id: str, timeout_s: float

@@ -220,3 +220,49 @@ async def test_an_offload_decided_by_the_route_api_carries_its_reservation_id(
     sent = await post(client, "/outcomes", {"outcomes": [done]}, tokens["router"])
     assert sent.json()["released"] == 1
     assert telemetry.link_reserved_bytes(link_key(PRFAAS, PD)) == 0
+
+
+def group(n: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "origin": PD,
+        "route": "local",
+        "reason": "below_threshold",
+        "prefill_cluster": PD,
+        "decided_by": "gateway",
+        "status": "ok",
+        "transfer": "none",
+        "ts": time.time(),
+        "incremental_tokens": [100 * (i + 1) for i in range(n)],
+        "cached_tokens": 50 * n,
+        "output_tokens": 16 * n,
+        "observed_ttft_s": [0.2] * n,
+        "predicted_ttft_s": [0.1] * n,
+        **extra,
+    }
+
+
+async def test_summed_groups_count_as_their_requests_in_traffic_and_ttft(
+    client: AsyncClient, tokens: dict[str, dict[str, str]]
+) -> None:
+    body = {"outcomes": [outcome("g-whole")], "groups": [group(4)]}
+    sent = await post(client, "/outcomes", body, tokens["router"])
+    assert sent.status_code == 200, sent.content
+    assert sent.json()["accepted"] == 5
+    now = time.time()
+    window = await asyncio.to_thread(traffic_window_read, PD, now - 120, now + 60)
+    assert window.arrivals == 5
+    assert window.incremental_tokens == 30000 + 100 + 200 + 300 + 400
+    assert window.cache_hit_tokens == 200
+    assert window.output_tokens == 12 + 64 and window.output_known == 5
+    metrics = (await client.get("/metrics")).content.decode()
+    assert f'prfaas_ttft_observed_seconds_count{{cluster="{PD}"}} 5.0' in metrics
+    assert 'prfaas_outcomes_total{status="ok",transfer="none"} 5.0' in metrics
+
+
+async def test_groups_that_do_not_add_up_are_refused(
+    client: AsyncClient, tokens: dict[str, dict[str, str]]
+) -> None:
+    unpaired = group(3, predicted_ttft_s=[0.1])
+    got = await post(client, "/outcomes", {"groups": [unpaired]}, tokens["router"])
+    assert got.status_code == 422 and "pair up" in got.json()["detail"]
+    assert (await post(client, "/outcomes", {}, tokens["router"])).status_code == 422

@@ -40,7 +40,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -231,7 +230,7 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
     ) -> None:
         """Serve, and cancel everything upstream the moment the client goes away (one watcher
-        task that cancels this one: cancelling an aiohttp call closes its connection)."""
+        task that cancels this one: a cancelled upstream call closes its connection)."""
         me = asyncio.current_task()
         assert me is not None
         state = {"serving": True, "gone": False}
@@ -356,9 +355,14 @@ class Gateway:
         last: UpstreamError | None = None
         for k in range(min(2, len(pool))):
             inst = pool[(first + k) % len(pool)]
-            url = self.control.endpoint(inst.name) + "/tokenize"
             try:
-                answer = await self.engines.call_json(url, ask, rid, self.config.prefill_timeout_s)
+                answer = await self.engines.call_json(
+                    self.control.endpoint(inst.name),
+                    "/tokenize",
+                    ask,
+                    rid,
+                    self.config.prefill_timeout_s,
+                )
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise ClientError(
@@ -413,7 +417,8 @@ class Gateway:
     ) -> dict[str, Any] | None:
         t = time.perf_counter()
         answer = await self.engines.call_json(
-            self.control.endpoint(instance) + path,
+            self.control.endpoint(instance),
+            path,
             prefill_body(body, connector),
             rid,
             self.config.prefill_timeout_s,
@@ -486,7 +491,7 @@ class Gateway:
             t = time.perf_counter()
             try:
                 resp = await self.engines.open(
-                    self.control.endpoint(instance) + path, dbody, rid, self.config.decode_timeout_s
+                    self.control.endpoint(instance), path, dbody, rid, self.config.decode_timeout_s
                 )
             except UpstreamError as exc:
                 if not exc.retryable:
@@ -531,7 +536,13 @@ class Gateway:
         if served.fallback:
             headers.append((b"x-prfaas-fallback", served.fallback.encode()))
         if not body.get("stream"):
-            raw = await resp.response.read()
+            try:
+                raw = await resp.read()
+            except (OSError, TimeoutError) as exc:
+                metrics.ERRORS.labels("decode_failed").inc()
+                if served.route == "prfaas":
+                    served.transfer = "failed"
+                raise ClientError(502, "decode_failed", f"decode answer broke: {exc!r}") from None
             try:
                 usage = orjson.loads(raw).get("usage") or {}
                 served.output_tokens = int(usage.get("completion_tokens") or 0)
@@ -555,7 +566,7 @@ class Gateway:
                 last = now
                 events += chunk.count(b"data: ")
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:
             # The stream broke after it started: nothing can be retried, the client sees the
             # stream end without [DONE].
             metrics.ERRORS.labels("decode_failed").inc()
@@ -594,16 +605,17 @@ class Gateway:
         try:
             kv = await self._prefill(source, COMPLETIONS, prefix, connector, rid + "-ct")
             resp = await self.engines.open(
-                self.control.endpoint(ct.target_instance) + COMPLETIONS,
+                self.control.endpoint(ct.target_instance),
+                COMPLETIONS,
                 decode_body(prefix, connector, kv),
                 rid + "-ct",
                 self.config.prefill_timeout_s,
             )
             try:
-                await resp.response.read()
+                await resp.read()
             finally:
                 resp.close()
-        except UpstreamError as exc:
+        except (UpstreamError, OSError, TimeoutError) as exc:
             metrics.ERRORS.labels("cache_transfer_failed").inc()
             log.warning("cache transfer %s -> %s failed: %s", source, ct.target_instance, exc)
             served.transfer = "failed"

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
+
+from fleet.gateway.upstream import Response, Upstream
 
 NIXL = "nixl"
 SHARED_STORAGE = "shared_storage"
@@ -87,102 +87,104 @@ class UpstreamError(Exception):
         self.body = body
 
 
-@dataclass
 class StreamedResponse:
-    """A decode answer being streamed: status, content type, and the body's chunks."""
+    """A decode answer being read: status, content type, the body whole or in chunks, all
+    within the step's deadline (a time-out raises TimeoutError)."""
 
-    status: int
-    content_type: str
-    response: aiohttp.ClientResponse
+    def __init__(self, response: Response, deadline: float) -> None:
+        self.response = response
+        self.status = response.status
+        self.content_type = response.content_type
+        self._deadline = deadline
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self.response.content.iter_any():
-            yield chunk
+        async with asyncio.timeout_at(self._deadline):
+            async for chunk in self.response.chunks():
+                yield chunk
+
+    async def read(self) -> bytes:
+        async with asyncio.timeout_at(self._deadline):
+            return await self.response.read()
 
     def close(self) -> None:
         # Closing the connection is how vLLM learns the client is gone: it aborts the request.
         self.response.close()
 
 
+_ERRORS = (OSError, TimeoutError, ValueError)
+
+
 class Engines:
-    """Pooled keep-alive HTTP to the engines (one aiohttp session per gateway process)."""
+    """Pooled keep-alive HTTP to the engines (:mod:`fleet.gateway.upstream`), one per
+    gateway process."""
 
     def __init__(self, connect_timeout_s: float) -> None:
-        self._connect_timeout_s = connect_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._upstream = Upstream(connect_timeout_s)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(
-            connector=connector, json_serialize=lambda x: orjson.dumps(x).decode()
-        )
+        return None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    def _timeout(self, total_s: float) -> aiohttp.ClientTimeout:
-        timeout = self._timeouts.get(total_s)
-        if timeout is None:
-            timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=self._connect_timeout_s)
-            self._timeouts[total_s] = timeout
-        return timeout
+        self._upstream.close()
 
     async def call_json(
-        self, url: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
     ) -> dict[str, Any]:
         """POST ``body``, read the whole JSON answer (the prefill step, /tokenize)."""
-        assert self._session is not None
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        where = url + path
         try:
-            async with self._session.post(
-                url, data=orjson.dumps(body), headers=headers, timeout=self._timeout(timeout_s)
-            ) as resp:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._upstream.request(
+                    url, path, orjson.dumps(body), _id_header(request_id), timeout_s
+                )
                 raw = await resp.read()
-                if resp.status >= 400:
-                    raise UpstreamError(
-                        f"{url}: HTTP {resp.status}",
-                        retryable=resp.status >= 500,
-                        status=resp.status,
-                        body=raw,
-                    )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # noqa: UP041
-            raise UpstreamError(f"{url}: {type(exc).__name__} {exc}", retryable=True) from None
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(f"{url}: answer is not JSON", retryable=True) from None
-        if not isinstance(data, dict):
-            raise UpstreamError(f"{url}: answer is not a JSON object", retryable=True)
-        return data
-
-    async def open(
-        self, url: str, body: Mapping[str, Any], request_id: str, timeout_s: float
-    ) -> StreamedResponse:
-        """POST ``body`` and return as soon as the headers are in (the decode step). A 4xx
-        or 5xx is read whole and raised as UpstreamError."""
-        assert self._session is not None
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-        try:
-            resp = await self._session.post(
-                url, data=orjson.dumps(body), headers=headers, timeout=self._timeout(timeout_s)
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # noqa: UP041
-            raise UpstreamError(f"{url}: {type(exc).__name__} {exc}", retryable=True) from None
+        except _ERRORS as exc:
+            raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
         if resp.status >= 400:
-            try:
-                raw = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):  # noqa: UP041
-                raw = b""
-            finally:
-                resp.release()
             raise UpstreamError(
-                f"{url}: HTTP {resp.status}",
+                f"{where}: HTTP {resp.status}",
                 retryable=resp.status >= 500,
                 status=resp.status,
                 body=raw,
             )
-        return StreamedResponse(
-            resp.status, resp.headers.get("Content-Type", "application/json"), resp
-        )
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"{where}: answer is not JSON", retryable=True) from None
+        if not isinstance(data, dict):
+            raise UpstreamError(f"{where}: answer is not a JSON object", retryable=True)
+        return data
+
+    async def open(
+        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+    ) -> StreamedResponse:
+        """POST ``body`` and return as soon as the headers are in (the decode step), the
+        rest to be read within ``timeout_s`` of now. A 4xx or 5xx is read whole and raised
+        as UpstreamError."""
+        where = url + path
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            resp = await self._upstream.request(
+                url, path, orjson.dumps(body), _id_header(request_id), timeout_s
+            )
+        except _ERRORS as exc:
+            raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
+        if resp.status >= 400:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    raw = await resp.read()
+            except _ERRORS:
+                raw = b""
+            raise UpstreamError(
+                f"{where}: HTTP {resp.status}",
+                retryable=resp.status >= 500,
+                status=resp.status,
+                body=raw,
+            )
+        return StreamedResponse(resp, deadline)
+
+
+def _id_header(request_id: str) -> bytes:
+    # A request id is the client's or ours; keep it to header-safe characters.
+    safe = "".join(c for c in request_id if c.isalnum() or c in "-_.:")[:128]
+    return b"X-Request-Id: " + safe.encode() + b"\r\n"

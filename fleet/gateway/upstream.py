@@ -60,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self.chunks: deque[bytes] = deque()
         self.more = asyncio.Event()
         self.complete = False
+        self.keep_alive = False
         self.error: BaseException | None = None
 
     def prepare(self) -> None:
@@ -102,11 +103,13 @@ class _Connection(asyncio.Protocol):
         self.more.set()
 
     def on_message_complete(self) -> None:
+        # Asked now: once the message is complete the parser starts over and forgets.
+        self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
         self.more.set()
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self.parser.should_keep_alive()
+        return self.complete and self.keep_alive and not self.closed
 
 
 class Response:

@@ -16,6 +16,11 @@ from typing import Any
 
 import uvicorn
 
+try:  # optional: the faster server, when installed
+    from granian import Granian
+except ImportError:  # pragma: no cover - depends on the installation
+    Granian = None
+
 from fleet.gateway.app import CONFIG_ENV, Gateway
 from fleet.gateway.config import ConfigError, config_load
 
@@ -31,6 +36,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {args.config}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
+    if config.server == "granian":
+        if Granian is None:
+            print(
+                "gateway: server: granian is not installed (pip install granian)", file=sys.stderr
+            )
+            return 2
+        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+        Granian(
+            "fleet.gateway.app:gateway_from_env",
+            factory=True,
+            address=config.host,
+            port=config.port,
+            interface="asgi",
+            workers=config.workers,
+            loop="uvloop",
+            http="1",
+            log_level=args.log_level,
+        ).serve()
+        return 0
     server: dict[str, Any] = {
         "host": config.host,
         "port": config.port,
@@ -40,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "access_log": False,
         "lifespan": "on",
         "timeout_graceful_shutdown": 10,
+        # Engines and clients talk to the gateway directly: no proxy headers to rewrite.
+        "proxy_headers": False,
     }
     if config.workers > 1:
         # Each worker process builds its own gateway from the same file.

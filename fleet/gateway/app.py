@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +132,10 @@ class Gateway:
         self._slots: asyncio.Semaphore | None = None
         self._waiting = 0
         self._tokenize_rr = itertools.count()
+        # Request ids of this process: a random prefix, then a counter (unique enough across
+        # gateways, and cheaper than a uuid per request).
+        self._id_prefix = f"gw-{os.urandom(6).hex()}-"
+        self._ids = itertools.count()
 
     # -- ASGI -------------------------------------------------------------------------------
 
@@ -258,7 +261,7 @@ class Gateway:
     async def _serve(self, scope: Scope, send: Send, body: dict[str, Any], chat: bool) -> None:
         started = time.perf_counter()
         endpoint = "chat" if chat else "completions"
-        rid = _header(scope, b"x-request-id") or f"gw-{uuid.uuid4().hex}"
+        rid = _header(scope, b"x-request-id") or f"{self._id_prefix}{next(self._ids)}"
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         prompt_tokens, chain = await self._prompt(body, chat, rid)
         request = RouteRequest(

@@ -61,7 +61,7 @@ HOLD_MARGIN_S = 30.0
 OUTCOME_BATCH_BYTES = 192 * 1024
 # Plain outcomes sent whole per flush (for the control plane's recent list); the others are
 # summed into groups, so that thousands of requests a second cost the control plane little.
-OUTCOME_SAMPLE = 16
+OUTCOME_SAMPLE = 8
 
 
 def _predicted(outcome: dict[str, Any]) -> float | None:

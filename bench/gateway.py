@@ -171,11 +171,14 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
                     [(f"{PD}-{role}", ports[role], "kv_both")],
                     connector="shared_storage",
                     storage=str(storage),
+                    server="granian",
                     python=PY,
                 )
             )
             workers.update(urls)
             engine_pids.append(proc.pid)
+        time.sleep(0.5)  # granian's worker processes are up
+        decode_pids = process_tree(engine_pids[1])  # prefill was started first
         gw_port = free_port()
         config = {
             "listen": {"host": "127.0.0.1", "port": gw_port},
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
         print(f"  {'':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>8}  errors")
         open_loop: dict[str, Any] = {}
         for name, url, pids in (
-            ("direct (decode)", workers[f"{PD}-decode"], engine_pids[1:]),
+            ("direct (decode)", workers[f"{PD}-decode"], decode_pids),
             ("gateway", gateway, gw_pids),
             ("sglang-router", router, rt_pids),
         ):

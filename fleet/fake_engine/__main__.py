@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
+import os
 import sys
 
 import uvicorn
 
-from fleet.fake_engine.app import CONNECTORS, EngineConfig, FakeEngine
+from fleet.fake_engine.app import CONFIG_ENV, CONNECTORS, EngineConfig, FakeEngine
+
+try:  # optional: the lighter server, for benches
+    from granian import Granian
+except ImportError:  # pragma: no cover - depends on the installation
+    Granian = None
 
 
 def _instance(value: str) -> tuple[str, int, str]:
@@ -38,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--prefill-s-per-1k", type=float, default=0.0)
     parser.add_argument("--token-s", type=float, default=0.0)
+    parser.add_argument(
+        "--server",
+        choices=("uvicorn", "granian"),
+        default="uvicorn",
+        help="granian: one instance only, served by granian (benches: a lighter server)",
+    )
     args = parser.parse_args(argv)
     try:
         engines = [
@@ -60,6 +74,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"fake engine: {exc}", file=sys.stderr)
         return 2
+    if args.server == "granian":
+        if len(engines) != 1 or Granian is None:
+            print(
+                "fake engine: --server granian takes one --instance (and granian)", file=sys.stderr
+            )
+            return 2
+        cfg = engines[0].config
+        os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(cfg))
+        Granian(
+            "fleet.fake_engine.app:engine_from_env",
+            factory=True,
+            address=cfg.host,
+            port=cfg.port,
+            interface="asgi",
+            loop="uvloop",
+            log_enabled=False,
+        ).serve()
+        return 0
     servers = [
         uvicorn.Server(
             uvicorn.Config(

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -537,3 +538,12 @@ async def _sse(send: Send, data: Any) -> None:
         {"type": "http.response.body", "body": b"data: " + orjson.dumps(data) + b"\n\n",
          "more_body": True}
     )  # fmt: skip
+
+
+#: For a server that imports its app by name (granian): the EngineConfig fields as JSON.
+CONFIG_ENV = "FAKE_ENGINE_CONFIG"
+
+
+def engine_from_env() -> FakeEngine:
+    """The app factory of ``python -m fleet.fake_engine --server granian``."""
+    return FakeEngine(EngineConfig(**orjson.loads(os.environ[CONFIG_ENV])))

@@ -51,6 +51,7 @@ def fake_engines_serve(
     token_s: float = 0.0,
     prefill_s_per_1k: float = 0.0,
     block_size: int = 32,
+    server: str = "uvicorn",
     python: str = sys.executable,
     timeout_s: float = 30.0,
 ) -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
@@ -67,6 +68,8 @@ def fake_engines_serve(
         str(prefill_s_per_1k),
         "--block-size",
         str(block_size),
+        "--server",
+        server,
     ]
     proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
     urls = {name: f"http://127.0.0.1:{port}" for name, port, _ in instances}

@@ -135,9 +135,12 @@ class Engines:
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self._upstream.request(
-                    url, path, orjson.dumps(body), _id_header(request_id), timeout_s
+                    url, path, orjson.dumps(body), _id_header(request_id)
                 )
-                raw = await resp.read()
+                try:
+                    raw = await resp.read()
+                finally:
+                    resp.close()  # a no-op once read whole; else frees its engine slot
         except _ERRORS as exc:
             raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
         if resp.status >= 400:
@@ -164,9 +167,10 @@ class Engines:
         where = url + path
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
-            resp = await self._upstream.request(
-                url, path, orjson.dumps(body), _id_header(request_id), timeout_s
-            )
+            async with asyncio.timeout_at(deadline):
+                resp = await self._upstream.request(
+                    url, path, orjson.dumps(body), _id_header(request_id)
+                )
         except _ERRORS as exc:
             raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
         if resp.status >= 400:
@@ -175,6 +179,8 @@ class Engines:
                     raw = await resp.read()
             except _ERRORS:
                 raw = b""
+            finally:
+                resp.close()
             raise UpstreamError(
                 f"{where}: HTTP {resp.status}",
                 retryable=resp.status >= 500,

@@ -51,7 +51,14 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.slots: asyncio.Semaphore | None = None
         self._reset()
+
+    def release_slot(self) -> None:
+        """The request on this connection is over: its slot goes back to its engine's pool."""
+        if self.slots is not None:
+            self.slots.release()
+            self.slots = None
 
     def _reset(self) -> None:
         self.status = 0
@@ -152,16 +159,25 @@ class Response:
             self._done = True
             if self._conn.reusable():
                 self._upstream._release(self._origin, self._conn)
-            elif self._conn.transport is not None:
-                self._conn.transport.close()
+            else:
+                self._conn.release_slot()
+                if self._conn.transport is not None:
+                    self._conn.transport.close()
 
 
 class Upstream:
     """Pools of keep-alive connections by origin (one per gateway process)."""
 
-    def __init__(self, connect_timeout_s: float, max_idle_per_origin: int = 256) -> None:
+    def __init__(
+        self, connect_timeout_s: float, max_per_origin: int = 128, max_idle_per_origin: int = 128
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle_per_origin
+        # At most this many requests in flight to one engine: beyond, callers wait for one of
+        # them to end (an overloaded gateway must not open thousands of connections to an
+        # engine and thrash both; the gateway's own queue bounds the waiting).
+        self.max_per_origin = max_per_origin
+        self._slots: dict[Origin, asyncio.Semaphore] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
         self._origins: dict[str, Origin] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -201,41 +217,50 @@ class Upstream:
         return conn
 
     def _release(self, origin: Origin, conn: _Connection) -> None:
+        conn.release_slot()
         pool = self._idle.setdefault(origin, [])
         if conn.reusable() and len(pool) < self.max_idle:
             pool.append(conn)
         elif conn.transport is not None:
             conn.transport.close()
 
-    async def request(
-        self, base_url: str, path: str, body: bytes, headers: bytes, timeout_s: float
-    ) -> Response:
+    async def request(self, base_url: str, path: str, body: bytes, headers: bytes) -> Response:
         """``POST base_url + path`` with a JSON ``body`` (``headers``: extra raw header lines,
-        each ending in CRLF); the answer once its headers are in, within ``timeout_s``."""
+        each ending in CRLF); the answer once its headers are in. The caller bounds the time
+        (one ``asyncio.timeout`` per step: a timer per call costs)."""
         origin = self.origin(base_url)
-        async with asyncio.timeout(timeout_s):
+        slots = self._slots.get(origin)
+        if slots is None:
+            slots = self._slots[origin] = asyncio.Semaphore(self.max_per_origin)
+        await slots.acquire()
+        try:
             conn = await self._connect(origin)
-            head = b"".join(
-                (
-                    b"POST ",
-                    origin.prefix.encode(),
-                    path.encode(),
-                    b" HTTP/1.1\r\nHost: ",
-                    origin.host_header,
-                    b"\r\nContent-Type: application/json\r\nContent-Length: ",
-                    str(len(body)).encode(),
-                    b"\r\n",
-                    headers,
-                    b"\r\n",
-                )
+        except BaseException:
+            slots.release()
+            raise
+        conn.slots = slots
+        head = b"".join(
+            (
+                b"POST ",
+                origin.prefix.encode(),
+                path.encode(),
+                b" HTTP/1.1\r\nHost: ",
+                origin.host_header,
+                b"\r\nContent-Type: application/json\r\nContent-Length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+                headers,
+                b"\r\n",
             )
-            assert conn.transport is not None
-            conn.transport.write(head + body)
-            try:
-                await conn.headers_done
-            except BaseException:
-                conn.transport.close()
-                raise
+        )
+        assert conn.transport is not None
+        conn.transport.write(head + body)
+        try:
+            await conn.headers_done
+        except BaseException:
+            conn.transport.close()
+            conn.release_slot()
+            raise
         return Response(self, origin, conn)
 
     def close(self) -> None:

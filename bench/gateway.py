@@ -10,13 +10,15 @@ In one run it:
    (``python -m fleet.gateway``, deciding in process, reporting outcomes to the control
    plane), and sglang-router 0.3.2 in PD mode in front of the same workers (installed by the
    bench into its own cached venv, ``bench/support/sglang_router.py``);
-3. drives each with the same load generator (``bench/support/load.py``): token-id prompts of
-   64-1,024 tokens, 16 output tokens, not streamed;
+3. drives each with the same load generator (``bench/support/load.py``): text prompts of
+   ~64-1,024 tokens (sglang-router takes no token-id prompts; the gateway estimates their
+   length, ``--tokenizer``), 16 output tokens, not streamed, a prompt set of its own per
+   proxy (a prompt's KV is stored once);
    a. closed loop at ``--concurrency`` in flight: throughput, p50/p99, CPU per request of the
       proxy's processes (from /proc);
-   b. open loop at ``--rate`` requests/s: p99 through the gateway, through sglang-router, and
-      straight to the decode worker (the same body, one hop, no proxy): *added p99* is the
-      proxy's p99 minus the direct p99;
+   b. open loop at ``--low-rate`` and ``--rate`` requests/s: p99 through the gateway,
+      through sglang-router, and straight to the decode worker (the same body, one hop, no
+      proxy): *added p99* is the proxy's p99 minus the direct p99;
 4. prints both and the ratios; the last line is one JSON object
    ``{"gateway_rps", "router_rps", "added_p99_ms_at_1000"}``.
 
@@ -25,7 +27,8 @@ requests/s. Loopback only, bounded by ``--requests`` and ``--rate-seconds``; it 
 never gates.
 
     .venv/bin/python bench/gateway.py [--requests 6000] [--concurrency 32] [--rate 1000]
-                                      [--rate-seconds 8]
+                                      [--low-rate 300] [--rate-seconds 8] [--server granian]
+                                      [--gateway-workers N]
 """
 
 from __future__ import annotations
@@ -242,39 +245,54 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
         ratio = results["gateway"]["rate"] / results["sglang-router"]["rate"]
         print(f"  gateway / sglang-router throughput: {ratio:.2f} (target >= 0.50)")
 
-        n_rate = int(args.rate * args.rate_seconds)
-        # Prompts already sent (their KV stored): the open loop measures proxies, not writes.
-        rate_loads = {k: (v * (n_rate // len(v) + 1))[:n_rate] for k, v in loads.items()}
-        rate_loads["direct (decode)"] = rate_loads["gateway"]
-        print(f"\nopen loop at {args.rate:.0f} requests/s for {args.rate_seconds:.0f} s")
-        print(f"  {'':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>8}  errors")
-        open_loop: dict[str, Any] = {}
-        for name, url, pids in (
+        added_at: dict[float, float] = {}
+        targets = [
             ("direct (decode)", workers[f"{PD}-decode"], decode_pids),
             ("gateway", gateway, gw_pids),
             ("sglang-router", router, rt_pids),
-        ):
-            r, cpu_ms = cpu_per_request(
-                pids, lambda u=url, m=rate_loads[name]: drive_rate(u, path, m, {}, args.rate)
-            )
-            open_loop[name] = r
-            print(line(name, r, cpu_ms))
+        ]
+        for rate in sorted({args.low_rate, args.rate}):
+            added_at[rate] = open_loop_run(rate, args.rate_seconds, loads, targets)
         print(f"  the gateway's own means, whole run: {step_means(gateway)}")
-        base_p99 = open_loop["direct (decode)"]["p99_ms"]
-        added = open_loop["gateway"]["p99_ms"] - base_p99
-        added_router = open_loop["sglang-router"]["p99_ms"] - base_p99
-        print(
-            f"  added p99 over the direct call: gateway {added:.2f} ms (target <= 2 ms), "
-            f"sglang-router {added_router:.2f} ms"
-        )
         load_avg = os.getloadavg()
         print(f"\nmachine: {os.cpu_count()} CPUs, load average {load_avg[0]:.2f}; the load "
               "generator, the proxies, the fake workers and the control plane share them")  # fmt: skip
         return {
             "gateway_rps": round(results["gateway"]["rate"], 1),
             "router_rps": round(results["sglang-router"]["rate"], 1),
-            "added_p99_ms_at_1000": round(added, 3),
+            "added_p99_ms_at_1000": round(added_at[args.rate], 3),
         }
+
+
+def open_loop_run(
+    rate: float,
+    seconds: float,
+    loads: dict[str, list[bytes]],
+    targets: list[tuple[str, str, list[int]]],
+) -> float:
+    """One open-loop level over ``targets`` (name, URL, pids): direct, gateway,
+    sglang-router; prints them and returns the gateway's added p99 over the direct call."""
+    path = "/v1/completions"
+    n = int(rate * seconds)
+    # Prompts already sent (their KV stored): the open loop measures proxies, not writes.
+    per = {k: (v * (n // len(v) + 1))[:n] for k, v in loads.items()}
+    per["direct (decode)"] = per["gateway"]
+    print(f"\nopen loop at {rate:.0f} requests/s for {seconds:.0f} s")
+    print(f"  {'':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>8}  errors")
+    got: dict[str, Any] = {}
+    for name, url, pids in targets:
+        r, cpu_ms = cpu_per_request(
+            pids, lambda u=url, m=per[name]: drive_rate(u, path, m, {}, rate)
+        )
+        got[name] = r
+        print(line(name, r, cpu_ms))
+    base = got["direct (decode)"]["p99_ms"]
+    added = got["gateway"]["p99_ms"] - base
+    print(
+        f"  added p99 over the direct call: gateway {added:.2f} ms (target <= 2 ms at 1,000/s), "
+        f"sglang-router {got['sglang-router']['p99_ms'] - base:.2f} ms"
+    )
+    return float(added)
 
 
 def main() -> None:
@@ -283,6 +301,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--rate-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--low-rate", type=float, default=300.0, help="a second open-loop level, for context"
+    )
     parser.add_argument(
         "--gateway-workers",
         type=int,

@@ -25,8 +25,8 @@ plane's token comes from the environment variable named by ``control_plane.token
     connect_timeout_s: 2.0
     workers: 1                      # gateway processes on the port (one event loop each)
     server: uvicorn                 # the ASGI server: uvicorn, or granian (pip install granian)
-    max_inflight: 512               # requests being served at once, per worker
-    max_waiting: 1024               # requests queued for a slot; beyond: 503 at once
+    max_inflight: 256               # requests being served at once, per worker
+    max_waiting: 256                # requests queued for a slot; beyond: 503 at once
     outcome_batch: 200              # outcomes per POST /outcomes
     outcome_interval_s: 0.5
     outcome_buffer: 20000           # kept while the control plane is away; oldest dropped
@@ -73,8 +73,8 @@ class GatewayConfig:
     connect_timeout_s: float = 2.0
     workers: int = 1
     server: str = "uvicorn"
-    max_inflight: int = 512
-    max_waiting: int = 1024
+    max_inflight: int = 256
+    max_waiting: int = 256
     outcome_batch: int = 200
     outcome_interval_s: float = 0.5
     outcome_buffer: int = 20000

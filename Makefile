@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup system-deps demo test lint fmt bench clean
+.PHONY: setup system-deps demo test test-engines lint fmt bench clean
 
 # Debian packages the tests need: Chromium for browser tests, docker-compose to validate the
 # compose file. Installed only when missing, and only where we are root with apt (CI, dev boxes).
@@ -48,6 +48,12 @@ demo: $(RUNTIME_STAMP) node_modules/.setup-stamp
 
 test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Real-engine tests (a real vLLM on CPU, marked `engine`): their own stage, bounded in time.
+# The first run on a machine installs vLLM into ${PRFAAS_CACHE_DIR:-~/.cache/prfaas} (~4 min).
+test-engines: setup
+	timeout 1800 $(PY) -m tests.engines.vllm_env prepare
+	timeout 2400 $(PY) -m pytest -m engine tests/engines $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -392,7 +392,7 @@ def _ttft_hashes(client: Any, clusters: Sequence[str]) -> Iterator[tuple[str, di
             yield c, {_text(k): float(v) for k, v in raw.items()}
 
 
-def ttft_comparisons(clusters: Sequence[str], client: Any = None) -> list[TtftComparison]:
+def ttft_comparisons_read(clusters: Sequence[str], client: Any = None) -> list[TtftComparison]:
     """Per prefill cluster with outcomes: counts and means (sync; for pages)."""
     out = []
     for cluster, h in _ttft_hashes(client or redis_sync(), clusters):

@@ -111,7 +111,11 @@ async def _rate_slice(port: int, requests: list[bytes], rate: float, keep: int) 
     async def one(raw: bytes, due: float) -> None:
         conn = free.pop() if free else None
         if conn is None:
-            conn = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                conn = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:  # the server's backlog is full: an error, not the end of the run
+                errors[0] += 1
+                return
             opened.append(conn[1])
         reader, writer = conn
         writer.write(raw)

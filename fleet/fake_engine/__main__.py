@@ -15,13 +15,10 @@ import os
 import sys
 
 import uvicorn
+from granian import Granian
+from granian.constants import Interfaces, Loops
 
 from fleet.fake_engine.app import CONFIG_ENV, CONNECTORS, EngineConfig, FakeEngine
-
-try:  # optional: the lighter server, for benches
-    from granian import Granian
-except ImportError:  # pragma: no cover - depends on the installation
-    Granian = None
 
 
 def _instance(value: str) -> tuple[str, int, str]:
@@ -87,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             factory=True,
             address=cfg.host,
             port=cfg.port,
-            interface="asgi",
-            loop="uvloop",
+            interface=Interfaces.ASGI,
+            loop=Loops.uvloop,
             log_enabled=False,
         ).serve()
         return 0
@@ -100,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 port=engine.config.port,
                 log_level="warning",
                 access_log=False,
-                loop="uvloop",
+                loop=Loops.uvloop,
                 http="httptools",
             )
         )

@@ -15,11 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-
-try:  # optional: the faster server, when installed
-    from granian import Granian
-except ImportError:  # pragma: no cover - depends on the installation
-    Granian = None
+from granian import Granian
+from granian.constants import HTTPModes, Interfaces, Loops
 
 from fleet.gateway.app import CONFIG_ENV, Gateway
 from fleet.gateway.config import ConfigError, config_load
@@ -48,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             factory=True,
             address=config.host,
             port=config.port,
-            interface="asgi",
+            interface=Interfaces.ASGI,
             workers=config.workers,
-            loop="uvloop",
-            http="1",
+            loop=Loops.uvloop,
+            http=HTTPModes.http1,
             log_level=args.log_level,
         ).serve()
         return 0

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
-from pydantic import StringConstraints
+from pydantic import ConfigDict, StringConstraints
 
 from controlplane.auth import require_scope
 from controlplane.errors import Invalid
@@ -51,7 +51,13 @@ async def route_live(request: HttpRequest) -> HttpResponse:
     return _json(routing.live_state_to_dict(await live_state_read_async()))
 
 
-class ReservationIn(Schema):
+class StrictBody(Schema):
+    """JSON numbers mean numbers: no ``true`` or ``"5"`` read as 5, no 1.5 read as 1."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class ReservationIn(StrictBody):
     source: Name = Field(description="prfaas cluster")
     target: Name = Field(description="pd cluster")
     bytes: int = Field(ge=1, le=1 << 50, description="KV bytes to hold in flight")
@@ -81,12 +87,12 @@ async def reservation_take(request: HttpRequest, payload: ReservationIn) -> Http
     )
 
 
-class PlaceIn(Schema):
+class PlaceIn(StrictBody):
     cluster: Name
     instance: Name
 
 
-class OutcomeIn(Schema):
+class OutcomeIn(StrictBody):
     """One request as a gateway served it."""
 
     decision: dict[str, Any] = Field(description="the decision carried out, as /route answers")
@@ -139,7 +145,7 @@ class OutcomeIn(Schema):
         )
 
 
-class ServedGroupIn(Schema):
+class ServedGroupIn(StrictBody):
     """Plain outcomes summed by the gateway (see ``scheduling.outcomes.ServedGroup``)."""
 
     origin: Name
@@ -164,7 +170,7 @@ class ServedGroupIn(Schema):
         return outcomes.ServedGroup(**self.dict())
 
 
-class OutcomesIn(Schema):
+class OutcomesIn(StrictBody):
     outcomes: list[OutcomeIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
     groups: list[ServedGroupIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
 

@@ -38,7 +38,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.support.load import cpu_seconds, drive, drive_rate, process_tree  # noqa: E402
+from bench.support.setup import free_port, manage  # noqa: E402
 from bench.support.sglang_router import router_serve  # noqa: E402
 from controlplane.embedded_redis import embedded_redis_stop  # noqa: E402
 from fleet.fake_engine.launch import fake_engines_serve, gateway_serve, process_stop  # noqa: E402
@@ -87,21 +87,6 @@ SCENARIO = {
         }
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
-    return done.stdout.strip()
 
 
 def step_means(gateway: str) -> str:

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from bench.support.load import drive  # noqa: E402
+from bench.support.setup import free_port, manage  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -103,21 +103,6 @@ async def bare_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
 
 
 # --- set-up ------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
-    return done.stdout.strip()
 
 
 def serve(env: dict[str, str], app: str, port: int, app_dir: Path) -> subprocess.Popen[bytes]:

@@ -34,7 +34,6 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +41,7 @@ from typing import Any
 import httpx
 import orjson
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
 
 VOCAB = 1024
 ROLES = ("prefill", "decode", "both")
@@ -157,25 +154,27 @@ class FakeEngine:
         path, method = scope["path"], scope["method"]
         try:
             if path == "/health":
-                await _send_json(send, 200, {})
+                await json_send(send, 200, {})
             elif path == "/v1/models":
-                await _send_json(send, 200, self._models())
+                await json_send(send, 200, self._models())
             elif path == "/metrics":
-                await _send(send, 200, self._metrics().encode(), b"text/plain; version=0.0.4")
+                await response_send(
+                    send, 200, self._metrics().encode(), b"text/plain; version=0.0.4"
+                )
             elif path == "/fake/stats":
-                await _send_json(send, 200, self.stats.as_dict())
+                await json_send(send, 200, self.stats.as_dict())
             elif path == "/fake/fault" and method == "POST":
                 body = await _body(receive)
                 self._faults = [str(body.get("mode", "error"))] * int(body.get("count", 1))
                 if any(f not in FAULTS for f in self._faults):
                     raise HttpError(400, f"mode must be one of {', '.join(FAULTS)}")
-                await _send_json(send, 200, {"faults": len(self._faults)})
+                await json_send(send, 200, {"faults": len(self._faults)})
             elif path.startswith("/fake/kv/") and method == "GET":
                 await self._kv_serve(path.removeprefix("/fake/kv/"), send)
             elif path == "/tokenize" and method == "POST":
                 body = await _body(receive)
                 tokens = self._prompt_tokens(body, chat="messages" in body)
-                await _send_json(
+                await json_send(
                     send,
                     200,
                     {
@@ -189,7 +188,7 @@ class FakeEngine:
             else:
                 raise HttpError(404, f"no route {method} {path}", "NotFoundError")
         except HttpError as exc:
-            await _send_json(
+            await json_send(
                 send,
                 exc.status,
                 {"error": {"message": exc.message, "type": exc.code, "code": exc.status}},
@@ -237,7 +236,7 @@ class FakeEngine:
             if fault == "error":
                 raise HttpError(500, "injected fault", "InternalServerError")
             if fault == "hang":
-                await _wait_disconnect(receive)
+                await disconnect_wait(receive)
                 st.cancelled += 1
                 return
             if fault == "drop":
@@ -264,7 +263,7 @@ class FakeEngine:
             else:
                 if cfg.token_s > 0 and len(answer) > 1:
                     await asyncio.sleep(cfg.token_s * (len(answer) - 1))
-                await _send_json(
+                await json_send(
                     send,
                     200,
                     self._response(body, request_id, answer, len(tokens), chat, out_params),
@@ -341,7 +340,7 @@ class FakeEngine:
         if tokens is None:
             raise HttpError(404, f"no held KV for {remote_id}", "NotFoundError")
         self.stats.kv_served += 1
-        await _send_json(send, 200, {"tokens": tokens})
+        await json_send(send, 200, {"tokens": tokens})
 
     def _response(
         self,
@@ -406,7 +405,7 @@ class FakeEngine:
         disconnected = asyncio.Event()
 
         async def watch() -> None:
-            await _wait_disconnect(receive)
+            await disconnect_wait(receive)
             disconnected.set()
 
         watcher = asyncio.create_task(watch())
@@ -493,11 +492,6 @@ class FakeEngine:
         )
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _body(receive: Receive) -> dict[str, Any]:
     chunks = []
     more = True
@@ -513,24 +507,6 @@ async def _body(receive: Receive) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HttpError(400, "body must be a JSON object")
     return data
-
-
-async def _send(send: Send, status: int, payload: bytes, content_type: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
-
-
-async def _send_json(send: Send, status: int, data: Any) -> None:
-    await _send(send, status, orjson.dumps(data), b"application/json")
 
 
 async def _sse(send: Send, data: Any) -> None:

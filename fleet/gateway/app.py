@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
 from fleet.blockhash import block_keys
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig, config_load
@@ -66,9 +66,6 @@ from scheduling.router import (
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 MAX_BODY_BYTES = 16 << 20
 # Where ``gateway_from_env`` (the factory of each uvicorn worker) finds the configuration.
@@ -152,7 +149,7 @@ class Gateway:
                     raise ClientError(405, "method_not_allowed", f"{path} takes POST")
                 await self._admit(scope, receive, send, chat=path == CHAT)
             elif path == "/v1/models" and method == "GET":
-                await _send_json(send, 200, self._models())
+                await json_send(send, 200, self._models())
             elif path == "/health" and method == "GET":
                 await self._health(send)
             elif path == "/metrics" and method == "GET":
@@ -160,7 +157,9 @@ class Gateway:
             else:
                 raise ClientError(404, "not_found", f"no route {method} {path}")
         except ClientError as exc:
-            await _send(send, exc.status, exc.raw or error_body(exc.status, exc.code, exc.message))
+            await response_send(
+                send, exc.status, exc.raw or error_body(exc.status, exc.code, exc.message)
+            )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -198,13 +197,15 @@ class Gateway:
             "live_state_age_s": self.control.client.live_age_s,
             "outcomes_pending": self.control.outcomes_pending,
         }
-        await _send_json(send, 200 if snap is not None else 503, body)
+        await json_send(send, 200 if snap is not None else 503, body)
 
     async def _metrics(self, send: Send) -> None:
         age = self.control.client.live_age_s
         metrics.LIVE_AGE.set(-1 if age is None else age)
         metrics.OUTCOMES_PENDING.set(self.control.outcomes_pending)
-        await _send(send, 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST.encode())
+        await response_send(
+            send, 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST.encode()
+        )
 
     # -- admission and cancellation ---------------------------------------------------------
 
@@ -239,7 +240,7 @@ class Gateway:
         state = {"serving": True, "gone": False}
 
         async def watch() -> None:
-            await _disconnected(receive)
+            await disconnect_wait(receive)
             if state["serving"]:
                 state["gone"] = True
                 me.cancel()
@@ -671,11 +672,6 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _read_json(receive: Receive) -> dict[str, Any]:
     chunks: list[bytes] = []
     size = 0
@@ -699,26 +695,6 @@ async def _read_json(receive: Receive) -> dict[str, Any]:
         metrics.ERRORS.labels("bad_request").inc()
         raise ClientError(400, "invalid_json", "the body must be a JSON object")
     return data
-
-
-async def _send(
-    send: Send, status: int, payload: bytes, content_type: bytes = b"application/json"
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
-
-
-async def _send_json(send: Send, status: int, data: Any) -> None:
-    await _send(send, status, orjson.dumps(data))
 
 
 def gateway_from_env() -> Gateway:

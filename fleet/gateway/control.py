@@ -33,7 +33,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,19 +232,18 @@ class ControlPlane:
             await asyncio.sleep(period_s)
             await step()
 
-    async def _refresh_policy(self) -> None:
+    async def _refresh(self, what: str, fetch: Callable[[], object]) -> None:
         try:
-            await asyncio.to_thread(self.client.refresh_policy)
+            await asyncio.to_thread(fetch)
         except (RouterUnavailableError, RouterApiError) as exc:
             metrics.ERRORS.labels("control_plane_unreachable").inc()
-            log.warning("policy snapshot refresh failed: %s", exc)
+            log.warning("%s refresh failed: %s", what, exc)
+
+    async def _refresh_policy(self) -> None:
+        await self._refresh("policy snapshot", self.client.refresh_policy)
 
     async def _refresh_live(self) -> None:
-        try:
-            await asyncio.to_thread(self.client.refresh_live)
-        except (RouterUnavailableError, RouterApiError) as exc:
-            metrics.ERRORS.labels("control_plane_unreachable").inc()
-            log.warning("live state refresh failed: %s", exc)
+        await self._refresh("live state", self.client.refresh_live)
 
     @property
     def snapshot(self) -> PolicySnapshot:
@@ -303,16 +302,7 @@ class ControlPlane:
     def _without_offload(self, request: RouteRequest, d: Decision, reason: str) -> Decision:
         if d.reservation is None or d.reservation.bytes <= 0:
             return d
-        snap = self.snapshot
-        live = self.client.live_state(self.config.live_max_age_s)
-        return route_fallback_local(
-            request,
-            snap.policy,
-            snap.topology,
-            live if live is not None else _stale(),
-            reason=reason,
-            original=d,
-        )
+        return self.fallback_local(request, d, reason)
 
     def fallback_local(self, request: RouteRequest, d: Decision, reason: str) -> Decision:
         """The local decision for a request whose offload failed on the way (prefill

@@ -21,6 +21,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 LOAD_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
+# Open loop: a call not answered within this is an error (an overloaded server must not make
+# the run last for minutes).
+OPEN_LOOP_TIMEOUT_S = 10.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,9 +123,12 @@ async def _rate_slice(port: int, requests: list[bytes], rate: float, keep: int) 
         reader, writer = conn
         writer.write(raw)
         try:
-            status, body = await _read_response(reader)
-        except (OSError, asyncio.IncompleteReadError):
-            errors[0] += 1
+            async with asyncio.timeout(OPEN_LOOP_TIMEOUT_S):
+                status, body = await _read_response(reader)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            # Counted as an error (status 0; 408 for no answer in time), the connection dropped.
+            errors[408 if isinstance(exc, TimeoutError) else 0] += 1
+            writer.close()
             return
         latencies.append(time.perf_counter() - due)
         if status != 200:

@@ -4,19 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('clusters', '0002_performanceprofile_decode_check_nulls'),
+        ("clusters", "0002_performanceprofile_decode_check_nulls"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='kv_connector',
-            field=models.CharField(choices=[('nixl', 'NixlConnector (kv_transfer_params)'), ('shared_storage', 'shared storage (ExampleConnector, LMCache)')], default='nixl', help_text="the engines' KV-transfer protocol, as a gateway drives it", max_length=20),
+            model_name="cluster",
+            name="kv_connector",
+            field=models.CharField(
+                choices=[
+                    ("nixl", "NixlConnector (kv_transfer_params)"),
+                    ("shared_storage", "shared storage (ExampleConnector, LMCache)"),
+                ],
+                default="nixl",
+                help_text="the engines' KV-transfer protocol, as a gateway drives it",
+                max_length=20,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='cluster',
-            constraint=models.CheckConstraint(condition=models.Q(('kv_connector__in', ['nixl', 'shared_storage'])), name='cluster_kv_connector_valid'),
+            model_name="cluster",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("kv_connector__in", ["nixl", "shared_storage"])),
+                name="cluster_kv_connector_valid",
+            ),
         ),
     ]

@@ -190,7 +190,7 @@ def vllm_server(
     for name in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV"):
         child_env.pop(name, None)
     log_path = work / "vllm.log"
-    log = open(log_path, "wb")
+    log = open(log_path, "wb")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(
         argv,
         stdout=log,

@@ -257,6 +257,7 @@ class ControlPlane:
         """Decide ``request`` (see the module docstring); raises the pure router's
         RouteError when the origin cannot serve it at all."""
         if self.config.decide == "remote":
+            local_before = self.client.local_decisions
             try:
                 d = await asyncio.to_thread(
                     self.client.route,
@@ -268,11 +269,14 @@ class ControlPlane:
                 )
             except RouterUnavailableError:
                 raise
-            by = "gateway" if d.stale and self.client.local_decisions else "control_plane"
-            if by == "control_plane":
-                return Decided(d, by)
-            # The client answered locally (server away): nothing is reserved, keep it local.
-            return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+            rv = d.reservation
+            if rv is not None and rv.bytes > 0 and not rv.id:
+                # Answered by the client itself (control plane away): nothing is reserved (a
+                # reservation the control plane took always has its id), so keep it local.
+                return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+            # Who decided, for the traffic store (approximate under concurrent calls).
+            by = "control_plane" if self.client.local_decisions == local_before else "gateway"
+            return Decided(d, by)
         snap = self.snapshot
         block_tokens = snap.topology.model.block_tokens
         request = RouteRequest(

@@ -30,8 +30,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.support.load import drive  # noqa: E402
+from bench.support.setup import free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
@@ -107,21 +107,6 @@ async def bare_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
 # --- set-up ------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
-    return done.stdout.strip()
-
-
 def serve(env: dict[str, str], app: str, port: int, app_dir: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [UVICORN, app, "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
@@ -155,130 +140,7 @@ def load_trace(limit: int) -> list[dict[str, Any]]:
     return rows
 
 
-# --- load --------------------------------------------------------------------------------------------
-#
-# The load generator must not be the bottleneck: an httpx client in one process tops out at a
-# few hundred calls/s, below what a bare uvicorn endpoint serves. So several processes, each
-# with raw keep-alive HTTP/1.1 connections on asyncio streams (pre-built request bytes, only
-# the status line and Content-Length / chunked framing parsed), drive the servers.
-
-LOAD_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    length = -1
-    chunked = False
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value.strip())
-        elif name == b"transfer-encoding" and b"chunked" in value.lower():
-            chunked = True
-    if not chunked:
-        return status, await reader.readexactly(max(length, 0))
-    parts: list[bytes] = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
-        if size == 0:
-            await reader.readuntil(b"\r\n")
-            return status, b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
-async def _drive_slice(
-    port: int, requests: list[bytes], connections: int, keep: int
-) -> tuple[list[float], dict[int, int], list[bytes], float, float]:
-    latencies: list[float] = []
-    errors: Counter[int] = Counter()
-    answers: list[bytes] = []
-    queue = list(reversed(requests))
-
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while queue:
-                raw = queue.pop()
-                started = time.perf_counter()
-                writer.write(raw)
-                status, body = await _read_response(reader)
-                latencies.append(time.perf_counter() - started)
-                if status != 200:
-                    errors[status] += 1
-                elif len(answers) < keep:
-                    answers.append(body)
-        finally:
-            writer.close()
-
-    began = time.perf_counter()
-    await asyncio.gather(*(connection() for _ in range(connections)))
-    return latencies, dict(errors), answers, began, time.perf_counter()
-
-
-def _drive_process(
-    args: tuple[int, list[bytes], int, int, float],
-) -> tuple[list[float], dict[int, int], list[bytes], float, float]:
-    port, requests, connections, keep, start_at = args
-    # All processes start together so that the wall time covers one shared burst.
-    time.sleep(max(0.0, start_at - time.time()))
-    return asyncio.run(_drive_slice(port, requests, connections, keep))
-
-
-def drive(
-    base: str,
-    path: str,
-    bodies: list[bytes],
-    headers: dict[str, str],
-    concurrency: int,
-    per_call: int,
-) -> dict[str, Any]:
-    """POST every body with ``concurrency`` in flight; latency per call, decisions per second."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    port = int(base.rsplit(":", 1)[1])
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    requests = [
-        (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{head}"
-            f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n"
-        ).encode()
-        + b
-        for b in bodies
-    ]
-    procs = max(1, min(LOAD_PROCESSES, concurrency, len(requests)))
-    slices = [requests[k::procs] for k in range(procs)]
-    conns = [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
-    start_at = time.time() + 0.3
-    jobs = [
-        (port, s, max(1, c), 2000 // procs, start_at) for s, c in zip(slices, conns, strict=True)
-    ]
-    with ProcessPoolExecutor(procs) as pool:
-        results = list(pool.map(_drive_process, jobs))
-    latencies = [x for r in results for x in r[0]]
-    errors: Counter[int] = Counter()
-    for r in results:
-        errors.update(r[1])
-    wall = max(r[4] for r in results) - min(r[3] for r in results)
-    return {
-        "calls": len(bodies),
-        "decisions_per_s": len(bodies) * per_call / wall,
-        "p50_ms": percentile(latencies, 0.50) * 1e3,
-        "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "mean_ms": statistics.fmean(latencies) * 1e3 if latencies else float("nan"),
-        "errors": dict(errors),
-        "answers": [a for r in results for a in r[2]],
-    }
+# --- load: bench/support/load.py (raw keep-alive HTTP/1.1 from several processes) ----------------
 
 
 async def keep_fresh(

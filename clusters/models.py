@@ -24,6 +24,16 @@ class ClusterKind(models.TextChoices):
     PD = "pd", "PD (prefill and decode)"
 
 
+class KvConnector(models.TextChoices):
+    """How a gateway hands a prefill's KVCache to decode on this cluster's engines (vLLM's
+    disaggregated protocols): ``nixl`` returns ``kv_transfer_params`` from prefill that go on
+    the decode request (NixlConnector, pull); ``shared_storage`` sends decode the same request
+    and it finds the KV by prompt tokens (ExampleConnector, LMCache)."""
+
+    NIXL = "nixl", "NixlConnector (kv_transfer_params)"
+    SHARED_STORAGE = "shared_storage", "shared storage (ExampleConnector, LMCache)"
+
+
 class InstanceRole(models.TextChoices):
     PREFILL = "prefill", "prefill"
     DECODE = "decode", "decode"
@@ -229,13 +239,20 @@ class PerformanceProfile(Versioned):
 
 class Cluster(Versioned):
     """One kind of hardware at one site serving one model. ``prfaas`` clusters only prefill
-    (long uncached prompts, KVCache shipped over a link); ``pd`` clusters prefill and decode."""
+    (long uncached prompts, KVCache shipped over a link); ``pd`` clusters prefill and decode.
+    ``kv_connector`` says which disaggregated protocol its engines speak."""
 
     name = models.CharField(max_length=100, unique=True)
     kind = models.CharField(max_length=10, choices=ClusterKind.choices)
     site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="clusters")
     accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="clusters")
     model = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="clusters")
+    kv_connector = models.CharField(
+        max_length=20,
+        choices=KvConnector.choices,
+        default=KvConnector.NIXL,
+        help_text="the engines' KV-transfer protocol, as a gateway drives it",
+    )
 
     class Meta:
         ordering = ["name", "id"]
@@ -244,6 +261,9 @@ class Cluster(Versioned):
             models.CheckConstraint(condition=~Q(name=""), name="cluster_name_not_empty"),
             models.CheckConstraint(
                 condition=Q(kind__in=ClusterKind.values), name="cluster_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(kv_connector__in=KvConnector.values), name="cluster_kv_connector_valid"
             ),
         ]
 

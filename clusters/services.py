@@ -26,6 +26,7 @@ from clusters.models import (
     Instance,
     InstanceRole,
     InstanceState,
+    KvConnector,
     Link,
     ModelProfile,
     PerformanceProfile,
@@ -54,7 +55,7 @@ EDITABLE: dict[type[Versioned], frozenset[str]] = {
             "decode_step_seconds",
         }
     ),
-    Cluster: frozenset({"name", "kind", "site_id", "accelerator_id", "model_id"}),
+    Cluster: frozenset({"name", "kind", "site_id", "accelerator_id", "model_id", "kv_connector"}),
     Instance: frozenset({"cluster_id", "name", "role", "state", "endpoint", "labels"}),
     Link: frozenset({"source_id", "target_id", "gbps", "rtt_ms", "kv_budget_bytes"}),
 }
@@ -363,7 +364,14 @@ def performance_profile_delete(*, performance_profile_id: int, version: int, act
 
 
 def cluster_create(
-    *, actor: Actor, name: str, kind: str, site_id: int, accelerator_id: int, model_id: int
+    *,
+    actor: Actor,
+    name: str,
+    kind: str,
+    site_id: int,
+    accelerator_id: int,
+    model_id: int,
+    kv_connector: str = KvConnector.NIXL,
 ) -> Cluster:
     return _create(
         Cluster,
@@ -373,6 +381,7 @@ def cluster_create(
             "site_id": site_id,
             "accelerator_id": accelerator_id,
             "model_id": model_id,
+            "kv_connector": kv_connector,
         },
         actor=actor,
     )

@@ -232,6 +232,7 @@ class _Applier:
                 "site_id": sites[spec.site].pk,
                 "accelerator_id": accelerators[spec.accelerator].pk,
                 "model_id": model.pk,
+                "kv_connector": spec.kv_connector,
             }
             cluster = Cluster.objects.filter(name=spec.name).first()
             with _at(path):
@@ -406,6 +407,7 @@ def topology_scenario() -> Scenario:
                 decode_instances=(
                     roles.count(InstanceRole.DECODE) if cluster.kind == ClusterKind.PD else 0
                 ),
+                kv_connector=cluster.kv_connector,
             )
         )
     return Scenario(

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from scheduling.core.routing import (
+    LinkReservation,
     LiveState,
     PolicySnapshot,
     Reason,
@@ -37,6 +38,7 @@ from scheduling.core.routing import (
     RouteRequest,
     SnapshotFormatError,
     decision_from_dict,
+    live_state_from_dict,
     policy_snapshot_from_dict,
     route_decide,
     route_decide_many,
@@ -54,6 +56,9 @@ log = logging.getLogger(__name__)
 ROUTE_PATH = "/api/v1/route"
 ROUTE_BATCH_PATH = "/api/v1/route/batch"
 POLICY_PATH = "/api/v1/policy"
+LIVE_PATH = "/api/v1/route/live"
+RESERVATIONS_PATH = "/api/v1/reservations"
+OUTCOMES_PATH = "/api/v1/outcomes"
 
 # Statuses that mean "the control plane cannot answer now", worth a retry and a fallback.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -148,6 +153,8 @@ class RouterClient:
         self._snapshot: PolicySnapshot | None = None
         self._etag: str | None = None
         self._down_until = 0.0
+        self._live: LiveState | None = None
+        self._live_fetched = 0.0  # time.monotonic() of the last live-state fetch
         self.remote_decisions = 0
         self.local_decisions = 0
 
@@ -264,12 +271,14 @@ class RouterClient:
                 return decisions
         return self.decide_locally_many(requests)
 
-    def decide_locally(self, request: RouteRequest) -> RouteDecision:
-        """Decide ``request`` here from the cached policy with stale live state (the pure
-        router's static rule, or all-local per the policy). Raises RouterUnavailableError
-        when no snapshot was ever fetched and the server cannot give one now."""
+    def decide_locally(self, request: RouteRequest, live: LiveState | None = None) -> RouteDecision:
+        """Decide ``request`` here from the cached policy, with ``live`` (e.g. from
+        :meth:`live_state`) or else stale live state (the pure router's static rule, or
+        all-local per the policy). Raises RouterUnavailableError when no snapshot was ever
+        fetched and the server cannot give one now."""
         snapshot = self._ensure_snapshot()
-        live = LiveState(now=self._clock(), stale=True)
+        if live is None:
+            live = LiveState(now=self._clock(), stale=True)
         decision = route_decide(request, snapshot.policy, snapshot.topology, live)
         self.local_decisions += 1
         return decision
@@ -281,6 +290,81 @@ class RouterClient:
         decisions = route_decide_many(requests, snapshot.policy, snapshot.topology, live)
         self.local_decisions += len(decisions)
         return decisions
+
+    # -- live state, reservations, outcomes (routers that decide in process) -------------
+
+    def refresh_live(self) -> LiveState:
+        """Fetch ``GET /api/v1/route/live`` (the fleet's loads, links and control state now).
+
+        Raises RouterApiError for a 4xx and RouterUnavailableError when the server cannot be
+        reached after the retries (the last live state is kept, and ages)."""
+        try:
+            response = self._send("GET", LIVE_PATH)
+            live = live_state_from_dict(response.json())
+        except _Unreachable as exc:
+            raise RouterUnavailableError(f"live state not reachable: {exc}") from exc
+        except (ValueError, SnapshotFormatError) as exc:
+            raise RouterApiError(response.status_code, "bad_live_state", str(exc)) from exc
+        with self._lock:
+            self._live = live
+            self._live_fetched = time.monotonic()
+        return live
+
+    def live_state(self, max_age_s: float) -> LiveState | None:
+        """The last live state fetched, if younger than ``max_age_s`` (None: too old or never
+        fetched; decide with stale state then), with ``now`` set to this client's clock."""
+        live = self._live
+        age = time.monotonic() - self._live_fetched
+        if live is None or age > max_age_s:
+            return None
+        return LiveState(
+            now=self._clock(),
+            instances=live.instances,
+            links=live.links,
+            control=live.control,
+            stale=live.stale,
+            telemetry_at=live.telemetry_at,
+        )
+
+    @property
+    def live_age_s(self) -> float | None:
+        """Seconds since the last live-state fetch (None: never)."""
+        return None if self._live is None else time.monotonic() - self._live_fetched
+
+    def link_reserve(self, reservation: LinkReservation, hold_s: float) -> LinkReservation | None:
+        """Take ``reservation`` atomically on the control plane (``POST /api/v1/reservations``)
+        for at most ``hold_s`` seconds: the reservation with its ``id`` when admitted, None
+        when the link's budget has no room. Raises RouterUnavailableError when the server
+        cannot answer (then nothing is reserved: the caller must not offload)."""
+        body = {
+            "source": reservation.source,
+            "target": reservation.target,
+            "bytes": reservation.bytes,
+            "hold_s": hold_s,
+        }
+        try:
+            answer = self._send("POST", RESERVATIONS_PATH, json=body).json()
+        except _Unreachable as exc:
+            raise RouterUnavailableError(f"reservation not possible: {exc}") from exc
+        if not answer.get("admitted"):
+            return None
+        return LinkReservation(
+            reservation.source, reservation.target, reservation.bytes, str(answer["id"])
+        )
+
+    def outcomes_report(
+        self, outcomes: Sequence[bytes], groups: Sequence[bytes] = ()
+    ) -> dict[str, Any]:
+        """Send served requests' outcomes (``POST /api/v1/outcomes``): at most 1,000 whole
+        ones and 1,000 summed groups, each already JSON-encoded, all within the API's body
+        limit. Releases their reservations on the control plane. Raises
+        RouterUnavailableError when the server cannot answer (the caller keeps them)."""
+        body = b'{"outcomes":[' + b",".join(outcomes) + b'],"groups":[' + b",".join(groups) + b"]}"
+        headers = {"Content-Type": "application/json"}
+        try:
+            return dict(self._send("POST", OUTCOMES_PATH, content=body, headers=headers).json())
+        except _Unreachable as exc:
+            raise RouterUnavailableError(f"outcomes not delivered: {exc}") from exc
 
     # -- transport ------------------------------------------------------------------------
 

@@ -350,11 +350,12 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     elapsed = time.perf_counter() - started
     memo: dict[int, dict[str, Any]] = {}
 
+    reservation_ids = {i: uuid.uuid4().hex for i in fallbacks}
     if read is not None:
         try:
             async with asyncio.timeout(REDIS_DEADLINE_S):
                 admitted = await _write(
-                    snap, inputs, decisions, fallbacks, now, elapsed, batch, memo
+                    snap, inputs, decisions, fallbacks, reservation_ids, now, elapsed, batch, memo
                 )
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
             _redis_failed(exc)
@@ -363,6 +364,13 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         for i, ok in admitted.items():
             if not ok:
                 decisions[i] = fallbacks[i]
+            else:
+                # The holder releases it by id when its transfer ends (POST /outcomes).
+                rv = decisions[i].reservation
+                assert rv is not None
+                decisions[i] = dataclasses.replace(
+                    decisions[i], reservation=dataclasses.replace(rv, id=reservation_ids[i])
+                )
     else:
         # Without Redis nothing can be reserved, and the link budget is never to be exceeded:
         # what the static rule would offload stays local, still saying telemetry_stale.
@@ -376,6 +384,7 @@ async def _write(
     inputs: Sequence[RouteInput],
     decisions: Sequence[routing.RouteDecision],
     fallbacks: Mapping[int, routing.RouteDecision],
+    reservation_ids: Mapping[int, str],
     now: float,
     elapsed: float,
     batch: bool,
@@ -415,7 +424,7 @@ async def _write(
         reservations.append(
             telemetry.Reservation(
                 link=link_key(rv.source, rv.target),
-                reservation_id=uuid.uuid4().hex,
+                reservation_id=reservation_ids[i],
                 nbytes=rv.bytes,
                 end_ts=_transfer_end(snap, d, now),
                 budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget_bytes,
@@ -441,6 +450,21 @@ async def _write(
         return {}
     flat = raw[at]
     return {i: bool(int(flat[2 * k])) for k, i in enumerate(order)}
+
+
+async def live_state_read_async() -> routing.LiveState:
+    """The live state a router deciding in process needs (``GET /api/v1/route/live``): the
+    same read as a route call's, without prefix matches, control state advanced to now."""
+    snap = await snapshot_get_async()
+    now = time.time()
+    async with asyncio.timeout(REDIS_DEADLINE_S):
+        read = await _read(snap, [], now)
+    if snapshot_needs_refresh(snap, read.version):
+        fresh = await snapshot_refresh_async(read.version)
+        if fresh is not snap:
+            async with asyncio.timeout(REDIS_DEADLINE_S):
+                read = await _read(fresh, [], now)
+    return read.live
 
 
 async def control_tick_async() -> dict[str, routing.ControlState]:

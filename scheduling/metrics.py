@@ -18,7 +18,7 @@ import asyncio
 import bisect
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -83,6 +83,16 @@ async def route_error_count_async(code: str, timeout_s: float) -> None:
     """Count a refused route call (best effort: metrics never fail a request)."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(redis_async().hincrby(ROUTE_ERRORS_KEY, code, 1), timeout_s)
+
+
+# Collectors other modules add to /metrics (e.g. scheduling.outcomes), registered when they
+# are imported: this module need not import them.
+_COLLECTORS: list[Callable[[], Any]] = []
+
+
+def collector_register(factory: Callable[[], Any]) -> None:
+    """Add a collector (made per scrape by ``factory``) to ``GET /metrics``."""
+    _COLLECTORS.append(factory)
 
 
 def _text(value: Any) -> str:
@@ -195,6 +205,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus exposition of the control plane's live numbers (no secrets; no auth)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LiveCollector())
+    for factory in _COLLECTORS:
+        registry.register(factory())
     try:
         body = generate_latest(registry)
     except Exception as exc:  # Redis down: say so rather than a 500 page

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from clusters.models import Link, ModelProfile, PerformanceProfile
+from clusters.models import Cluster, Link, ModelProfile, PerformanceProfile
 from scheduling.core.performance import (
     Table,
     cluster_egress_gbps,
@@ -16,6 +16,7 @@ from scheduling.core.performance import (
     transfer_seconds,
 )
 from scheduling.models import Policy
+from scheduling.outcomes import TtftComparison, ttft_comparisons_read
 from scheduling.traffic import recent_decisions_read
 
 
@@ -100,3 +101,8 @@ def kv_calculation(
         utilisation=(need / gbps if gbps else math.inf) if gbps is not None else None,
         transfer_s=float(transfer_seconds(kv, tokens, gbps)) if gbps is not None else None,
     )
+
+
+def ttft_comparisons() -> list[TtftComparison]:
+    """Predicted against observed TTFT per prefill cluster, from the gateways' outcomes."""
+    return ttft_comparisons_read(list(Cluster.objects.values_list("name", flat=True)))

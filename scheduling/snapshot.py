@@ -139,6 +139,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
                 accelerator=c.accelerator.name,
                 site=c.site.name,
                 decode=decode,
+                kv_connector=c.kv_connector,
             )
         )
     kept = {s.name for s in specs}

@@ -153,8 +153,8 @@ def test_development_settings_fail_check_deploy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "profile",
-    [[], ["--profile", "demo"], ["--profile", "agent"]],
-    ids=["default", "demo", "agent"],
+    [[], ["--profile", "demo"], ["--profile", "agent"], ["--profile", "gateway"]],
+    ids=["default", "demo", "agent", "gateway"],
 )
 def test_compose_file_validates(profile: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "COMPOSE_"))}
@@ -178,6 +178,7 @@ def test_compose_runs_every_role_and_the_emulator_only_in_the_demo_profile() -> 
     assert services["agent"]["command"][:3] == ["python", "-m", "fleet.agent"]
     for name in ("web", "worker", "beat", "migrate", "postgres", "redis"):
         assert "profiles" not in services[name], name
+    assert services["gateway"]["profiles"] == ["gateway"]
 
 
 def test_every_long_running_compose_service_has_a_health_check() -> None:

@@ -34,6 +34,7 @@ TableIn = Annotated[
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
 Kind = Literal["prfaas", "pd"]
+KvConnectorName = Literal["nixl", "shared_storage"]
 Role = Literal["prefill", "decode"]
 State = Literal["active", "draining", "down"]
 
@@ -182,6 +183,7 @@ class ClusterIn(StrictIn):
     site_id: int
     accelerator_id: int
     model_id: int
+    kv_connector: KvConnectorName = "nixl"
 
 
 class ClusterPatch(PatchIn):
@@ -190,11 +192,13 @@ class ClusterPatch(PatchIn):
     site_id: int | Omitted = None
     accelerator_id: int | Omitted = None
     model_id: int | Omitted = None
+    kv_connector: KvConnectorName | Omitted = None
 
 
 class ClusterOut(VersionedOut):
     name: str
     kind: str
+    kv_connector: str
     site_id: int
     site: str
     accelerator_id: int

@@ -508,6 +508,12 @@ return tonumber(b)
 """
 
 
+def link_release_queue(pipe: Any, link: str, reservation_id: str) -> None:
+    """Queue one release on ``pipe``; its reply is the bytes freed (0 if unknown)."""
+    keys = reservation_keys(link)
+    pipe.eval(_RELEASE_LUA, len(keys), *keys, reservation_id)
+
+
 def link_release(link: str, reservation_id: str, client: redis.Redis | None = None) -> int:
     """End a reservation early (transfer done); returns the bytes freed (0 if unknown)."""
     r = client or redis_sync()

@@ -1,8 +1,10 @@
-"""The scheduling app's one API router: routing decisions, live-state ingest, plans."""
+"""The scheduling app's one API router: routing decisions, live-state ingest, plans, and what
+routers that decide in process need (live state, link reservations, outcomes)."""
 
 from ninja import Router
 
 from scheduling.api.live import router as live_router
+from scheduling.api.outcomes import router as outcomes_router
 from scheduling.api.plans import router as plans_router
 from scheduling.api.route import router as route_router
 
@@ -10,3 +12,4 @@ router = Router()
 router.add_router("", route_router)
 router.add_router("", live_router)
 router.add_router("", plans_router)
+router.add_router("", outcomes_router)

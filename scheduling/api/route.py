@@ -116,6 +116,9 @@ class ReservationOut(Schema):
     source: str
     target: str
     bytes: int
+    id: str | None = Field(
+        None, description="release it with POST /outcomes when the transfer ends"
+    )
 
 
 class RouteOut(Schema):

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from scheduling.core.routing import KV_CONNECTORS
+
 ROOT = "<scenario>"
 
 ClusterKind = Literal["prfaas", "pd"]
@@ -100,6 +102,8 @@ class ScenarioCluster:
     accelerator: str
     prefill_instances: int
     decode_instances: int = 0
+    # The engines' disaggregated KV protocol, as a gateway drives it (clusters.models.KvConnector).
+    kv_connector: str = "nixl"
 
     @property
     def instances(self) -> int:
@@ -625,7 +629,7 @@ def _clusters(
     for i, item in enumerate(_list(value, ("clusters",), nonempty=True)):
         loc: Loc = ("clusters", i)
         keys = ("name", "kind", "site", "accelerator", "prefill_instances")
-        body = _mapping(item, loc, optional=(*keys, "decode_instances"))
+        body = _mapping(item, loc, optional=(*keys, "decode_instances", "kv_connector"))
         if "kind" not in body:
             raise _err((*loc, "kind"), "required key is missing")
         kind = _str(body["kind"], (*loc, "kind"), choices=("prfaas", "pd"))
@@ -634,7 +638,12 @@ def _clusters(
                 (*loc, "decode_instances"),
                 "a prfaas cluster only prefills: it has no decode instances",
             )
-        _mapping(item, loc, required=(*keys, "decode_instances") if kind == "pd" else keys)
+        _mapping(
+            item,
+            loc,
+            required=(*keys, "decode_instances") if kind == "pd" else keys,
+            optional=("kv_connector",),
+        )
         acc = _str(body["accelerator"], (*loc, "accelerator"))
         if acc not in accelerators:
             raise _err((*loc, "accelerator"), f"unknown accelerator {acc!r}")
@@ -653,6 +662,11 @@ def _clusters(
                     _int(body["decode_instances"], (*loc, "decode_instances"))
                     if kind == "pd"
                     else 0
+                ),
+                kv_connector=_str(
+                    body.get("kv_connector", "nixl"),
+                    (*loc, "kv_connector"),
+                    choices=KV_CONNECTORS,
                 ),
             )
         )
@@ -1020,6 +1034,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         }
         if c.kind == "pd":
             cl["decode_instances"] = c.decode_instances
+        if c.kv_connector != "nixl":
+            cl["kv_connector"] = c.kv_connector
         clusters.append(cl)
     out: dict[str, Any] = {
         "version": s.version,

@@ -20,7 +20,12 @@ def decision_list_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "scheduling/decision_list.html",
-        {"decisions": rows, "origin": origin or "", "reason": reason or ""},
+        {
+            "decisions": rows,
+            "origin": origin or "",
+            "reason": reason or "",
+            "ttft": selectors.ttft_comparisons(),
+        },
     )
 
 

@@ -70,9 +70,16 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/route/batch"): "router",
     ("GET", "/api/v1/policy"): "router",
     ("GET", "/api/v1/decisions/recent"): "read",
+    # routers that decide in process: live state, reservations, outcomes (closing the loop)
+    ("GET", "/api/v1/route/live"): "router",
+    ("POST", "/api/v1/reservations"): "router",
+    ("POST", "/api/v1/outcomes"): "router",
+    ("GET", "/api/v1/outcomes/recent"): "read",
     # live state: agents post, the index health is readable
     ("POST", "/api/v1/telemetry"): "agent",
     ("POST", "/api/v1/kv-events"): "agent",
+    ("POST", "/api/v1/kv-events/msgpack"): "agent",
+    ("GET", "/api/v1/kv-events/state"): "agent",
     ("GET", "/api/v1/prefix-index"): "read",
     # plans and the long-term rebalancer
     ("GET", "/api/v1/plans"): "read",

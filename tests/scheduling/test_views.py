@@ -14,6 +14,7 @@ from clusters.models import Accelerator, Link, PerformanceProfile
 from controlplane.audit import CLI_ACTOR
 from controlplane.redis_connection import redis_sync
 from scheduling import whatif
+from scheduling.outcomes import ttft_key
 from scheduling.policies import policy_create
 from scheduling.traffic import recent_queue
 from tests.factories import (
@@ -58,6 +59,22 @@ def test_recent_decisions_show_inputs_and_reason_and_filter_by_reason(client_as)
     assert [d["inputs"]["request_id"] for d in filtered.context["decisions"]] == [
         "r-link_congested"
     ]
+
+
+def test_the_decisions_page_compares_predicted_and_observed_ttft_per_cluster(client_as) -> None:
+    ClusterFactory(name="pd-a")
+    pipe = redis_sync().pipeline()
+    for observed, predicted in ((0.3, 0.2), (0.5, 0.2)):
+        pipe.hincrbyfloat(ttft_key("pd-a"), "osum", observed)
+        pipe.hincrbyfloat(ttft_key("pd-a"), "psum", predicted)
+        pipe.hincrbyfloat(ttft_key("pd-a"), "abserr", observed - predicted)
+        pipe.hincrby(ttft_key("pd-a"), "count", 1)
+    pipe.execute()
+    response = client_as("viewer").get(reverse("decision-list"))
+    (row,) = response.context["ttft"]
+    assert (row.cluster, row.count) == ("pd-a", 2)
+    assert row.observed_mean_s == pytest.approx(0.4) and row.ratio == pytest.approx(2.0)
+    assert "Predicted vs observed TTFT" in response.content.decode()
 
 
 def test_the_policy_history_shows_what_changed_between_versions(client_as) -> None:

@@ -21,6 +21,8 @@ CLUSTER_KINDS = ("prfaas", "pd")
 INSTANCE_ROLES = ("prefill", "decode")
 INSTANCE_STATES = ("active", "draining", "down")
 STALE_MODES = ("static", "local")
+#: The engines' disaggregated KV protocols a gateway drives (``clusters.models.KvConnector``).
+KV_CONNECTORS = ("nixl", "shared_storage")
 SNAPSHOT_FORMAT = 1
 
 #: A link whose budget is not given may hold this many seconds of its line rate in flight.
@@ -156,6 +158,8 @@ class ClusterSpec:
 
     ``kind``: ``prfaas`` (prefill only) or ``pd``. ``prefill_seconds``: T_prefill table of one
     instance of this cluster's accelerator. ``decode``: decode profile (pd clusters).
+    ``kv_connector``: how its engines hand KV over (one of ``KV_CONNECTORS``); the decision
+    never reads it, the gateway that carries the decision out does.
     """
 
     name: str
@@ -164,6 +168,7 @@ class ClusterSpec:
     accelerator: str = ""
     site: str = ""
     decode: DecodeProfile | None = None
+    kv_connector: str = "nixl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,11 +545,14 @@ class CacheTransfer:
 @dataclass(frozen=True, slots=True)
 class LinkReservation:
     """KV bytes to reserve in flight on the link ``source -> target`` (both directions of a
-    link share its budget) before the transfers of this decision start."""
+    link share its budget) before the transfers of this decision start. ``id``: set by whoever
+    took the reservation atomically, so that its holder can release it when the transfer ends
+    (``None`` in a decision not yet reserved)."""
 
     source: str
     target: str
     bytes: int
+    id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from scheduling.core.routing.live import ControlState, InstanceLoad, LinkLoad, LiveState
 from scheduling.core.routing.types import (
+    KV_CONNECTORS,
     SNAPSHOT_FORMAT,
     CacheTransfer,
     ClusterSpec,
@@ -71,6 +73,7 @@ def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
                     if c.decode is None
                     else {"max_batch": c.decode.max_batch, "step_seconds": c.decode.step_seconds}
                 ),
+                "kv_connector": c.kv_connector,
             }
             for c in topology.clusters
         ],
@@ -229,7 +232,16 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
     for i, c in enumerate(r.get(root, "clusters", "", list)):
         path = f"clusters[{i}]"
         c = r.mapping(c, path)
-        r.only(c, path, ("name", "kind", "accelerator", "site", "prefill_seconds", "decode"))
+        r.only(
+            c,
+            path,
+            ("name", "kind", "accelerator", "site", "prefill_seconds", "decode", "kv_connector"),
+        )
+        connector = r.get(c, "kv_connector", path, str, "nixl")
+        if connector not in KV_CONNECTORS:
+            raise SnapshotFormatError(
+                f"{path}.kv_connector: expected one of {', '.join(KV_CONNECTORS)}"
+            )
         d = r.get(c, "decode", path, dict, None)
         decode = None
         if d is not None:
@@ -248,6 +260,7 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
                     r.get(c, "prefill_seconds", path, list), f"{path}.prefill_seconds"
                 ),
                 decode=decode,
+                kv_connector=connector,
             )
         )
     instances = []
@@ -321,7 +334,7 @@ def decision_to_dict(decision: RouteDecision) -> dict[str, Any]:
         },
         "reservation": None
         if rv is None
-        else {"source": rv.source, "target": rv.target, "bytes": rv.bytes},
+        else {"source": rv.source, "target": rv.target, "bytes": rv.bytes, "id": rv.id},
         "kv_bytes": decision.kv_bytes,
         "stale": decision.stale,
     }
@@ -364,10 +377,114 @@ def decision_from_dict(data: Mapping[str, Any]) -> RouteDecision:
             ),
             reservation=None
             if rv is None
-            else LinkReservation(str(rv["source"]), str(rv["target"]), int(rv["bytes"])),
+            else LinkReservation(
+                str(rv["source"]),
+                str(rv["target"]),
+                int(rv["bytes"]),
+                None if rv.get("id") is None else str(rv["id"]),
+            ),
             kv_bytes=int(data.get("kv_bytes", 0)),
             request_id=data.get("request_id"),
             stale=bool(data.get("stale", False)),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed decision: {exc!r}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Live state as JSON (``GET /api/v1/route/live``, read by routers that decide in process)
+# --------------------------------------------------------------------------------------
+
+
+def live_state_to_dict(live: LiveState) -> dict[str, Any]:
+    """The JSON-able form of a live snapshot: loads by instance, links as a list (JSON keys
+    are strings), control state by PD cluster."""
+    return {
+        "now": live.now,
+        "stale": live.stale,
+        "telemetry_at": live.telemetry_at,
+        "instances": {
+            name: {
+                "queue_depth": x.queue_depth,
+                "queued_prefill_tokens": x.queued_prefill_tokens,
+                "queued_prefill_s": x.queued_prefill_s,
+                "running": x.running,
+                "waiting": x.waiting,
+                "kv_usage": x.kv_usage,
+                "updated_at": x.updated_at,
+                "state": x.state,
+            }
+            for name, x in live.instances.items()
+        },
+        "links": [
+            {
+                "source": source,
+                "target": target,
+                "egress_gbps": x.egress_gbps,
+                "inflight_bytes": x.inflight_bytes,
+                "updated_at": x.updated_at,
+            }
+            for (source, target), x in live.links.items()
+        ],
+        "control": {
+            name: {
+                "threshold_factor": c.threshold_factor,
+                "congested_since": c.congested_since,
+                "updated_at": c.updated_at,
+                "scarce": c.scarce,
+                "cause": c.cause,
+            }
+            for name, c in live.control.items()
+        },
+    }
+
+
+def live_state_from_dict(data: Any, *, now: float | None = None) -> LiveState:
+    """Read :func:`live_state_to_dict`'s form (``now``: the reader's clock, default the
+    writer's). Raises SnapshotFormatError naming the key path of the first problem."""
+    r = _Reader
+    root = r.mapping(data, "live")
+    opt_float = (float, None)
+    instances: dict[str, InstanceLoad] = {}
+    for name, x in r.mapping(r.get(root, "instances", "live", dict, {}), "instances").items():
+        path = f"instances.{name}"
+        x = r.mapping(x, path)
+        instances[str(name)] = InstanceLoad(
+            queue_depth=r.get(x, "queue_depth", path, int, 0),
+            queued_prefill_tokens=r.get(x, "queued_prefill_tokens", path, int, 0),
+            queued_prefill_s=r.get(x, "queued_prefill_s", path, *opt_float),
+            running=r.get(x, "running", path, int, 0),
+            waiting=r.get(x, "waiting", path, int, 0),
+            kv_usage=r.get(x, "kv_usage", path, float, 0.0),
+            updated_at=r.get(x, "updated_at", path, *opt_float),
+            state=r.get(x, "state", path, str, None),
+        )
+    links: dict[tuple[str, str], LinkLoad] = {}
+    for i, x in enumerate(r.get(root, "links", "live", list, [])):
+        path = f"links[{i}]"
+        x = r.mapping(x, path)
+        key = (r.get(x, "source", path, str), r.get(x, "target", path, str))
+        links[key] = LinkLoad(
+            egress_gbps=r.get(x, "egress_gbps", path, float, 0.0),
+            inflight_bytes=r.get(x, "inflight_bytes", path, int, 0),
+            updated_at=r.get(x, "updated_at", path, *opt_float),
+        )
+    control: dict[str, ControlState] = {}
+    for name, x in r.mapping(r.get(root, "control", "live", dict, {}), "control").items():
+        path = f"control.{name}"
+        x = r.mapping(x, path)
+        control[str(name)] = ControlState(
+            threshold_factor=r.get(x, "threshold_factor", path, float, 1.0),
+            congested_since=r.get(x, "congested_since", path, *opt_float),
+            updated_at=r.get(x, "updated_at", path, *opt_float),
+            scarce=r.get(x, "scarce", path, bool, False),
+            cause=r.get(x, "cause", path, str, None),
+        )
+    return LiveState(
+        now=r.get(root, "now", "live", float) if now is None else now,
+        instances=instances,
+        links=links,
+        control=control,
+        stale=r.get(root, "stale", "live", bool, False),
+        telemetry_at=r.get(root, "telemetry_at", "live", *opt_float),
+    )

@@ -28,9 +28,12 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from clusters.models import ClusterKind, Instance
 from controlplane.audit import CLI_ACTOR
 from controlplane.models import ApiToken, token_hash
 from controlplane.services import token_create
+from fleet.gateway.demo import TOKEN_ENV as GATEWAY_TOKEN_ENV
+from fleet.gateway.demo import demo_gateway_commands
 from scheduling.core.planner import plan_scenario
 from scheduling.core.scenario import ScenarioError, scenario_load
 from scheduling.policies import policy_create, policy_current
@@ -41,6 +44,8 @@ DEMO_TOKENS = {
     "EMULATOR_ROUTER_TOKEN": ("demo-emulator-router", ["router"]),
     "EMULATOR_AGENT_TOKEN": ("demo-emulator-agent", ["agent"]),
     "EMULATOR_ADMIN_TOKEN": ("demo-emulator-admin", ["admin"]),
+    # The PD gateway in front of the demo's fake engines (fleet/gateway/demo.py).
+    GATEWAY_TOKEN_ENV: ("demo-gateway", ["router"]),
 }
 DEMO_REBALANCE_INTERVAL_S = "60"
 
@@ -61,6 +66,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--no-emulator", action="store_true", help="do not start the fleet emulator"
+        )
+        parser.add_argument(
+            "--no-gateway",
+            action="store_true",
+            help="do not start the PD gateway and its fake engines",
+        )
+        parser.add_argument(
+            "--gateway-port",
+            type=int,
+            default=int(os.environ.get("DEMO_GATEWAY_PORT", "0")),
+            help="the gateway's port (default: the web port + 1)",
         )
         parser.add_argument(
             "--setup-only",
@@ -158,9 +174,33 @@ class Command(BaseCommand):
                 "--speed",
                 str(options["speed"]),
             ]
-            env.update(tokens)
             optional.add("emulator")
+        env.update(tokens)
+        if not options["no_gateway"]:
+            commands.update(self._gateway_commands(python, options))
+            optional.update(("engines", "gateway"))
         self._supervise(commands, env, optional)
+
+    def _gateway_commands(self, python: str, options: dict[str, Any]) -> dict[str, list[str]]:
+        """Fake engines for every instance and the gateway for the first PD cluster."""
+        instances = list(Instance.objects.select_related("cluster").order_by("name"))
+        origin = next((i.cluster.name for i in instances if i.cluster.kind == ClusterKind.PD), "")
+        if not origin:
+            return {}
+        port = options["gateway_port"] or options["port"] + 1
+        self.stdout.write(
+            f"  OpenAI API through the PD gateway: http://{options['host']}:{port}/v1 "
+            f"(origin {origin}, fake engines)\n"
+        )
+        return demo_gateway_commands(
+            python,
+            [(i.name, i.role) for i in instances],
+            origin,
+            f"http://{options['host']}:{options['port']}",
+            options["host"],
+            port,
+            Path(settings.VAR_DIR),
+        )
 
     def _initial_policy(self, scenario: Path) -> None:
         """On a first run, publish the offline plan's thresholds for the scenario's own

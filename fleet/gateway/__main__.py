@@ -1,0 +1,79 @@
+"""``python -m fleet.gateway --config gateway.yaml``: serve the gateway (uvicorn, uvloop,
+httptools; ``workers`` processes on one port, or more gateways behind a load balancer: link
+reservations are atomic on the control plane, so they never exceed a link's budget together).
+
+Exit status 2 and a message naming the key when the configuration is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from granian import Granian
+from granian.constants import HTTPModes, Interfaces, Loops
+
+from fleet.gateway.app import CONFIG_ENV, Gateway
+from fleet.gateway.config import ConfigError, config_load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fleet.gateway", description=__doc__)
+    parser.add_argument("--config", required=True, help="the gateway.yaml file")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    try:
+        config = config_load(args.config)
+    except ConfigError as exc:
+        print(f"gateway: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
+    if config.server == "granian":
+        if Granian is None:
+            print(
+                "gateway: server: granian is not installed (pip install granian)", file=sys.stderr
+            )
+            return 2
+        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+        Granian(
+            "fleet.gateway.app:gateway_from_env",
+            factory=True,
+            address=config.host,
+            port=config.port,
+            interface=Interfaces.ASGI,
+            workers=config.workers,
+            loop=Loops.uvloop,
+            http=HTTPModes.http1,
+            log_level=args.log_level,
+        ).serve()
+        return 0
+    server: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": args.log_level,
+        "access_log": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+        # Engines and clients talk to the gateway directly: no proxy headers to rewrite.
+        "proxy_headers": False,
+    }
+    if config.workers > 1:
+        # Each worker process builds its own gateway from the same file.
+        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+        uvicorn.run(
+            "fleet.gateway.app:gateway_from_env", factory=True, workers=config.workers, **server
+        )
+    else:
+        uvicorn.run(Gateway(config), **server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,703 @@
+"""The OpenAI-compatible PD gateway: an ASGI app that carries PrfaaS decisions out on engines.
+
+Endpoints: ``POST /v1/completions`` and ``/v1/chat/completions`` (streaming and not),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+
+Per request:
+
+1. read the body (bounded), take the prompt's token ids (a completion prompt given as ids) or
+   have an engine of the origin tokenize it (``POST /tokenize``, text or chat messages);
+2. compute vLLM's block hashes of the tokens (:mod:`fleet.blockhash`, the model's block size);
+3. decide (:class:`fleet.gateway.control.ControlPlane`: in process with the policy snapshot
+   and bounded-age live state, the link reservation taken atomically on the control plane for
+   an offload; or ``POST /route``);
+4. carry it out with vLLM's disaggregated protocol of the prefill cluster's connector
+   (:mod:`fleet.gateway.protocol`): any cache transfer, the prefill step, the decode step,
+   streamed back;
+5. report the outcome (served route and instances, observed TTFT, transfer result), which
+   releases the reservation on the control plane.
+
+Failures: a prefill instance that fails or times out is retried once on another prefill
+instance of its cluster, or, for an offload, the request falls back to local prefill
+(reason ``prfaas_unavailable``, header ``x-prfaas-fallback: prefill_failed``); a decode
+instance that fails before answering is retried once on another decode instance. A 4xx from
+an engine is the client's and is passed on unchanged. A client that disconnects cancels the
+upstream calls (closing their connections, which makes vLLM abort the request). At most
+``max_inflight`` requests are served at once and ``max_waiting`` wait for a slot; beyond
+that the answer is 503 at once. Errors have OpenAI's shape plus the project's
+``{"detail", "code"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
+from fleet.blockhash import block_keys
+from fleet.client import RouterUnavailableError
+from fleet.gateway import metrics
+from fleet.gateway.config import GatewayConfig, config_load
+from fleet.gateway.control import ControlPlane, Decided
+from fleet.gateway.protocol import (
+    Engines,
+    StreamedResponse,
+    UpstreamError,
+    decode_body,
+    prefill_body,
+)
+from scheduling.core.routing import (
+    Reason,
+    RouteDecision,
+    RouteError,
+    RouteRequest,
+    RouteUnavailable,
+    decision_to_dict,
+)
+
+log = logging.getLogger(__name__)
+
+
+MAX_BODY_BYTES = 16 << 20
+# Where ``gateway_from_env`` (the factory of each uvicorn worker) finds the configuration.
+CONFIG_ENV = "PRFAAS_GATEWAY_CONFIG"
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+# The offload failed on its PrfaaS prefill instance: served locally, as when none is usable.
+FALLBACK_REASON = Reason.PRFAAS_UNAVAILABLE
+
+
+class ClientError(Exception):
+    """An answer to send as is: status, OpenAI error type, message, code."""
+
+    def __init__(self, status: int, code: str, message: str, *, raw: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.raw = raw
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return orjson.dumps(
+        {
+            "error": {"message": message, "type": kind, "code": code},
+            "detail": message,
+            "code": code,
+        }
+    )
+
+
+@dataclass
+class Served:
+    """What was carried out for one request (the outcome's body, less the decision)."""
+
+    decision: RouteDecision
+    decided_by: str
+    route: str
+    reason: str
+    prefill: tuple[str, str]
+    decode: tuple[str, str]
+    incremental_tokens: int
+    cached_tokens: int
+    transfer: str = "none"
+    transfer_bytes: int = 0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    status: str = "ok"
+    error: str | None = None
+    fallback: str | None = None
+
+
+class Gateway:
+    """The ASGI application (one per process)."""
+
+    def __init__(self, config: GatewayConfig, control: ControlPlane | None = None) -> None:
+        self.config = config
+        self.control = control or ControlPlane(config)
+        self.engines = Engines(config.connect_timeout_s)
+        self._slots: asyncio.Semaphore | None = None
+        self._waiting = 0
+        self._tokenize_rr = itertools.count()
+        # Request ids of this process: a random prefix, then a counter (unique enough across
+        # gateways, and cheaper than a uuid per request).
+        self._id_prefix = f"gw-{os.urandom(6).hex()}-"
+        self._ids = itertools.count()
+
+    # -- ASGI -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            if path in (COMPLETIONS, CHAT):
+                if method != "POST":
+                    raise ClientError(405, "method_not_allowed", f"{path} takes POST")
+                await self._admit(scope, receive, send, chat=path == CHAT)
+            elif path == "/v1/models" and method == "GET":
+                await json_send(send, 200, self._models())
+            elif path == "/health" and method == "GET":
+                await self._health(send)
+            elif path == "/metrics" and method == "GET":
+                await self._metrics(send)
+            else:
+                raise ClientError(404, "not_found", f"no route {method} {path}")
+        except ClientError as exc:
+            await response_send(
+                send, exc.status, exc.raw or error_body(exc.status, exc.code, exc.message)
+            )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self._slots = asyncio.Semaphore(self.config.max_inflight)
+                    await self.engines.start()
+                    await self.control.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.control.close()
+                await self.engines.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _models(self) -> dict[str, Any]:
+        snap = self.control.client.policy_snapshot
+        name = self.config.model or (snap.topology.model.name if snap else "")
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "prfaas"}],
+        }
+
+    async def _health(self, send: Send) -> None:
+        snap = self.control.client.policy_snapshot
+        body = {
+            "status": "ok" if snap is not None else "starting",
+            "origin": self.config.origin,
+            "decide": self.config.decide,
+            "policy_version": snap.policy.version if snap else None,
+            "live_state_age_s": self.control.client.live_age_s,
+            "outcomes_pending": self.control.outcomes_pending,
+        }
+        await json_send(send, 200 if snap is not None else 503, body)
+
+    async def _metrics(self, send: Send) -> None:
+        age = self.control.client.live_age_s
+        metrics.LIVE_AGE.set(-1 if age is None else age)
+        metrics.OUTCOMES_PENDING.set(self.control.outcomes_pending)
+        await response_send(
+            send, 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST.encode()
+        )
+
+    # -- admission and cancellation ---------------------------------------------------------
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+        body = await _read_json(receive)
+        slots = self._slots
+        assert slots is not None
+        if slots.locked() and self._waiting >= self.config.max_waiting:
+            metrics.ERRORS.labels("queue_full").inc()
+            raise ClientError(503, "overloaded", "the gateway is at its queue limit; retry later")
+        self._waiting += 1
+        metrics.WAITING.inc()
+        try:
+            await slots.acquire()
+        finally:
+            self._waiting -= 1
+            metrics.WAITING.dec()
+        metrics.INFLIGHT.inc()
+        try:
+            await self._serve_cancellable(scope, receive, send, body, chat)
+        finally:
+            slots.release()
+            metrics.INFLIGHT.dec()
+
+    async def _serve_cancellable(
+        self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
+    ) -> None:
+        """Serve, and cancel everything upstream the moment the client goes away (one watcher
+        task that cancels this one: a cancelled upstream call closes its connection)."""
+        me = asyncio.current_task()
+        assert me is not None
+        state = {"serving": True, "gone": False}
+
+        async def watch() -> None:
+            await disconnect_wait(receive)
+            if state["serving"]:
+                state["gone"] = True
+                me.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self._serve(scope, send, body, chat)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            me.uncancel()
+            metrics.ERRORS.labels("client_disconnect").inc()
+        finally:
+            state["serving"] = False
+            watcher.cancel()
+
+    # -- one request ------------------------------------------------------------------------
+
+    async def _serve(self, scope: Scope, send: Send, body: dict[str, Any], chat: bool) -> None:
+        started = time.perf_counter()
+        endpoint = "chat" if chat else "completions"
+        rid = _header(scope, b"x-request-id") or f"{self._id_prefix}{next(self._ids)}"
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        prompt_tokens, chain = await self._prompt(body, chat, rid)
+        request = RouteRequest(
+            origin=self.config.origin,
+            prompt_tokens=prompt_tokens,
+            block_hashes=chain,
+            request_id=rid,
+            expected_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        )
+        try:
+            decided = await self.control.decide(request)
+        except RouteUnavailable as exc:
+            raise ClientError(503, exc.code, exc.detail) from None
+        except RouteError as exc:
+            raise ClientError(500, exc.code, f"gateway misconfigured: {exc.detail}") from None
+        except RouterUnavailableError as exc:
+            raise ClientError(503, "control_plane_unavailable", str(exc)) from None
+        served = _served_of(decided)
+        try:
+            await self._carry_out(send, body, chat, rid, request, chain, served, started)
+        except asyncio.CancelledError:
+            served.status, served.error = "cancelled", "client_disconnect"
+            raise
+        except ClientError as exc:
+            served.status, served.error = "failed", exc.code
+            raise
+        finally:
+            metrics.REQUESTS.labels(endpoint, served.route, served.status).inc()
+            metrics.DECISIONS.labels(served.route, served.reason).inc()
+            if served.ttft_s is not None:
+                metrics.TTFT.labels(served.route).observe(served.ttft_s)
+            metrics.DURATION.labels(served.route).observe(time.perf_counter() - started)
+            notable = (
+                served.status != "ok"
+                or served.fallback is not None
+                or served.transfer != "none"
+                or served.decision.reservation is not None
+            )
+            self.control.outcome_add(self._outcome(served, request, len(chain)), notable=notable)
+
+    async def _prompt(
+        self, body: dict[str, Any], chat: bool, rid: str
+    ) -> tuple[int, tuple[int, ...]]:
+        """The prompt's length in tokens and its block-hash chain (none when estimated)."""
+        prompt = body.get("prompt")
+        given = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
+        if self.config.tokenizer == "estimate" and not given:
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise ClientError(
+                        400, "invalid_messages", "messages: a non-empty list is required"
+                    )
+                size = sum(
+                    len(str(m.get("content") or "")) for m in messages if isinstance(m, dict)
+                )
+            elif isinstance(prompt, str) and prompt:
+                size = len(prompt.encode())
+            else:
+                raise ClientError(
+                    400, "invalid_prompt", "prompt: one string or one list of token ids"
+                )
+            return max(1, round(size / self.config.chars_per_token)), ()
+        tokens = await self._tokens(body, chat, rid)
+        block_tokens = self.control.snapshot.topology.model.block_tokens
+        return max(1, len(tokens)), tuple(block_keys(tokens, block_tokens))
+
+    async def _tokens(self, body: dict[str, Any], chat: bool, rid: str) -> list[int]:
+        """The prompt's token ids: given (a completion prompt of ids), or from an engine."""
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ClientError(400, "invalid_messages", "messages: a non-empty list is required")
+            ask: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+            ask["add_generation_prompt"] = body.get("add_generation_prompt", True)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+                return prompt
+            if not isinstance(prompt, str) or not prompt:
+                raise ClientError(
+                    400,
+                    "invalid_prompt",
+                    "prompt: one string or one list of token ids (batched prompts are not "
+                    "supported by the gateway)",
+                )
+            ask = {"model": body.get("model"), "prompt": prompt}
+        pool = self.control.instances(self.config.origin, "prefill") or self.control.instances(
+            self.config.origin, "decode"
+        )
+        if not pool:
+            raise ClientError(503, "origin_unavailable", "no active instance to tokenize on")
+        first = next(self._tokenize_rr)
+        last: UpstreamError | None = None
+        for k in range(min(2, len(pool))):
+            inst = pool[(first + k) % len(pool)]
+            try:
+                answer = await self.engines.call_json(
+                    self.control.endpoint(inst.name),
+                    "/tokenize",
+                    ask,
+                    rid,
+                    self.config.prefill_timeout_s,
+                )
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise ClientError(
+                        exc.status, "invalid_request", str(exc), raw=exc.body
+                    ) from None
+                last = exc
+                continue
+            tokens = answer.get("tokens")
+            if isinstance(tokens, list):
+                return tokens
+        raise ClientError(502, "tokenize_failed", f"no engine could tokenize the prompt: {last}")
+
+    async def _carry_out(
+        self,
+        send: Send,
+        body: dict[str, Any],
+        chat: bool,
+        rid: str,
+        request: RouteRequest,
+        chain: tuple[int, ...],
+        served: Served,
+        started: float,
+    ) -> None:
+        path = CHAT if chat else COMPLETIONS
+        d = served.decision
+        if d.cache_transfer is not None:
+            await self._cache_transfer(d, body, chat, request, rid, served)
+        connector = self.control.connector_of(served.prefill[0])
+        try:
+            kv = await self._prefill(served.prefill[1], path, body, connector, rid)
+        except UpstreamError as exc:
+            if not exc.retryable:
+                raise ClientError(exc.status, "invalid_request", str(exc), raw=exc.body) from None
+            metrics.ERRORS.labels("prefill_failed").inc()
+            served.error = f"prefill_failed:{served.prefill[1]}"
+            kv = await self._prefill_elsewhere(path, body, rid, request, served, exc)
+            connector = self.control.connector_of(served.prefill[0])
+        if not body.get("stream"):
+            served.ttft_s = time.perf_counter() - started
+        self.control.prefixes.add(chain, served.prefill[1], served.prefill[0])
+        resp = await self._decode_open(path, body, connector, kv, rid, request, served)
+        try:
+            await self._relay(send, resp, body, served, started)
+        finally:
+            resp.close()
+        if served.route == "prfaas":
+            served.transfer = "finished"
+            served.transfer_bytes += served.decision.kv_bytes
+
+    async def _prefill(
+        self, instance: str, path: str, body: dict[str, Any], connector: str, rid: str
+    ) -> dict[str, Any] | None:
+        t = time.perf_counter()
+        answer = await self.engines.call_json(
+            self.control.endpoint(instance),
+            path,
+            prefill_body(body, connector),
+            rid,
+            self.config.prefill_timeout_s,
+        )
+        metrics.STEP.labels("prefill").observe(time.perf_counter() - t)
+        params = answer.get("kv_transfer_params")
+        return params if isinstance(params, dict) else None
+
+    async def _prefill_elsewhere(
+        self,
+        path: str,
+        body: dict[str, Any],
+        rid: str,
+        request: RouteRequest,
+        served: Served,
+        first: UpstreamError,
+    ) -> dict[str, Any] | None:
+        """The prefill instance failed: an offload falls back to local prefill; a local
+        prefill is retried once on another prefill instance of the origin."""
+        failed = served.prefill[1]
+        if served.route == "prfaas":
+            fb = self.control.fallback_local(request, served.decision, FALLBACK_REASON)
+            metrics.ERRORS.labels("fallback_local").inc()
+            served.route, served.reason = "local", FALLBACK_REASON
+            served.prefill = (fb.prefill.cluster, fb.prefill.instance)
+            served.decode = (fb.decode.cluster, fb.decode.instance)
+            served.incremental_tokens, served.cached_tokens = (
+                fb.incremental_tokens,
+                fb.cached_tokens,
+            )
+            served.transfer, served.fallback = "failed", "prefill_failed"
+            candidates = [served.prefill[1]]
+        else:
+            metrics.ERRORS.labels("retried").inc()
+            served.fallback = "prefill_retried"
+            others = [i.name for i in self.control.instances(served.prefill[0], "prefill")]
+            candidates = [n for n in others if n != failed][:1]
+        if not candidates:
+            raise ClientError(502, "prefill_failed", f"prefill failed on {failed}: {first}")
+        target = candidates[0]
+        served.prefill = (served.prefill[0], target)
+        try:
+            return await self._prefill(
+                target, path, body, self.control.connector_of(served.prefill[0]), rid
+            )
+        except UpstreamError as exc:
+            if not exc.retryable:
+                raise ClientError(exc.status, "invalid_request", str(exc), raw=exc.body) from None
+            metrics.ERRORS.labels("prefill_failed").inc()
+            raise ClientError(
+                502, "prefill_failed", f"prefill failed on {failed} and {target}: {exc}"
+            ) from None
+
+    async def _decode_open(
+        self,
+        path: str,
+        body: dict[str, Any],
+        connector: str,
+        kv: dict[str, Any] | None,
+        rid: str,
+        request: RouteRequest,
+        served: Served,
+    ) -> StreamedResponse:
+        """Open the decode step; a failed decode instance is retried once on another."""
+        dbody = decode_body(body, connector, kv)
+        tried: list[str] = []
+        instance = served.decode[1]
+        while True:
+            tried.append(instance)
+            t = time.perf_counter()
+            try:
+                resp = await self.engines.open(
+                    self.control.endpoint(instance), path, dbody, rid, self.config.decode_timeout_s
+                )
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise ClientError(
+                        exc.status, "invalid_request", str(exc), raw=exc.body
+                    ) from None
+                metrics.ERRORS.labels("decode_failed").inc()
+                others = [
+                    i.name
+                    for i in self.control.instances(served.decode[0], "decode")
+                    if i.name not in tried
+                ]
+                if len(tried) > 1 or not others:
+                    if served.route == "prfaas":
+                        served.transfer = "failed"
+                    raise ClientError(
+                        502, "decode_failed", f"decode failed on {', '.join(tried)}: {exc}"
+                    ) from None
+                metrics.ERRORS.labels("retried").inc()
+                served.fallback = served.fallback or "decode_retried"
+                instance = others[0]
+                continue
+            metrics.STEP.labels("decode").observe(time.perf_counter() - t)
+            served.decode = (served.decode[0], instance)
+            return resp
+
+    async def _relay(
+        self,
+        send: Send,
+        resp: StreamedResponse,
+        body: dict[str, Any],
+        served: Served,
+        started: float,
+    ) -> None:
+        headers = [
+            (b"content-type", resp.content_type.encode()),
+            (b"x-prfaas-route", served.route.encode()),
+            (b"x-prfaas-reason", served.reason.encode()),
+            (b"x-prfaas-prefill", served.prefill[1].encode()),
+            (b"x-prfaas-decode", served.decode[1].encode()),
+        ]
+        if served.fallback:
+            headers.append((b"x-prfaas-fallback", served.fallback.encode()))
+        if not body.get("stream"):
+            try:
+                raw = await resp.read()
+            except (OSError, TimeoutError) as exc:
+                metrics.ERRORS.labels("decode_failed").inc()
+                if served.route == "prfaas":
+                    served.transfer = "failed"
+                raise ClientError(502, "decode_failed", f"decode answer broke: {exc!r}") from None
+            try:
+                usage = orjson.loads(raw).get("usage") or {}
+                served.output_tokens = int(usage.get("completion_tokens") or 0)
+            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                pass
+            headers.append((b"content-length", str(len(raw)).encode()))
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            await send({"type": "http.response.body", "body": raw})
+            return
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        events = 0
+        last = 0.0
+        usage_event = bool((body.get("stream_options") or {}).get("include_usage"))
+        try:
+            async for chunk in resp.chunks():
+                now = time.perf_counter()
+                if served.ttft_s is None:
+                    served.ttft_s = now - started
+                else:
+                    metrics.ITL.observe(now - last)
+                last = now
+                events += chunk.count(b"data: ")
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (OSError, TimeoutError) as exc:
+            # The stream broke after it started: nothing can be retried, the client sees the
+            # stream end without [DONE].
+            metrics.ERRORS.labels("decode_failed").inc()
+            served.status, served.error = "failed", f"decode_interrupted:{type(exc).__name__}"
+            if served.route == "prfaas" and served.ttft_s is None:
+                served.transfer = "failed"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        served.output_tokens = max(0, events - 1 - (1 if usage_event else 0))
+
+    async def _cache_transfer(
+        self,
+        d: RouteDecision,
+        body: dict[str, Any],
+        chat: bool,
+        request: RouteRequest,
+        rid: str,
+        served: Served,
+    ) -> None:
+        """Move the cached prefix to the prefill instance (see :mod:`protocol`): the prefix
+        as a prefill on its holder, then as a one-token "decode" on the target. A failure
+        only costs the cache hit: prefill then computes the whole prompt."""
+        ct = d.cache_transfer
+        assert ct is not None
+        source = ct.source_instance or next(
+            (i.name for i in self.control.instances(ct.source_cluster, "prefill")), None
+        )
+        if source is None or chat:
+            # A chat prompt's prefix has no text form of its own: only completions move it.
+            return
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list):
+            return
+        prefix = {"model": body.get("model"), "prompt": prompt[: ct.tokens], "max_tokens": 1}
+        connector = self.control.connector_of(ct.source_cluster)
+        t = time.perf_counter()
+        try:
+            kv = await self._prefill(source, COMPLETIONS, prefix, connector, rid + "-ct")
+            resp = await self.engines.open(
+                self.control.endpoint(ct.target_instance),
+                COMPLETIONS,
+                decode_body(prefix, connector, kv),
+                rid + "-ct",
+                self.config.prefill_timeout_s,
+            )
+            try:
+                await resp.read()
+            finally:
+                resp.close()
+        except (UpstreamError, OSError, TimeoutError) as exc:
+            metrics.ERRORS.labels("cache_transfer_failed").inc()
+            log.warning("cache transfer %s -> %s failed: %s", source, ct.target_instance, exc)
+            served.transfer = "failed"
+            return
+        metrics.STEP.labels("cache_transfer").observe(time.perf_counter() - t)
+        served.transfer, served.transfer_bytes = "finished", ct.bytes
+
+    def _outcome(self, served: Served, request: RouteRequest, n_hashes: int) -> dict[str, Any]:
+        return {
+            "decision": decision_to_dict(served.decision),
+            "decided_by": served.decided_by,
+            "origin": request.origin,
+            "prompt_tokens": request.prompt_tokens,
+            "route": served.route,
+            "reason": served.reason,
+            "prefill": {"cluster": served.prefill[0], "instance": served.prefill[1]},
+            "decode": {"cluster": served.decode[0], "instance": served.decode[1]},
+            "incremental_tokens": served.incremental_tokens,
+            "cached_tokens": served.cached_tokens,
+            "output_tokens": served.output_tokens,
+            "observed_ttft_s": served.ttft_s,
+            "transfer": served.transfer,
+            "transfer_bytes": served.transfer_bytes,
+            "status": served.status,
+            "error": served.error,
+            "ts": time.time(),
+            "request_id": request.request_id,
+            "block_hashes": n_hashes,
+        }
+
+
+def _served_of(decided: Decided) -> Served:
+    d = decided.decision
+    return Served(
+        decision=d,
+        decided_by=decided.decided_by,
+        route=d.route,
+        reason=d.reason,
+        prefill=(d.prefill.cluster, d.prefill.instance),
+        decode=(d.decode.cluster, d.decode.instance),
+        incremental_tokens=d.incremental_tokens,
+        cached_tokens=d.cached_tokens,
+    )
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))[:128]
+    return ""
+
+
+async def _read_json(receive: Receive) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientError(400, "client_disconnect", "the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ClientError(413, "body_too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    try:
+        data = orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        metrics.ERRORS.labels("bad_request").inc()
+        raise ClientError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        metrics.ERRORS.labels("bad_request").inc()
+        raise ClientError(400, "invalid_json", "the body must be a JSON object")
+    return data
+
+
+def gateway_from_env() -> Gateway:
+    """For ``uvicorn --factory`` (``workers`` > 1): the gateway of the file named by
+    ``PRFAAS_GATEWAY_CONFIG``."""
+    return Gateway(config_load(os.environ[CONFIG_ENV]))

@@ -42,79 +42,62 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linprog
 
+from scheduling.core.fleet import (
+    FleetLink,
+    FleetSpec,
+    Lengths,
+    PdPool,
+    PrfaasPool,
+    lengths_of,
+)
+from scheduling.core.link import DEFAULT_REFUSAL_TARGET
+from scheduling.core.offload import fit_limit_tokens, linked_pools, offload_split
+from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
+from scheduling.core.queueing import moments
 from scheduling.performance import (
+    MIB,
     FloatArray,
     LengthDistribution,
     Table,
     decode_rate_per_instance,
     kv_bytes,
     length_distribution,
-    length_split,
     prefill_seconds,
     weighted_quantile,
 )
 from scheduling.scenario import Scenario, ScenarioError, workload_length_distributions
 
+__all__ = [
+    "DEFAULT_LOAD",
+    "ClusterResult",
+    "Evaluation",
+    "FleetLink",
+    "FleetSpec",
+    "Lengths",
+    "PdPool",
+    "PlanResult",
+    "PrfaasPool",
+    "SplitSweep",
+    "ThresholdSweep",
+    "cluster_to_dict",
+    "evaluate",
+    "evaluation_to_dict",
+    "fleet_from_scenario",
+    "homogeneous_fleet",
+    "plan",
+    "plan_fleet",
+    "plan_scenario",
+    "plan_to_dict",
+    "sweep_split",
+    "sweep_threshold",
+    "threshold_grid",
+    "workload_lengths",
+]
+
 INF = math.inf
-
-# --------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass(frozen=True)
-class PrfaasPool:
-    """A PrfaaS cluster as the planner sees it: prefill-only instances of one accelerator."""
-
-    name: str
-    instances: int
-    prefill: Table
-    gpus_per_instance: int = 8
-    gpu_hour_cost: float = 1.0
-
-
-@dataclass(frozen=True)
-class PdPool:
-    """A PD cluster as the planner sees it: ``instances`` to split between prefill and
-    decode, and the share of the total traffic that arrives there."""
-
-    name: str
-    instances: int
-    prefill: Table
-    max_batch: int
-    step_seconds: float
-    share: float = 1.0
-    gpus_per_instance: int = 8
-    gpu_hour_cost: float = 1.0
-
-
-@dataclass(frozen=True)
-class FleetLink:
-    """Capacity of the path from a PrfaaS cluster to a PD cluster (0 = down)."""
-
-    source: str
-    target: str
-    gbps: float
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    """Everything about the hardware the model needs, wherever it was read from."""
-
-    kv_mib: Table
-    prfaas: tuple[PrfaasPool, ...]
-    pd: tuple[PdPool, ...]
-    links: tuple[FleetLink, ...] = ()
-
-    def link_gbps(self, source: str, target: str) -> float:
-        return sum(
-            link.gbps for link in self.links if link.source == source and link.target == target
-        )
-
-    def pd_pool(self, name: str) -> PdPool:
-        for pool in self.pd:
-            if pool.name == name:
-                return pool
-        raise KeyError(name)
+#: The share of its capacity a fleet is planned to run at: link admission (budget refusals,
+#: PrfaaS queueing of reserved bytes) is judged there, and ``at_load`` predicted there.
+DEFAULT_LOAD = 0.8
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,6 +125,9 @@ class ClusterResult:
     link_gbps: float
     ttft_mean_s: float
     ttft_p90_s: float
+    #: share of its requests the links always refuse (their KV fits no budget): prefilled
+    #: locally, each one a ``link_congested`` decision
+    refused_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +143,7 @@ class Evaluation:
     egress_gbps: float
     ttft_mean_s: float
     ttft_p90_s: float
+    load: float = DEFAULT_LOAD
 
     def cluster(self, name: str) -> ClusterResult:
         for c in self.clusters:
@@ -179,6 +166,8 @@ class PlanResult:
     threshold_step: float
     output_tokens: float
     mean_input_tokens: float
+    #: the optimum's queue-aware prediction at ``load`` x its Lambda_max
+    at_load: OperatingPoint | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +235,17 @@ def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
                     cost(c.accelerator),
                 )
             )
-    links = tuple(FleetLink(link.source, link.target, link.gbps) for link in scenario.links)
+    links = tuple(
+        FleetLink(
+            link.source,
+            link.target,
+            link.gbps,
+            link.rtt_ms,
+            None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
+            link.target_utilisation,
+        )
+        for link in scenario.links
+    )
     return FleetSpec(
         Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), links
     )
@@ -266,6 +265,15 @@ def workload_lengths(scenario: Scenario) -> tuple[LengthDistribution, float]:
     return length_distribution(inp, scale=1.0 - hit), length_distribution(out).mean
 
 
+def workload_output_scv(scenario: Scenario) -> float:
+    """Squared coefficient of variation of the output lengths (decode times vary with them)."""
+    if scenario.workload is None:
+        return 0.0
+    _, out = workload_length_distributions(scenario.workload, bin_tokens=16)
+    x, w = length_distribution(out).nodes()
+    return moments(x, w)[1]
+
+
 # --------------------------------------------------------------------------------------------
 # The model at one setting
 
@@ -277,7 +285,8 @@ def _div(num: float, den: float) -> float:
 
 
 def _linked(fleet: FleetSpec, c: PdPool) -> list[tuple[PrfaasPool, float]]:
-    return [(j, fleet.link_gbps(j.name, c.name)) for j in fleet.prfaas]
+    """Each PrfaaS pool with the egress the planner may plan from it to ``c``."""
+    return [(j, fleet.usable_gbps(j.name, c.name)) for j in fleet.prfaas]
 
 
 def _prfaas_lp(
@@ -313,7 +322,7 @@ def _prfaas_lp(
     bounds: list[tuple[float, float | None]] = [(0.0, 1e12)]
     for j, c in pairs:
         bits = float(kv_bytes(fleet.kv_mib, demand[c][1])) * 8.0
-        bounds.append((0.0, _div(fleet.link_gbps(j.name, c) * 1e9, bits)))
+        bounds.append((0.0, _div(fleet.usable_gbps(j.name, c) * 1e9, bits)))
     res = linprog(
         cost,
         A_ub=a_ub,
@@ -340,17 +349,38 @@ def _as_mapping(fleet: FleetSpec, value: Any, what: str) -> dict[str, Any]:
     return {c.name: value for c in fleet.pd}
 
 
+def _check_load(load: float) -> None:
+    if not (0 < load < 1):
+        raise ValueError(f"the planned load must be within (0, 1), got {load!r}")
+
+
+def _admission_bound(admit_rate: float, load: float, share: float, offload: float) -> float:
+    """Lambda at which ``load`` x Lambda brings this cluster the arrivals its links admit."""
+    if offload <= 0 or share <= 0:
+        return INF
+    return _div(admit_rate, load * share)
+
+
 def evaluate(
     fleet: FleetSpec,
-    lengths: LengthDistribution,
+    lengths: Lengths,
     output_tokens: float,
     thresholds: Mapping[str, float] | float,
     splits: Mapping[str, int] | int,
     *,
     with_ttft: bool = True,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
 ) -> Evaluation:
     """The throughput model at a given setting: threshold and number of prefill instances
-    (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster."""
+    (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
+
+    The links are part of the model as the router applies them: requests whose KV fits no
+    linked budget prefill locally, the mean egress stays within each link's target share,
+    and (``link_budget`` bound) at ``load`` x Lambda the links refuse at most
+    ``refusal_target`` of the cluster's decisions (:mod:`scheduling.core.offload`).
+    """
+    _check_load(load)
     ts = _as_mapping(fleet, thresholds, "threshold")
     ns = _as_mapping(fleet, splits, "split")
     bounds: dict[str, float] = {}
@@ -359,8 +389,17 @@ def evaluate(
         n_p = int(ns[c.name])
         if not 0 <= n_p <= c.instances:
             raise ValueError(f"{c.name}: n_p must be within 0..{c.instances}, got {n_p}")
-        sp = length_split(lengths, [ts[c.name]])
-        p, l_long, l_short = float(sp.p[0]), float(sp.l_long[0]), float(sp.l_short[0])
+        sp = offload_split(
+            fleet,
+            c,
+            lengths_of(lengths, c.name),
+            np.asarray([ts[c.name]], dtype=float),
+            load=load,
+            refusal_target=refusal_target,
+            exact=True,
+        )
+        p, l_long, l_short = float(sp.offload[0]), float(sp.l_offload[0]), float(sp.l_local[0])
+        refused = float(sp.refused[0])
         rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
         theta_d = (c.instances - n_p) * rate
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
@@ -369,12 +408,18 @@ def evaluate(
                 INF if theta_p is None else _div(theta_p, (1 - p) * c.share)
             )
             bounds[f"pd_decode:{c.name}"] = _div(theta_d, c.share)
+            if p > 0:
+                admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
+                if refused > refusal_target:
+                    admission = 0.0
+                bounds[f"link_budget:{c.name}"] = admission
         per[c.name] = {
             "p": p,
             "l_long": l_long,
             "l_short": l_short,
             "theta_p": theta_p,
             "theta_d": theta_d,
+            "refused": refused,
         }
 
     demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
@@ -395,7 +440,7 @@ def evaluate(
         prfaas_bound = bounds[key]
         for c in offloading:
             d, ll = demand[c.name]
-            gbps = fleet.link_gbps(j.name, c.name) if j else 0.0
+            gbps = fleet.usable_gbps(j.name, c.name) if j else 0.0
             lk = f"link:{j.name if j else 'none'}->{c.name}"
             bounds[lk] = _div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
             prfaas_bound = min(prfaas_bound, bounds[lk])
@@ -409,7 +454,7 @@ def evaluate(
     throughput = min(bounds.values(), default=INF)
     if not math.isfinite(throughput):
         raise ValueError("the model is unbounded: no traffic share, or zero output tokens")
-    order = ["prfaas_compute", "prfaas", "link", "pd_prefill", "pd_decode"]
+    order = ["prfaas_compute", "prfaas", "link", "link_budget", "pd_prefill", "pd_decode"]
     tight = min(bounds.items(), key=lambda kv: (kv[1], order.index(kv[0].split(":")[0])))
     stage, _, at = tight[0].partition(":")
 
@@ -417,7 +462,6 @@ def evaluate(
     all_x: list[FloatArray] = []
     all_w: list[FloatArray] = []
     total_egress = 0.0
-    x, w = lengths.nodes() if with_ttft else (np.zeros(1), np.ones(1))
     for c in fleet.pd:
         v = per[c.name]
         p = v["p"]
@@ -428,12 +472,18 @@ def evaluate(
         total_egress += egress
         theta_prf = prfaas_bound * c.share * p if p > 0 and math.isfinite(prfaas_bound) else None
         # Queue-free TTFT: prefill time on whichever hardware the threshold sends each length
-        # to (transfer is hidden by layer-wise pipelining, PRFAAS.md section 7.5).
-        linked = [j for j, gbps in _linked(fleet, c) if gbps > 0 and j.instances > 0]
+        # to (transfer is hidden by layer-wise pipelining, PRFAAS.md section 7.5); a request
+        # whose KV fits no budget is refused by the link and prefills locally.
+        x, w = lengths_of(lengths, c.name).nodes() if with_ttft else (np.zeros(1), np.ones(1))
+        links = linked_pools(fleet, c.name)
         local_t = prefill_seconds(c.prefill, x)
-        if linked and p > 0:
-            remote = min(linked, key=lambda j: float(prefill_seconds(j.prefill, v["l_long"])))
-            ttft = np.where(x > ts[c.name], prefill_seconds(remote.prefill, x), local_t)
+        if links and p > 0:
+            remote = min(
+                (j for _, j in links), key=lambda j: float(prefill_seconds(j.prefill, v["l_long"]))
+            )
+            fits = fit_limit_tokens(fleet, max(lk.budget for lk, _ in links), float(np.max(x)))
+            away = (x > ts[c.name]) & (x <= fits)
+            ttft = np.where(away, prefill_seconds(remote.prefill, x), local_t)
         else:
             ttft = local_t
         all_x.append(ttft)
@@ -453,9 +503,10 @@ def evaluate(
                 theta_pd_d=v["theta_d"],
                 throughput_rps=lam_c,
                 egress_gbps=egress,
-                link_gbps=sum(gbps for _, gbps in _linked(fleet, c)),
+                link_gbps=sum(fleet.link_gbps(j.name, c.name) for j in fleet.prfaas),
                 ttft_mean_s=float(np.dot(ttft, w)),
                 ttft_p90_s=weighted_quantile(ttft, w, 0.9),
+                refused_fraction=v["refused"],
             )
         )
     tx = np.concatenate(all_x)
@@ -472,6 +523,7 @@ def evaluate(
         egress_gbps=total_egress,
         ttft_mean_s=float(np.dot(tx, tw) / tw.sum()),
         ttft_p90_s=weighted_quantile(tx, tw, 0.9),
+        load=load,
     )
 
 
@@ -492,19 +544,27 @@ def threshold_grid(lengths: LengthDistribution, step: float = 100) -> FloatArray
     return np.asarray(start + step * np.arange(round((end - start) / step) + 1), dtype=float)
 
 
+def _fleet_grid(lengths: Lengths, fleet: FleetSpec, step: float) -> FloatArray:
+    """One threshold grid covering every PD cluster's lengths."""
+    grids = [threshold_grid(lengths_of(lengths, c.name), step) for c in fleet.pd]
+    return np.unique(np.concatenate(grids)) if len(grids) > 1 else grids[0]
+
+
 @dataclass(frozen=True)
 class _Grid:
     """Per-cluster arrays over thresholds (K) and prefill counts (M)."""
 
     thresholds: FloatArray  # K
-    p: FloatArray  # K
+    p: FloatArray  # K: share offloaded (admitted by the links)
+    want: FloatArray  # K: share above the threshold (offloaded, or refused by the links)
     n_p: FloatArray  # M
     bound_prfaas: FloatArray  # K: this cluster alone on the PrfaaS stage
+    bound_admit: FloatArray  # K: the links' admission at the planned load (0: never admissible)
     bound_pd_p: FloatArray  # K x M
     bound_pd_d: FloatArray  # M
     work: FloatArray  # K: PrfaaS compute-seconds per unit Lambda (fastest linked PrfaaS)
     egress: FloatArray  # K: Gbps per unit Lambda
-    link_total: float
+    link_total: float  # Gbps the planner may plan onto the cluster's links
     l_long: FloatArray  # K (nan where nothing is offloaded)
 
     @property
@@ -512,8 +572,12 @@ class _Grid:
         return np.minimum(self.bound_pd_p, self.bound_pd_d[None, :])
 
     @property
+    def remote(self) -> FloatArray:
+        return np.minimum(self.bound_prfaas, self.bound_admit)
+
+    @property
     def throughput(self) -> FloatArray:
-        return np.minimum(self.local, self.bound_prfaas[:, None])
+        return np.minimum(self.local, self.remote[:, None])
 
 
 def _grid(
@@ -523,17 +587,19 @@ def _grid(
     output_tokens: float,
     thresholds: FloatArray,
     n_range: tuple[int, int],
+    load: float,
+    refusal_target: float,
 ) -> _Grid:
-    sp = length_split(lengths, thresholds)
-    p = sp.p
+    sp = offload_split(fleet, c, lengths, thresholds, load=load, refusal_target=refusal_target)
+    p = sp.offload
     s = c.share
-    long_ok = np.nan_to_num(sp.l_long, nan=lengths.support[1])
-    short_ok = np.nan_to_num(sp.l_short, nan=lengths.support[0])
+    long_ok = np.nan_to_num(sp.l_offload, nan=lengths.support[1])
+    short_ok = np.nan_to_num(sp.l_local, nan=lengths.support[0])
     n = np.arange(n_range[0], n_range[1] + 1, dtype=float)
     rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_short = prefill_seconds(c.prefill, short_ok)
-        local_load = (1 - p) * s * t_short  # seconds of PD-P per unit Lambda per instance... K
+        local_load = (1 - p) * s * t_short  # PD-P seconds per unit Lambda
         pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
         pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
         capacity = np.zeros_like(p)
@@ -550,9 +616,13 @@ def _grid(
             link_total += gbps
         demand = s * p
         prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
+        admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
+        admit = np.where(sp.refused > refusal_target, 0.0, admit)
         work = np.where(demand > 0, work, 0.0)
         egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
-    return _Grid(thresholds, p, n, prf, pdp, pdd, work, egress, link_total, sp.l_long)
+    return _Grid(
+        thresholds, p, sp.want, n, prf, admit, pdp, pdd, work, egress, link_total, sp.l_offload
+    )
 
 
 def _pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
@@ -576,19 +646,32 @@ def _split_range(c: PdPool, split_bounds: Mapping[str, tuple[int, int]] | None) 
 
 def plan_fleet(
     fleet: FleetSpec,
-    lengths: LengthDistribution,
+    lengths: Lengths,
     output_tokens: float,
     *,
     threshold_step: float = 100,
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
 ) -> Evaluation:
     """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
-    number of prefill instances to an inclusive range), evaluated."""
+    number of prefill instances to an inclusive range), evaluated. ``load``: the share of
+    its capacity the fleet is planned to run at (see :func:`evaluate`)."""
     if not fleet.pd:
         raise ValueError("a fleet needs at least one pd cluster")
-    thresholds = threshold_grid(lengths, threshold_step)
+    _check_load(load)
+    thresholds = _fleet_grid(lengths, fleet, threshold_step)
     grids = {
-        c.name: _grid(fleet, c, lengths, output_tokens, thresholds, _split_range(c, split_bounds))
+        c.name: _grid(
+            fleet,
+            c,
+            lengths_of(lengths, c.name),
+            output_tokens,
+            thresholds,
+            _split_range(c, split_bounds),
+            load,
+            refusal_target,
+        )
         for c in fleet.pd
     }
     active = [c for c in fleet.pd if c.share > 0]
@@ -596,13 +679,13 @@ def plan_fleet(
         raise ValueError("no pd cluster receives traffic")
     if len(active) == 1:
         g = grids[active[0].name]
-        k, m = _pick(g.throughput, g.p, g.thresholds, g.n_p)
+        k, m = _pick(g.throughput, g.want, g.thresholds, g.n_p)
         choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
     else:
         choice = _bisect(fleet, grids, active)
     ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
     ns = {c.name: choice.get(c.name, (0.0, _split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
-    return evaluate(fleet, lengths, output_tokens, ts, ns)
+    return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
 
 
 def _choose(
@@ -614,12 +697,12 @@ def _choose(
         g = grids[c.name]
         local = g.local
         ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
-        ok &= (g.bound_prfaas >= lam)[:, None]
+        ok &= (g.remote >= lam)[:, None]
         rows = np.flatnonzero(ok.any(axis=1))
         if rows.size == 0:
             return None
         # Fewest PrfaaS compute-seconds, then fewer offloads, then the smaller threshold.
-        k = int(rows[np.lexsort((g.thresholds[rows], g.p[rows], g.work[rows]))[0]])
+        k = int(rows[np.lexsort((g.thresholds[rows], g.want[rows], g.work[rows]))[0]])
         cols = np.flatnonzero(ok[k])
         m = int(cols[np.lexsort((g.n_p[cols], -np.round(local[k, cols], 12)))[0]])
         out[c.name] = (k, m)
@@ -708,8 +791,12 @@ def plan(
     output_tokens: float,
     *,
     threshold_step: float = 100,
+    load: float = DEFAULT_LOAD,
+    output_scv: float = 0.0,
+    arrival_scv: float = 1.0,
 ) -> PlanResult:
-    """The optimum and the baselines.
+    """The optimum and the baselines, and the optimum's queue-aware prediction at ``load``
+    x its Lambda_max (``at_load``, :func:`scheduling.core.operating.operating_point`).
 
     * homogeneous: every GPU of the fleet replaced by the PD accelerator, as whole instances
       (floor of GPUs / GPUs per PD instance), optimal split;
@@ -717,7 +804,18 @@ def plan(
     * equal-cost homogeneous: as many whole PD-accelerator instances as the fleet's GPU-hour
       cost buys (floor: a fractional instance cannot serve), optimal split.
     """
-    best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step)
+    best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
+    ts, ns = _settings(best)
+    at_load = operating_point(
+        fleet,
+        lengths,
+        output_tokens,
+        ts,
+        ns,
+        load * best.throughput_rps,
+        output_scv=output_scv,
+        arrival_scv=arrival_scv,
+    )
     ref = _reference_pd(fleet)
     n_homog = _gpus(fleet) // ref.gpus_per_instance
     n_equal = math.floor(_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
@@ -747,14 +845,22 @@ def plan(
         threshold_step=threshold_step,
         output_tokens=output_tokens,
         mean_input_tokens=lengths.mean,
+        at_load=at_load,
     )
 
 
-def plan_scenario(scenario: Scenario, *, threshold_step: float = 100) -> PlanResult:
+def plan_scenario(
+    scenario: Scenario, *, threshold_step: float = 100, load: float = DEFAULT_LOAD
+) -> PlanResult:
     """Plan a scenario's fleet for its workload, with the baselines."""
     lengths, output_tokens = workload_lengths(scenario)
     return plan(
-        fleet_from_scenario(scenario), lengths, output_tokens, threshold_step=threshold_step
+        fleet_from_scenario(scenario),
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        load=load,
+        output_scv=workload_output_scv(scenario),
     )
 
 
@@ -867,6 +973,7 @@ def cluster_to_dict(c: ClusterResult, n_prfaas: int) -> dict[str, Any]:
         "link_gbps": c.link_gbps,
         "ttft_mean_s": c.ttft_mean_s,
         "ttft_p90_s": c.ttft_p90_s,
+        "link_congested_fraction": c.refused_fraction,
     }
 
 
@@ -900,8 +1007,11 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
     equal = evaluation_to_dict(result.equal_cost_homogeneous)
     equal["instances"] = result.equal_cost_instances
     naive = evaluation_to_dict(result.naive_heterogeneous)
+    prfaas = evaluation_to_dict(result.prfaas)
+    if result.at_load is not None:
+        prfaas["at_load"] = {"load": result.prfaas.load, **operating_point_to_dict(result.at_load)}
     return {
-        "prfaas": evaluation_to_dict(result.prfaas),
+        "prfaas": prfaas,
         "baselines": {
             "homogeneous": homog,
             "naive_heterogeneous": naive,

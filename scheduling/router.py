@@ -39,6 +39,13 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+from scheduling.core.link import (
+    DEFAULT_LINK_BUDGET_SECONDS,
+    link_admits,
+    link_budget_bytes,
+    link_target_utilisation,
+)
+
 __all__ = [
     "CLUSTER_KINDS",
     "DEFAULT_LINK_BUDGET_SECONDS",
@@ -96,8 +103,6 @@ INSTANCE_STATES = ("active", "draining", "down")
 STALE_MODES = ("static", "local")
 SNAPSHOT_FORMAT = 1
 
-#: A link whose budget is not given may hold this many seconds of its line rate in flight.
-DEFAULT_LINK_BUDGET_SECONDS = 2.0
 
 _MIB = float(1 << 20)
 # Used when a link is fully busy: the transfer estimate then assumes this share of the line
@@ -304,7 +309,10 @@ class LinkSpec:
 
     ``inflight_budget_bytes``: the most KV bytes that may be in flight on it at once (reserved
     when a decision is taken, released when the transfer ends); ``None`` means
-    ``gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS``.
+    ``gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS``. ``target_utilisation``: the egress
+    share at which this link's bandwidth is scarce (``None``: ``guards.scarce_utilisation``);
+    the planner plans its mean egress to at most that share. One model for all three:
+    :mod:`scheduling.core.link`.
     """
 
     source: str
@@ -312,12 +320,21 @@ class LinkSpec:
     gbps: float
     rtt_ms: float = 0.0
     inflight_budget_bytes: int | None = None
+    target_utilisation: float | None = None
 
     @property
     def budget_bytes(self) -> int:
-        if self.inflight_budget_bytes is not None:
-            return self.inflight_budget_bytes
-        return int(self.gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS)
+        return link_budget_bytes(self.gbps, self.inflight_budget_bytes)
+
+    def scarce_at(self, guards: Guards) -> float:
+        """Egress utilisation at or above which this link's bandwidth is scarce."""
+        if self.target_utilisation is None:
+            return guards.scarce_utilisation
+        return link_target_utilisation(self.target_utilisation)
+
+    def abundant_at(self, guards: Guards) -> float:
+        """Egress utilisation at or below which it is abundant again (never above scarce)."""
+        return min(guards.abundant_utilisation, self.scarce_at(guards))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -423,6 +440,10 @@ class Topology:
             if link.inflight_budget_bytes is not None and link.inflight_budget_bytes < 0:
                 raise ValueError(
                     f"link {link.source}->{link.target}: inflight_budget_bytes must not be negative"
+                )
+            if link.target_utilisation is not None and not (0.0 < link.target_utilisation <= 1.0):
+                raise ValueError(
+                    f"link {link.source}->{link.target}: target_utilisation must be within (0, 1]"
                 )
             if link.key in pairs:
                 raise ValueError(f"link {link.source}->{link.target} is listed twice")
@@ -858,7 +879,7 @@ def reservation_fits(reservation: LinkReservation, topology: Topology, live: Liv
         return False
     load = live.links.get(link.key)
     inflight = load.inflight_bytes if load is not None else 0
-    return inflight + reservation.bytes <= link.budget_bytes
+    return link_admits(0.0, inflight, reservation.bytes, link.budget_bytes)
 
 
 # --------------------------------------------------------------------------------------
@@ -1169,6 +1190,13 @@ def _headroom(ctx: _Context, link: LinkSpec) -> int:
     return link.budget_bytes - ctx.link_inflight(link)
 
 
+def _admits(ctx: _Context, opt: _Option) -> bool:
+    """The link admits this offload (scheduling.core.link: not saturated, budget has room)."""
+    return link_admits(
+        opt.util, ctx.link_inflight(opt.link), opt.reserve_bytes, opt.link.budget_bytes
+    )
+
+
 def _transfer_seconds(nbytes: float, link: LinkSpec, util: float) -> float:
     share = max(_MIN_BANDWIDTH_SHARE, 1.0 - util)
     return nbytes * 8.0 / (link.gbps * 1e9 * share)
@@ -1214,9 +1242,9 @@ def _evaluate_prfaas(
         load = ctx.live.links.get(link.key)
         util = (load.egress_gbps / link.gbps) if load is not None else 0.0
         backlog = sum(e[1] for e in pool) / len(pool)
-        if util >= guards.scarce_utilisation or backlog >= guards.prfaas_backlog_s:
+        if util >= link.scarce_at(guards) or backlog >= guards.prfaas_backlog_s:
             scarce = True
-        elif util <= guards.abundant_utilisation and backlog <= guards.prfaas_backlog_clear_s:
+        elif util <= link.abundant_at(guards) and backlog <= guards.prfaas_backlog_clear_s:
             scarce = False
         else:
             control = ctx.live.control.get(request.origin)
@@ -1411,11 +1439,7 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
     local_pool = ctx.prefill_pool(origin)
     if not local_pool:
         # Nowhere to prefill locally: offload whatever the length, if some link has room.
-        usable = [
-            o
-            for o in options
-            if stale or (o.reserve_bytes <= _headroom(ctx, o.link) and o.util < 1.0)
-        ]
+        usable = [o for o in options if stale or _admits(ctx, o)]
         if not usable:
             raise RouteUnavailable(
                 f"pd cluster {origin!r} has no active prefill instance and no PrfaaS cluster "
@@ -1489,7 +1513,7 @@ def _decide(request: RouteRequest, ctx: _Context, stale: bool) -> Decision:
     for o in wanting:
         if o.backlog > guards.prfaas_backlog_reject_s:
             continue
-        if o.util >= 1.0 or o.reserve_bytes > _headroom(ctx, o.link):
+        if not _admits(ctx, o):
             blocked_by_link = True
             continue
         fits.append(o)
@@ -1631,6 +1655,19 @@ def _num(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
+def _link_dict(lk: LinkSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": lk.source,
+        "target": lk.target,
+        "gbps": lk.gbps,
+        "rtt_ms": lk.rtt_ms,
+        "inflight_budget_bytes": lk.budget_bytes,
+    }
+    if lk.target_utilisation is not None:
+        out["target_utilisation"] = lk.target_utilisation
+    return out
+
+
 def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
     """The JSON-able form of a policy and its topology: what ``GET /api/v1/policy`` serves
     and what a router client caches (complete enough to call :func:`route_decide`)."""
@@ -1675,16 +1712,7 @@ def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
             }
             for i in topology.instances
         ],
-        "links": [
-            {
-                "source": lk.source,
-                "target": lk.target,
-                "gbps": lk.gbps,
-                "rtt_ms": lk.rtt_ms,
-                "inflight_budget_bytes": lk.budget_bytes,
-            }
-            for lk in topology.links
-        ],
+        "links": [_link_dict(lk) for lk in topology.links],
     }
 
 
@@ -1834,7 +1862,11 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
     for i, lk in enumerate(r.get(root, "links", "", list)):
         path = f"links[{i}]"
         lk = r.mapping(lk, path)
-        r.only(lk, path, ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes"))
+        r.only(
+            lk,
+            path,
+            ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes", "target_utilisation"),
+        )
         links.append(
             LinkSpec(
                 source=r.get(lk, "source", path, str),
@@ -1842,6 +1874,7 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
                 gbps=r.get(lk, "gbps", path, float),
                 rtt_ms=r.get(lk, "rtt_ms", path, float, 0.0),
                 inflight_budget_bytes=r.get(lk, "inflight_budget_bytes", path, int, None),
+                target_utilisation=r.get(lk, "target_utilisation", path, float, None),
             )
         )
     try:

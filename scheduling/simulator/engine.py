@@ -239,6 +239,10 @@ class Simulation:
         request.threshold = assignment.threshold
         request.prefill_instance = prefill
         request.decode_instance = assignment.decode
+        # The decode engine holds the request (waiting for its KV) from the decision on, so its
+        # load counts it: the router does not pile later decisions onto the same instance.
+        assignment.decode.assigned += 1
+        request.assigned_decode = assignment.decode
         cached = max(0, min(assignment.cached_tokens, request.input_tokens - 1))
         request.cached_tokens = cached
         request.incremental_tokens = request.input_tokens - cached
@@ -399,6 +403,7 @@ class Simulation:
 
     def _decode_admit(self, decode: DecodeInstance, request: SimRequest) -> None:
         now = self.now
+        self._unassign(request)
         decode.running += 1
         decode.running_requests.add(request)
         request.first_token_s = now
@@ -424,9 +429,17 @@ class Simulation:
 
     # -- failures, drops and role changes ------------------------------------------------------
 
+    @staticmethod
+    def _unassign(request: SimRequest) -> None:
+        held = request.assigned_decode
+        if held is not None:
+            held.assigned -= 1
+            request.assigned_decode = None
+
     def _drop(self, request: SimRequest, reason: str) -> None:
         if request.dropped:
             return
+        self._unassign(request)
         request.dropped = reason
         self.dropped += 1
         self._count(-1)
@@ -436,6 +449,7 @@ class Simulation:
     def _redispatch(self, request: SimRequest) -> None:
         """Send a request whose prefill instance failed back through the dispatcher."""
         self.redispatched += 1
+        self._unassign(request)
         if request.link_key:
             self.links[request.link_key].reserved_bytes -= request.kv_bytes
         request.link_key = ""

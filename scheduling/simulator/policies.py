@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scheduling.performance import MIB
 from scheduling.planner import Evaluation, PlanResult
-from scheduling.scenario import Scenario
+from scheduling.scenario import LinkSpec, Scenario
 from scheduling.simulator.routing import ClusterPlan, FleetPlan, LinkPlan
 
 POLICIES = ("homogeneous", "naive", "prfaas", "prfaas-dual")
@@ -105,10 +106,20 @@ def fleet_plan(
         clusters.append(_pd_cluster_plan(scenario, c.name, c.accelerator, n_p, n_d, c.name, c.site))
         chosen = threshold if threshold is not None and policy != "naive" else planned
         thresholds[c.name] = max(0, round(chosen))
-    links = tuple(
-        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
-    )
+    links = tuple(link_plan(link) for link in scenario.links)
     return FleetPlan(policy, tuple(clusters), links, thresholds, ev.throughput_rps)
+
+
+def link_plan(link: LinkSpec) -> LinkPlan:
+    """A scenario's link as the simulator runs it (budget and target utilisation included)."""
+    return LinkPlan(
+        link.source,
+        link.target,
+        link.gbps,
+        link.rtt_ms,
+        None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
+        link.target_utilisation,
+    )
 
 
 def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
@@ -151,7 +162,5 @@ def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -
             )
             if threshold is not None:
                 thresholds[c.name] = max(0, round(threshold))
-    links = tuple(
-        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
-    )
+    links = tuple(link_plan(link) for link in scenario.links)
     return FleetPlan("prfaas", tuple(clusters), links, thresholds, None)

@@ -1,0 +1,232 @@
+"""Queueing approximations for the planner's predictions: waits at M/G/c stations and the
+distribution of a sum of service time and waits, for TTFT means and quantiles.
+
+Pure Python and numpy: no Django. Seconds throughout.
+
+**Waits at a station of c identical servers** (:func:`mgc_wait`): Poisson arrivals at rate
+lambda, service S with mean E[S] and squared coefficient of variation c_s^2 = Var S / E[S]^2,
+utilisation rho = lambda E[S] / c < 1. The Allen-Cunneen approximation:
+
+    P(wait)  = ErlangC(c, lambda E[S])                (exact for exponential service)
+    E[W]     = P(wait) * E[S] / (c (1 - rho)) * (c_a^2 + c_s^2) / 2
+
+with c_a^2 the arrivals' squared coefficient of variation (1 for Poisson). The distribution
+assumed for the wait: an atom at 0 of mass 1 - P(wait), and otherwise exponential with mean
+E[W] / P(wait) (exact for M/M/c; for M/G/c the usual heavy-traffic shape). It is exact for
+M/M/c, close for M/G/1 (Pollaczek-Khinchine mean), and degrades when c_s^2 is very large with
+few servers, or near saturation (rho -> 1), where every approximation does.
+
+Why M/G/c fits the fleet: the router sends each request to the instance of a cluster that
+would start it soonest (least queued work: ``backlog + T(prompt - cached)``, with no cache the
+least backlog); with FCFS at each instance that is exactly a central FCFS queue feeding c
+servers.
+
+**TTFT** (:func:`ttft_quantile`, :func:`ttft_mean`): a request's TTFT is its deterministic part
+(prefill time, transfer excess, RTT) plus independent waits (its prefill station's, then its
+decode admission's); a mixture over kinds of request (lengths, routes). Two atom-plus-
+exponential waits add up to a closed-form law (hypoexponential), so the mixture's CDF is exact
+for the assumed wait laws and a quantile is found by bisection on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+def erlang_b(servers: int, offered: float) -> float:
+    """Erlang's loss formula B(c, a), by the stable recursion B(k) = a B(k-1) / (k + a B(k-1))."""
+    if offered <= 0:
+        return 0.0
+    b = 1.0
+    for k in range(1, int(servers) + 1):
+        b = offered * b / (k + offered * b)
+    return b
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability of waiting in M/M/c with ``offered`` = lambda E[S] erlangs (1 when rho >= 1)."""
+    c = int(servers)
+    if c <= 0:
+        return 1.0
+    rho = offered / c
+    if rho >= 1:
+        return 1.0
+    if offered <= 0:
+        return 0.0
+    b = erlang_b(c, offered)
+    return b / (1.0 - rho * (1.0 - b))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The law assumed for a queueing wait: 0 with probability ``1 - p_wait``, else exponential
+    with mean ``mean_s / p_wait``. ``rho`` is the station's utilisation (>= 1: unstable, and
+    the wait infinite)."""
+
+    p_wait: float
+    mean_s: float
+    rho: float
+
+    @property
+    def stable(self) -> bool:
+        return self.rho < 1.0
+
+    @property
+    def conditional_mean_s(self) -> float:
+        return self.mean_s / self.p_wait if self.p_wait > 0 else 0.0
+
+    def cdf(self, x: ArrayLike) -> FloatArray:
+        xa = np.asarray(x, dtype=float)
+        if not self.stable:
+            return np.zeros_like(xa)
+        theta = self.conditional_mean_s
+        if self.p_wait <= 0 or theta <= 0:
+            return np.where(xa >= 0, 1.0, 0.0)
+        return np.where(xa >= 0, 1.0 - self.p_wait * np.exp(-np.maximum(xa, 0) / theta), 0.0)
+
+
+NO_WAIT = Wait(0.0, 0.0, 0.0)
+
+
+def mgc_wait(
+    rate: float,
+    mean_service_s: float,
+    scv_service: float,
+    servers: int,
+    *,
+    scv_arrival: float = 1.0,
+) -> Wait:
+    """The Allen-Cunneen wait at a station of ``servers`` fed at ``rate`` (see the module)."""
+    if rate <= 0 or mean_service_s <= 0:
+        return NO_WAIT
+    if servers <= 0:
+        return Wait(1.0, math.inf, math.inf)
+    offered = rate * mean_service_s
+    rho = offered / servers
+    if rho >= 1:
+        return Wait(1.0, math.inf, rho)
+    p = erlang_c(servers, offered)
+    mean = p * mean_service_s / (servers * (1.0 - rho)) * (scv_arrival + scv_service) / 2.0
+    return Wait(p, mean, rho)
+
+
+def moments(values: ArrayLike, weights: ArrayLike) -> tuple[float, float]:
+    """Mean and squared coefficient of variation of a discrete law (weights need not sum
+    to 1; (0, 0) when they sum to 0)."""
+    v = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    total = float(w.sum())
+    if total <= 0:
+        return 0.0, 0.0
+    mean = float(np.dot(v, w) / total)
+    if mean <= 0:
+        return mean, 0.0
+    second = float(np.dot(v * v, w) / total)
+    return mean, max(0.0, second / (mean * mean) - 1.0)
+
+
+def _sum_cdf(y: FloatArray, a: Wait, b: Wait) -> FloatArray:
+    """P(W_a + W_b <= y) for two independent waits of the assumed law."""
+    pa, pb = a.p_wait, b.p_wait
+    ta, tb = a.conditional_mean_s, b.conditional_mean_s
+    yy = np.maximum(y, 0.0)
+    if pa <= 0 or ta <= 0:
+        return b.cdf(y)
+    if pb <= 0 or tb <= 0:
+        return a.cdf(y)
+    ea = np.exp(-yy / ta)
+    eb = np.exp(-yy / tb)
+    if abs(ta - tb) <= 1e-9 * max(ta, tb):
+        both = 1.0 - ea * (1.0 + yy / ta)
+    else:
+        both = 1.0 - (ta * ea - tb * eb) / (ta - tb)
+    out = (1 - pa) * (1 - pb) + pa * (1 - pb) * (1 - ea) + (1 - pa) * pb * (1 - eb) + pa * pb * both
+    return np.where(y >= 0, out, 0.0)
+
+
+@dataclass(frozen=True)
+class TtftPart:
+    """One kind of request in the TTFT mixture: its share, its deterministic seconds (an array:
+    one value per length node, with ``weights`` of the same shape summing to ``share``), and
+    the two waits it meets (prefill station, decode admission)."""
+
+    weights: FloatArray
+    fixed_s: FloatArray
+    prefill_wait: Wait
+    decode_wait: Wait
+
+    @property
+    def stable(self) -> bool:
+        return self.prefill_wait.stable and self.decode_wait.stable
+
+
+def ttft_mean(parts: Sequence[TtftPart]) -> float:
+    """Mean TTFT of the mixture (infinite when a station with traffic is unstable)."""
+    total = 0.0
+    mass = 0.0
+    for part in parts:
+        w = float(part.weights.sum())
+        if w <= 0:
+            continue
+        if not part.stable:
+            return math.inf
+        total += float(np.dot(part.weights, part.fixed_s))
+        total += w * (part.prefill_wait.mean_s + part.decode_wait.mean_s)
+        mass += w
+    return total / mass if mass > 0 else 0.0
+
+
+def ttft_cdf(parts: Sequence[TtftPart], x: float) -> float:
+    """P(TTFT <= x) over the mixture."""
+    mass = 0.0
+    below = 0.0
+    for part in parts:
+        w = float(part.weights.sum())
+        if w <= 0:
+            continue
+        mass += w
+        if not part.stable:
+            continue
+        below += float(
+            np.dot(part.weights, _sum_cdf(x - part.fixed_s, part.prefill_wait, part.decode_wait))
+        )
+    return below / mass if mass > 0 else 1.0
+
+
+def ttft_quantile(parts: Sequence[TtftPart], q: float) -> float:
+    """The q-quantile of TTFT over the mixture (infinite when unstable stations hold more than
+    1 - q of the traffic)."""
+    live = [p for p in parts if float(p.weights.sum()) > 0]
+    if not live:
+        return 0.0
+    lo = 0.0
+    hi = max(float(np.max(p.fixed_s)) for p in live)
+    hi += (
+        sum(
+            max(p.prefill_wait.conditional_mean_s, 0.0) + max(p.decode_wait.conditional_mean_s, 0.0)
+            for p in live
+            if p.stable
+        )
+        * 10.0
+        + 1.0
+    )
+    if ttft_cdf(live, hi) < q:
+        hi *= 100.0
+        if ttft_cdf(live, hi) < q:
+            return math.inf
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if ttft_cdf(live, mid) >= q:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-4 * max(hi, 1e-3):
+            break
+    return hi

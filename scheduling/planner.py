@@ -18,18 +18,16 @@ instances; all of it decodes on its N_d,c PD-D instances. Stage bounds on Lambda
   several: the largest Lambda a linear program can route (flows f_jc) within every cluster's
   compute and every link.                                                   (Eq. 3)
 
-Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck.
+The links as the router applies them (:mod:`scheduling.core.link`, one model for planner, router
+and simulator): a link carries at most its target share of the line rate on average (B_jc above
+is that share), a request whose KV fits no linked budget is refused and prefills locally, and
+(``link_budget`` bound) at the planned load F x Lambda the link refuses at most 1% of the
+cluster's decisions, reservations held from the decision to the transfer's end
+(:mod:`scheduling.core.offload`). p_c, l_long,c and l_short,c count what the links admit.
 
-Search. One PD cluster: exhaustive over the threshold grid x the integer split, vectorised, the
-exact argmax. Several PD clusters: the feasible set shrinks as Lambda grows, so Lambda_max is
-found by bisection; at each Lambda every PD cluster independently picks, among its (t, split)
-cells whose local bounds and link allow Lambda, the one that costs PrfaaS the fewest
-compute-seconds per second; with one PrfaaS cluster this choice is exact (the clusters couple
-only through that sum). With several PrfaaS clusters the cost is measured on the fastest linked
-one and the LP checks the result: a heuristic, but every answer is evaluated exactly.
-
-Ties (equal Lambda) go to the smaller offload fraction, then the smaller threshold, then fewer
-prefill instances: keep traffic local when offloading buys nothing.
+Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck. The
+search is :mod:`scheduling.core.search`; :func:`plan` also predicts the optimum at F x
+Lambda_max with queueing (``at_load``, :mod:`scheduling.core.operating`).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
 
 from scheduling.core.fleet import (
     FleetLink,
@@ -54,6 +51,16 @@ from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import fit_limit_tokens, linked_pools, offload_split
 from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
 from scheduling.core.queueing import moments
+from scheduling.core.search import (
+    fleet_threshold_grid,
+    grid_build,
+    grid_pick,
+    joint_search,
+    prfaas_lp,
+    safe_div,
+    split_range,
+    threshold_grid,
+)
 from scheduling.performance import (
     MIB,
     FloatArray,
@@ -278,68 +285,6 @@ def workload_output_scv(scenario: Scenario) -> float:
 # The model at one setting
 
 
-def _div(num: float, den: float) -> float:
-    if den <= 0:
-        return INF if num > 0 or (den == 0 and num == 0) else 0.0
-    return num / den
-
-
-def _linked(fleet: FleetSpec, c: PdPool) -> list[tuple[PrfaasPool, float]]:
-    """Each PrfaaS pool with the egress the planner may plan from it to ``c``."""
-    return [(j, fleet.usable_gbps(j.name, c.name)) for j in fleet.prfaas]
-
-
-def _prfaas_lp(
-    fleet: FleetSpec, demand: Mapping[str, tuple[float, float]]
-) -> tuple[float, dict[tuple[str, str], float]]:
-    """Largest Lambda whose offloaded traffic can be routed: ``demand[c] = (s_c p_c, l_long)``.
-    Returns Lambda and the flows (req/s per unit... at that Lambda) per (prfaas, pd) pair."""
-    names = [c for c, (d, _) in demand.items() if d > 0]
-    if not names:
-        return INF, {}
-    pairs = [
-        (j, c)
-        for c in names
-        for j in fleet.prfaas
-        if fleet.link_gbps(j.name, c) > 0 and j.instances > 0
-    ]
-    n = 1 + len(pairs)
-    cost = np.zeros(n)
-    cost[0] = -1.0
-    a_eq = np.zeros((len(names), n))
-    for row, c in enumerate(names):
-        a_eq[row, 0] = -demand[c][0]
-        for k, (_, cc) in enumerate(pairs):
-            if cc == c:
-                a_eq[row, 1 + k] = 1.0
-    a_ub = np.zeros((len(fleet.prfaas), n))
-    b_ub = np.zeros(len(fleet.prfaas))
-    for row, j in enumerate(fleet.prfaas):
-        b_ub[row] = j.instances
-        for k, (jj, c) in enumerate(pairs):
-            if jj is j:
-                a_ub[row, 1 + k] = float(prefill_seconds(j.prefill, demand[c][1]))
-    bounds: list[tuple[float, float | None]] = [(0.0, 1e12)]
-    for j, c in pairs:
-        bits = float(kv_bytes(fleet.kv_mib, demand[c][1])) * 8.0
-        bounds.append((0.0, _div(fleet.usable_gbps(j.name, c) * 1e9, bits)))
-    res = linprog(
-        cost,
-        A_ub=a_ub,
-        b_ub=b_ub,
-        A_eq=a_eq,
-        b_eq=np.zeros(len(names)),
-        bounds=bounds,
-        method="highs",
-    )
-    if res.status != 0:
-        return 0.0, {}
-    lam = float(res.x[0])
-    return (INF if lam >= 1e11 else lam), {
-        (j.name, c): float(res.x[1 + k]) for k, (j, c) in enumerate(pairs)
-    }
-
-
 def _as_mapping(fleet: FleetSpec, value: Any, what: str) -> dict[str, Any]:
     if isinstance(value, Mapping):
         missing = [c.name for c in fleet.pd if c.name not in value]
@@ -358,7 +303,7 @@ def _admission_bound(admit_rate: float, load: float, share: float, offload: floa
     """Lambda at which ``load`` x Lambda brings this cluster the arrivals its links admit."""
     if offload <= 0 or share <= 0:
         return INF
-    return _div(admit_rate, load * share)
+    return safe_div(admit_rate, load * share)
 
 
 def evaluate(
@@ -405,9 +350,9 @@ def evaluate(
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
         if c.share > 0:
             bounds[f"pd_prefill:{c.name}"] = (
-                INF if theta_p is None else _div(theta_p, (1 - p) * c.share)
+                INF if theta_p is None else safe_div(theta_p, (1 - p) * c.share)
             )
-            bounds[f"pd_decode:{c.name}"] = _div(theta_d, c.share)
+            bounds[f"pd_decode:{c.name}"] = safe_div(theta_d, c.share)
             if p > 0:
                 admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
                 if refused > refusal_target:
@@ -436,16 +381,16 @@ def evaluate(
             else 0.0
         )
         key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
-        bounds[key] = _div(j.instances if j else 0.0, work)
+        bounds[key] = safe_div(j.instances if j else 0.0, work)
         prfaas_bound = bounds[key]
         for c in offloading:
             d, ll = demand[c.name]
             gbps = fleet.usable_gbps(j.name, c.name) if j else 0.0
             lk = f"link:{j.name if j else 'none'}->{c.name}"
-            bounds[lk] = _div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
+            bounds[lk] = safe_div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
             prfaas_bound = min(prfaas_bound, bounds[lk])
     elif offloading:
-        prfaas_bound, _ = _prfaas_lp(fleet, demand)
+        prfaas_bound, _ = prfaas_lp(fleet, demand)
         bounds["prfaas"] = prfaas_bound
 
     broken = [k for k, v in bounds.items() if math.isnan(v)]
@@ -531,119 +476,6 @@ def evaluate(
 # Search
 
 
-def threshold_grid(lengths: LengthDistribution, step: float = 100) -> FloatArray:
-    """Thresholds ``step`` apart covering the support, from one below the shortest length
-    (offload everything) to one at or above the longest (offload nothing)."""
-    if step <= 0:
-        raise ValueError("threshold step must be positive")
-    lo, hi = lengths.support
-    start = step * math.floor(lo / step)
-    if start >= lo:
-        start -= step
-    end = step * math.ceil(hi / step)
-    return np.asarray(start + step * np.arange(round((end - start) / step) + 1), dtype=float)
-
-
-def _fleet_grid(lengths: Lengths, fleet: FleetSpec, step: float) -> FloatArray:
-    """One threshold grid covering every PD cluster's lengths."""
-    grids = [threshold_grid(lengths_of(lengths, c.name), step) for c in fleet.pd]
-    return np.unique(np.concatenate(grids)) if len(grids) > 1 else grids[0]
-
-
-@dataclass(frozen=True)
-class _Grid:
-    """Per-cluster arrays over thresholds (K) and prefill counts (M)."""
-
-    thresholds: FloatArray  # K
-    p: FloatArray  # K: share offloaded (admitted by the links)
-    want: FloatArray  # K: share above the threshold (offloaded, or refused by the links)
-    n_p: FloatArray  # M
-    bound_prfaas: FloatArray  # K: this cluster alone on the PrfaaS stage
-    bound_admit: FloatArray  # K: the links' admission at the planned load (0: never admissible)
-    bound_pd_p: FloatArray  # K x M
-    bound_pd_d: FloatArray  # M
-    work: FloatArray  # K: PrfaaS compute-seconds per unit Lambda (fastest linked PrfaaS)
-    egress: FloatArray  # K: Gbps per unit Lambda
-    link_total: float  # Gbps the planner may plan onto the cluster's links
-    l_long: FloatArray  # K (nan where nothing is offloaded)
-
-    @property
-    def local(self) -> FloatArray:
-        return np.minimum(self.bound_pd_p, self.bound_pd_d[None, :])
-
-    @property
-    def remote(self) -> FloatArray:
-        return np.minimum(self.bound_prfaas, self.bound_admit)
-
-    @property
-    def throughput(self) -> FloatArray:
-        return np.minimum(self.local, self.remote[:, None])
-
-
-def _grid(
-    fleet: FleetSpec,
-    c: PdPool,
-    lengths: LengthDistribution,
-    output_tokens: float,
-    thresholds: FloatArray,
-    n_range: tuple[int, int],
-    load: float,
-    refusal_target: float,
-) -> _Grid:
-    sp = offload_split(fleet, c, lengths, thresholds, load=load, refusal_target=refusal_target)
-    p = sp.offload
-    s = c.share
-    long_ok = np.nan_to_num(sp.l_offload, nan=lengths.support[1])
-    short_ok = np.nan_to_num(sp.l_local, nan=lengths.support[0])
-    n = np.arange(n_range[0], n_range[1] + 1, dtype=float)
-    rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_short = prefill_seconds(c.prefill, short_ok)
-        local_load = (1 - p) * s * t_short  # PD-P seconds per unit Lambda
-        pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
-        pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
-        capacity = np.zeros_like(p)
-        work = np.full_like(p, INF)
-        link_total = 0.0
-        for j, gbps in _linked(fleet, c):
-            if j.instances <= 0 or gbps <= 0:
-                continue
-            t_long = prefill_seconds(j.prefill, long_ok)
-            capacity += np.minimum(
-                j.instances / t_long, gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
-            )
-            work = np.minimum(work, s * p * t_long)
-            link_total += gbps
-        demand = s * p
-        prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
-        admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
-        admit = np.where(sp.refused > refusal_target, 0.0, admit)
-        work = np.where(demand > 0, work, 0.0)
-        egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
-    return _Grid(
-        thresholds, p, sp.want, n, prf, admit, pdp, pdd, work, egress, link_total, sp.l_offload
-    )
-
-
-def _pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
-    """Argmax of Lambda over a K x M grid with the documented tie-break."""
-    k_idx, m_idx = np.meshgrid(np.arange(lam.shape[0]), np.arange(lam.shape[1]), indexing="ij")
-    lam_r = np.round(lam, 12)
-    keys = (n[m_idx].ravel(), t[k_idx].ravel(), p[k_idx].ravel(), -lam_r.ravel())
-    best = int(np.lexsort(keys)[0])
-    return int(k_idx.ravel()[best]), int(m_idx.ravel()[best])
-
-
-def _split_range(c: PdPool, split_bounds: Mapping[str, tuple[int, int]] | None) -> tuple[int, int]:
-    lo, hi = 0, c.instances
-    if split_bounds and c.name in split_bounds:
-        lo, hi = split_bounds[c.name]
-        lo, hi = max(0, int(lo)), min(c.instances, int(hi))
-        if lo > hi:
-            raise ValueError(f"{c.name}: empty range of prefill instances")
-    return lo, hi
-
-
 def plan_fleet(
     fleet: FleetSpec,
     lengths: Lengths,
@@ -653,6 +485,7 @@ def plan_fleet(
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
     load: float = DEFAULT_LOAD,
     refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    output_scv: float = 0.0,
 ) -> Evaluation:
     """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
     number of prefill instances to an inclusive range), evaluated. ``load``: the share of
@@ -660,15 +493,15 @@ def plan_fleet(
     if not fleet.pd:
         raise ValueError("a fleet needs at least one pd cluster")
     _check_load(load)
-    thresholds = _fleet_grid(lengths, fleet, threshold_step)
+    thresholds = fleet_threshold_grid(lengths, fleet, threshold_step)
     grids = {
-        c.name: _grid(
+        c.name: grid_build(
             fleet,
             c,
             lengths_of(lengths, c.name),
             output_tokens,
             thresholds,
-            _split_range(c, split_bounds),
+            split_range(c, split_bounds),
             load,
             refusal_target,
         )
@@ -679,82 +512,21 @@ def plan_fleet(
         raise ValueError("no pd cluster receives traffic")
     if len(active) == 1:
         g = grids[active[0].name]
-        k, m = _pick(g.throughput, g.want, g.thresholds, g.n_p)
+        k, m = grid_pick(g.throughput, g.want, g.thresholds, g.n_p)
         choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
     else:
-        choice = _bisect(fleet, grids, active)
-    ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
-    ns = {c.name: choice.get(c.name, (0.0, _split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
-    return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
-
-
-def _choose(
-    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
-) -> dict[str, tuple[int, int]] | None:
-    """For each cluster the cell allowing ``lam`` that costs PrfaaS least, or None."""
-    out = {}
-    for c in active:
-        g = grids[c.name]
-        local = g.local
-        ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
-        ok &= (g.remote >= lam)[:, None]
-        rows = np.flatnonzero(ok.any(axis=1))
-        if rows.size == 0:
-            return None
-        # Fewest PrfaaS compute-seconds, then fewer offloads, then the smaller threshold.
-        k = int(rows[np.lexsort((g.thresholds[rows], g.want[rows], g.work[rows]))[0]])
-        cols = np.flatnonzero(ok[k])
-        m = int(cols[np.lexsort((g.n_p[cols], -np.round(local[k, cols], 12)))[0]])
-        out[c.name] = (k, m)
-    return out
-
-
-def _feasible(
-    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
-) -> dict[str, tuple[int, int]] | None:
-    pick = _choose(fleet, grids, active, lam)
-    if pick is None:
-        return None
-    if len(fleet.prfaas) <= 1:
-        cap = fleet.prfaas[0].instances if fleet.prfaas else 0
-        work = sum(
-            float(grids[c.name].work[k]) for c, (k, _) in zip(active, pick.values(), strict=True)
+        choice = joint_search(
+            fleet,
+            grids,
+            active,
+            lengths=lengths,
+            output_tokens=output_tokens,
+            output_scv=output_scv,
+            load=load,
         )
-        return pick if work * lam <= cap + 1e-9 else None
-    demand = {}
-    for c in active:
-        g = grids[c.name]
-        k, _ = pick[c.name]
-        demand[c.name] = (c.share * float(g.p[k]), float(g.l_long[k]))
-    lam_max, _ = _prfaas_lp(fleet, demand)
-    return pick if lam_max >= lam * (1 - 1e-9) else None
-
-
-def _bisect(
-    fleet: FleetSpec, grids: dict[str, _Grid], active: list[PdPool]
-) -> dict[str, tuple[float, int]]:
-    hi = min(float(np.max(grids[c.name].local)) for c in active)
-    lo = 0.0
-    best = _feasible(fleet, grids, active, 0.0)
-    if best is None:
-        raise ValueError("no feasible setting")
-    if math.isfinite(hi) and _feasible(fleet, grids, active, hi) is not None:
-        lo = hi
-    else:
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            if mid <= lo or mid >= hi:
-                break
-            pick = _feasible(fleet, grids, active, mid)
-            if pick is None:
-                hi = mid
-            else:
-                lo = mid
-    best = _feasible(fleet, grids, active, lo) or best
-    return {
-        c.name: (float(grids[c.name].thresholds[k]), int(grids[c.name].n_p[m]))
-        for c, (k, m) in zip(active, best.values(), strict=True)
-    }
+    ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
+    ns = {c.name: choice.get(c.name, (0.0, split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
+    return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
 
 
 # --------------------------------------------------------------------------------------------

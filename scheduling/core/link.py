@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+
 FloatArray = NDArray[np.float64]
 
 #: A link whose budget is not given may hold this many seconds of its line rate in flight.
@@ -119,35 +120,51 @@ class OffloadMix:
     hold_s: FloatArray
 
 
-def _recursion(loads: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Kaufman-Roberts over ``loads[..., b]`` (offered load of requests needing ``b`` units).
+def _recursion(loads: FloatArray, dispersion: ArrayLike = 1.0) -> tuple[FloatArray, FloatArray]:
+    """The law of the units taken by a random crowd of requests, ``loads[k, b]`` being the
+    mean number of requests of ``b`` units present in row ``k``, their count negative binomial
+    with variance ``dispersion`` x its mean (1: Poisson). Panjer's recursion; with Poisson
+    counts it is Kaufman-Roberts.
 
-    Returns the occupancy law truncated to ``0..G`` units (the loss system) and, for the same
-    loads untruncated (compound Poisson), the probability that ``G`` units or more are busy.
+    Returns the law truncated to ``0..G`` units (the loss system: requests that find no room
+    are refused) and, untruncated, the probability that ``G`` units or more are taken.
     """
     loads = np.atleast_2d(loads)
     g = loads.shape[-1] - 1
-    ba = np.ascontiguousarray(loads * np.arange(g + 1, dtype=float))
+    mean = loads.sum(axis=-1)
+    disp = np.maximum(np.broadcast_to(np.asarray(dispersion, dtype=float), mean.shape), 1.0)
+    safe = np.where(mean > 0, mean, 1.0)
+    f = loads / safe[:, None]
+    a = (disp - 1.0) / disp
+    b = (mean - disp + 1.0) / disp
+    fa = np.ascontiguousarray(f * a[:, None])
+    fb = np.ascontiguousarray(f * b[:, None] * np.arange(g + 1, dtype=float))
     # q[n] is stored at rev[g - n], so that q[n-1], ..., q[0] is one contiguous slice.
     rev = np.zeros(loads.shape)
     rev[:, g] = 1.0
     log_scale = np.zeros(loads.shape[0])
     for n in range(1, g + 1):
-        value = np.einsum("ij,ij->i", ba[:, 1 : n + 1], rev[:, g - n + 1 :]) / n
+        tail = rev[:, g - n + 1 :]
+        value = np.einsum("ij,ij->i", fa[:, 1 : n + 1], tail)
+        value += np.einsum("ij,ij->i", fb[:, 1 : n + 1], tail) / n
         rev[:, g - n] = value
         # Rescale rows that grow large (heavy loads), keeping track of the factor.
         big = value > 1e200
         if big.any():
             rev[big] /= 1e200
             log_scale[big] += math.log(1e200)
-    q = rev[:, ::-1]
+    q = np.maximum(rev[:, ::-1], 0.0)
     total = q.sum(axis=-1)
     law = q / total[..., None]
-    offered = loads.sum(axis=-1)
-    with np.errstate(divide="ignore"):
-        below = np.log(np.maximum(q[..., :g].sum(axis=-1), 1e-300)) + log_scale - offered
-    tail = np.clip(1.0 - np.exp(np.minimum(below, 0.0)), 0.0, 1.0)
-    return law, tail
+    # log P(nobody there): Poisson -m; negative binomial -(m / (D - 1)) log D.
+    excess = disp - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_empty = np.where(
+            excess > 1e-9, -mean / np.where(excess > 1e-9, excess, 1.0) * np.log1p(excess), -mean
+        )
+        below = np.log(np.maximum(q[..., :g].sum(axis=-1), 1e-300)) + log_scale + log_empty
+    tail_p = np.clip(1.0 - np.exp(np.minimum(below, 0.0)), 0.0, 1.0)
+    return law, tail_p
 
 
 def _spread(units_of: FloatArray, width: int) -> FloatArray:
@@ -182,6 +199,59 @@ def _class_block(law: FloatArray) -> FloatArray:
 
 
 @dataclass(frozen=True)
+class PoolCrowd:
+    """The PrfaaS pool a link's offloads queue at, per row: its arrival rate from every link
+    (req/s) and how many requests it holds (queued or prefilling) and prefills, as means and
+    variances (:func:`scheduling.core.queueing.mgc_crowd`). A link's share of that crowd is
+    what makes its reservations bunch up when the pool's queue does."""
+
+    rate: FloatArray
+    in_system_mean: FloatArray
+    in_system_var: FloatArray
+    busy_mean: FloatArray
+    busy_var: FloatArray
+
+    def take(self, rows: NDArray[np.int_], repeat: int = 1) -> PoolCrowd:
+        def pick(a: FloatArray) -> FloatArray:
+            return np.repeat(np.asarray(a, dtype=float)[rows], repeat)
+
+        return PoolCrowd(
+            pick(self.rate),
+            pick(self.in_system_mean),
+            pick(self.in_system_var),
+            pick(self.busy_mean),
+            pick(self.busy_var),
+        )
+
+
+def _dispersions(
+    rate: FloatArray, pool: PoolCrowd | None, after_s: FloatArray, streaming_after_s: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Variance-to-mean ratios of a link's reservations and of its streams at offered
+    ``rate`` per row (1 each without a pool: Poisson counts). ``after_s``: mean seconds a
+    reservation lives after its prefill; ``streaming_after_s``: mean seconds it still streams.
+    (:func:`scheduling.core.queueing.thinned_dispersion`, elementwise.)"""
+    if pool is None:
+        ones = np.ones(len(rate))
+        return ones, ones
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.clip(
+            np.where(pool.rate > 0, rate / np.where(pool.rate > 0, pool.rate, 1.0), 1.0), 0, 1
+        )
+
+    def ratio(mean: FloatArray, var: FloatArray, extra: FloatArray) -> FloatArray:
+        m = share * mean + extra
+        v = share * share * var + share * (1.0 - share) * mean + extra
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.where((m > 0) & np.isfinite(m), v / np.where(m > 0, m, 1.0), 1.0)
+        return np.maximum(np.nan_to_num(out, nan=1.0, posinf=1.0), 1.0)
+
+    held = ratio(pool.in_system_mean, pool.in_system_var, rate * after_s)
+    streams = ratio(pool.busy_mean, pool.busy_var, rate * streaming_after_s)
+    return held, streams
+
+
+@dataclass(frozen=True)
 class _Prepared:
     """A mix cut into the knapsack's classes, per unit of offered rate."""
 
@@ -190,6 +260,8 @@ class _Prepared:
     stream_loads: FloatArray  # rows x classes: concurrent streams per (req/s), by rate class
     spread: FloatArray  # kinds x classes (budget)
     fits: NDArray[np.bool_]
+    after_s: FloatArray  # rows: mean seconds a reservation lives after its prefill
+    streaming_after_s: FloatArray  # rows: mean seconds a transfer streams after its prefill
 
 
 def _prepare(
@@ -211,7 +283,10 @@ def _prepare(
     stream = np.maximum(prefill, kv / line)
     rate_spread = _spread(kv / stream / line * units, units + 1)
     stream_loads = _loads(rate_spread, w * stream[None, :])
-    return _Prepared(budget_weights, budget_loads, stream_loads, spread, fits)
+    share = np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)
+    after = (w @ np.maximum(hold - prefill, 0.0)) / share
+    streaming = (w @ np.maximum(stream - prefill, 0.0)) / share
+    return _Prepared(budget_weights, budget_loads, stream_loads, spread, fits, after, streaming)
 
 
 def link_refusal(
@@ -221,12 +296,14 @@ def link_refusal(
     gbps: float,
     budget_bytes: float,
     *,
+    pool: PoolCrowd | None = None,
     units: int = BUDGET_UNITS,
 ) -> FloatArray:
     """Probability that the router refuses an offload of each kind, per row: ``rate[k]``
     offloads per second arrive with the mix of row ``k``, each waiting ``wait_s[k]`` on average
-    for its PrfaaS prefill before it starts. Shape ``(rows, kinds)``. Kinds whose KV alone
-    exceeds the budget are refused with probability 1."""
+    for its PrfaaS prefill before it starts, at the pool ``pool`` describes (None: reservations
+    come and go independently, Poisson). Shape ``(rows, kinds)``. Kinds whose KV alone exceeds
+    the budget are refused with probability 1."""
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     rows = weights.shape[0]
     if gbps <= 0 or budget_bytes <= 0:
@@ -234,19 +311,26 @@ def link_refusal(
     lam = np.broadcast_to(np.asarray(rate, dtype=float), (rows,))
     wait = np.broadcast_to(np.asarray(wait_s, dtype=float), (rows,)).astype(float)
     prep = _prepare(mix, wait, gbps, budget_bytes, units)
-    law, _ = _recursion(lam[:, None] * prep.budget_loads)
-    _, saturated = _recursion(lam[:, None] * prep.stream_loads)
+    held, streams = _dispersions(lam, pool, prep.after_s, prep.streaming_after_s)
+    law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
+    _, saturated = _recursion(lam[:, None] * prep.stream_loads, streams)
     budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
     refused = 1.0 - (1.0 - budget_block) * (1.0 - saturated[:, None])
     return np.where(prep.fits[None, :], refused, 1.0)
 
 
 def link_mean_refusal(
-    rate: ArrayLike, mix: OffloadMix, wait_s: ArrayLike, gbps: float, budget_bytes: float
+    rate: ArrayLike,
+    mix: OffloadMix,
+    wait_s: ArrayLike,
+    gbps: float,
+    budget_bytes: float,
+    *,
+    pool: PoolCrowd | None = None,
 ) -> FloatArray:
     """The share of the offered offloads refused, per row (kinds that never fit included)."""
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
-    refused = link_refusal(rate, mix, wait_s, gbps, budget_bytes)
+    refused = link_refusal(rate, mix, wait_s, gbps, budget_bytes, pool=pool)
     return np.asarray((weights * refused).sum(axis=1))
 
 
@@ -257,6 +341,7 @@ def link_admissible_rate(
     budget_bytes: float,
     refusal_target: ArrayLike,
     *,
+    pool: PoolCrowd | None = None,
     points: int = 18,
     units: int = BUDGET_UNITS,
 ) -> FloatArray:
@@ -283,8 +368,14 @@ def link_admissible_rate(
     top = gbps * GBPS / 8 / mean_kv[idx]
     grid = top[:, None] * np.geomspace(1e-5, 1.0, points)[None, :]  # live rows x points
     flat = grid.reshape(-1, 1)
-    law, _ = _recursion(flat * np.repeat(prep.budget_loads, points, axis=0))
-    _, saturated = _recursion(flat * np.repeat(prep.stream_loads, points, axis=0))
+    held, streams = _dispersions(
+        flat[:, 0],
+        None if pool is None else pool.take(idx, points),
+        np.repeat(prep.after_s, points),
+        np.repeat(prep.streaming_after_s, points),
+    )
+    law, _ = _recursion(flat * np.repeat(prep.budget_loads, points, axis=0), held)
+    _, saturated = _recursion(flat * np.repeat(prep.stream_loads, points, axis=0), streams)
     block = (_class_block(law) * np.repeat(prep.budget_weights, points, axis=0)).sum(axis=1)
     share = np.repeat(prep.budget_weights.sum(axis=1), points)
     block = block / np.where(share > 0, share, 1.0)

@@ -32,10 +32,11 @@ from scheduling.core.link import (
     DEFAULT_REFUSAL_TARGET,
     MAX_OFFLOAD_REFUSAL,
     OffloadMix,
+    PoolCrowd,
     link_admissible_rate,
     transfer_excess_s,
 )
-from scheduling.core.queueing import mgc_wait
+from scheduling.core.queueing import mgc_crowd, mgc_wait
 from scheduling.performance import FloatArray, LengthDistribution, kv_bytes, prefill_seconds
 
 #: Thresholds (quantiles of the lengths) at which the admission limit is computed.
@@ -156,22 +157,33 @@ def offload_split(
     return OffloadSplit(t, want, offload, refused, l_off, l_loc, admit)
 
 
-def prfaas_wait_at(
+def prfaas_at(
     pool: PrfaasPool, service_s: FloatArray, weights: FloatArray, load: float
-) -> FloatArray:
-    """Mean wait at ``pool`` running at utilisation ``load``, per row of offload ``weights``."""
+) -> tuple[FloatArray, PoolCrowd]:
+    """``pool`` running at utilisation ``load`` with the service law of each row of offload
+    ``weights``: the mean wait per row, and the crowd it holds."""
     total = weights.sum(axis=1)
     safe = np.where(total > 0, total, 1.0)
     mean = (weights @ service_s) / safe
     second = (weights @ (service_s * service_s)) / safe
-    out = np.zeros(len(total))
-    for k in range(len(total)):
+    rows = len(total)
+    wait = np.zeros(rows)
+    cols = np.zeros((5, rows))
+    for k in range(rows):
         if total[k] <= 0 or mean[k] <= 0:
             continue
         scv = max(0.0, second[k] / (mean[k] * mean[k]) - 1.0)
         rate = load * pool.instances / mean[k]
-        out[k] = mgc_wait(rate, float(mean[k]), scv, pool.instances).mean_s
-    return out
+        wait[k] = mgc_wait(rate, float(mean[k]), scv, pool.instances).mean_s
+        crowd = mgc_crowd(rate, float(mean[k]), scv, pool.instances)
+        cols[:, k] = (
+            rate,
+            crowd.in_system_mean,
+            crowd.in_system_var,
+            crowd.busy_mean,
+            crowd.busy_var,
+        )
+    return wait, PoolCrowd(cols[0], cols[1], cols[2], cols[3], cols[4])
 
 
 def _admission(
@@ -212,8 +224,8 @@ def _admission(
         service = prefill_seconds(pool.prefill, x)
         excess = transfer_excess_s(kv, service, link.gbps, load * link.planned_utilisation)
         mix = OffloadMix(mix_w, kv, service, service + excess + link.rtt_ms / 1000.0)
-        wait = prfaas_wait_at(pool, service, weights, load)
-        rate = link_admissible_rate(mix, wait, link.gbps, link.budget, allowed)
+        wait, crowd = prfaas_at(pool, service, weights, load)
+        rate = link_admissible_rate(mix, wait, link.gbps, link.budget, allowed, pool=crowd)
         with np.errstate(divide="ignore", invalid="ignore"):
             per_arrival += np.where(share > 0, rate / np.where(share > 0, share, 1.0), math.inf)
     per_arrival = np.where((row_off > 0) & (allowed <= 0), 0.0, per_arrival)

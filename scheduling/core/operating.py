@@ -34,12 +34,14 @@ from typing import Any
 import numpy as np
 
 from scheduling.core.fleet import FleetLink, FleetSpec, Lengths, PrfaasPool, lengths_of
-from scheduling.core.link import OffloadMix, link_refusal, transfer_excess_s
+from scheduling.core.link import OffloadMix, PoolCrowd, link_refusal, transfer_excess_s
 from scheduling.core.offload import coarse_nodes, linked_pools
 from scheduling.core.queueing import (
     NO_WAIT,
+    Crowd,
     TtftPart,
     Wait,
+    mgc_crowd,
     mgc_wait,
     moments,
     ttft_mean,
@@ -175,6 +177,7 @@ def operating_point(
     kv_of = {name: kv_bytes(fleet.kv_mib, x) for name, (x, _) in nodes.items()}
     prfaas_wait: dict[str, Wait] = {p.name: NO_WAIT for p in fleet.prfaas}
     prfaas_rate: dict[str, float] = {p.name: 0.0 for p in fleet.prfaas}
+    prfaas_crowd: dict[str, Crowd] = {p.name: Crowd(0.0, 0.0, 0.0, 0.0) for p in fleet.prfaas}
 
     def wanting(name: str) -> FloatArray:
         x, w = nodes[name]
@@ -203,6 +206,9 @@ def operating_point(
             prfaas_wait[pool.name] = mgc_wait(
                 prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
             )
+            prfaas_crowd[pool.name] = mgc_crowd(
+                prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
+            )
         # Links: what each is offered, how busy it is, what it refuses.
         for c in fleet.pd:
             lam = rate_rps * c.share
@@ -226,7 +232,17 @@ def operating_point(
                     service + np.minimum(r.excess, 1e9) + r.link.rtt_ms / 1000.0,
                 )
                 wait_s = wait.mean_s if wait.stable else 1e9
-                new = link_refusal(r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget)[0]
+                crowd = prfaas_crowd[r.pool.name]
+                pool = PoolCrowd(
+                    np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
+                    np.array([crowd.in_system_mean]),
+                    np.array([crowd.in_system_var]),
+                    np.array([crowd.busy_mean]),
+                    np.array([crowd.busy_var]),
+                )
+                new = link_refusal(
+                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool
+                )[0]
                 r.refusal = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
 
     stations: list[StationAt] = []

@@ -64,6 +64,37 @@ def erlang_c(servers: int, offered: float) -> float:
     return b / (1.0 - rho * (1.0 - b))
 
 
+def mgc_mean_wait(
+    rate: ArrayLike,
+    mean_service_s: ArrayLike,
+    scv_service: ArrayLike,
+    servers: int,
+    *,
+    scv_arrival: float = 1.0,
+) -> FloatArray:
+    """:func:`mgc_wait`'s mean, elementwise over arrays of stations with ``servers`` each
+    (infinite where utilisation >= 1; 0 without traffic)."""
+    lam = np.asarray(rate, dtype=float)
+    es = np.asarray(mean_service_s, dtype=float)
+    scv = np.asarray(scv_service, dtype=float)
+    lam, es, scv = np.broadcast_arrays(lam, es, scv)
+    c = int(servers)
+    offered = lam * es
+    out = np.zeros(offered.shape)
+    live = (lam > 0) & (es > 0)
+    if c <= 0:
+        return np.where(live, math.inf, 0.0)
+    rho = offered / c
+    b = np.ones(offered.shape)
+    for k in range(1, c + 1):
+        b = offered * b / (k + offered * b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = b / (1.0 - rho * (1.0 - b))
+        mean = p * es / (c * (1.0 - rho)) * (scv_arrival + scv) / 2.0
+    out = np.where(live, np.where(rho < 1.0, mean, math.inf), 0.0)
+    return np.asarray(out)
+
+
 @dataclass(frozen=True)
 class Wait:
     """The law assumed for a queueing wait: 0 with probability ``1 - p_wait``, else exponential
@@ -115,6 +146,71 @@ def mgc_wait(
     p = erlang_c(servers, offered)
     mean = p * mean_service_s / (servers * (1.0 - rho)) * (scv_arrival + scv_service) / 2.0
     return Wait(p, mean, rho)
+
+
+@dataclass(frozen=True)
+class Crowd:
+    """Mean and variance of how many requests are at a station (queued or in service) and of
+    how many are in service, under the law assumed in :func:`mgc_crowd`."""
+
+    in_system_mean: float
+    in_system_var: float
+    busy_mean: float
+    busy_var: float
+
+
+def mgc_crowd(
+    rate: float,
+    mean_service_s: float,
+    scv_service: float,
+    servers: int,
+    *,
+    scv_arrival: float = 1.0,
+) -> Crowd:
+    """How many requests an M/G/c station holds: below c, the M/M/c shape (Poisson-like,
+    P(n) ~ a^n / n!); from c on, a geometric tail whose mass is the Erlang-C waiting
+    probability and whose mean queue is Allen-Cunneen's (lambda E[W], Little)."""
+    wait = mgc_wait(rate, mean_service_s, scv_service, servers, scv_arrival=scv_arrival)
+    c = int(servers)
+    if rate <= 0 or mean_service_s <= 0 or c <= 0 or not wait.stable:
+        return Crowd(0.0, 0.0, 0.0, 0.0) if rate <= 0 else Crowd(math.inf, math.inf, c, 0.0)
+    offered = rate * mean_service_s
+    p_wait = wait.p_wait
+    # Below c: a^n / n!, scaled to the mass 1 - P(wait).
+    n = np.arange(c)
+    log_terms = n * math.log(offered) - np.array([math.lgamma(k + 1) for k in n])
+    head = np.exp(log_terms - log_terms.max())
+    head *= (1.0 - p_wait) / head.sum()
+    head_mean = float(np.dot(n, head))
+    head_sq = float(np.dot(n * n, head))
+    # From c on: c + K with K geometric (P(K = k) = (1 - r) r^k), E[K | waiting] from Little.
+    queue = rate * wait.mean_s
+    if p_wait > 0 and queue > 0:
+        r = queue / (p_wait + queue)
+        k_mean = r / (1.0 - r)
+        k_sq = r * (1.0 + r) / (1.0 - r) ** 2
+    else:
+        k_mean = k_sq = 0.0
+    mean = head_mean + p_wait * (c + k_mean)
+    second = head_sq + p_wait * (c * c + 2 * c * k_mean + k_sq)
+    busy_mean = head_mean + p_wait * c
+    busy_second = head_sq + p_wait * c * c
+    return Crowd(
+        mean, max(0.0, second - mean * mean), busy_mean, max(0.0, busy_second - busy_mean**2)
+    )
+
+
+def thinned_dispersion(
+    crowd_mean: float, crowd_var: float, share: float, extra: float = 0.0
+) -> float:
+    """Variance-to-mean ratio of the requests of one kind (each of a crowd independently of
+    that kind with probability ``share``) plus an independent Poisson number ``extra``."""
+    q = min(1.0, max(0.0, share))
+    mean = q * crowd_mean + extra
+    if mean <= 0 or not math.isfinite(mean):
+        return 1.0
+    var = q * q * crowd_var + q * (1.0 - q) * crowd_mean + extra
+    return max(1.0, var / mean)
 
 
 def moments(values: ArrayLike, weights: ArrayLike) -> tuple[float, float]:

@@ -90,6 +90,7 @@ class Sample:
     prefill_queued: dict[str, int]
     decode_waiting: dict[str, int]
     link_in_flight_bytes: dict[str, float]
+    link_reserved_bytes: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -552,7 +553,8 @@ class Simulation:
         for decode in self.decode_instances:
             waiting[decode.cluster] = waiting.get(decode.cluster, 0) + len(decode.waiting)
         in_flight = {key: link.in_flight_bytes() for key, link in self.links.items()}
-        self.samples.append(Sample(self.now, self.in_system, queued, waiting, in_flight))
+        reserved = {key: link.reserved_bytes for key, link in self.links.items()}
+        self.samples.append(Sample(self.now, self.in_system, queued, waiting, in_flight, reserved))
         if again:
             self._push(self.now + self.sample_s, _SAMPLE)
             self._periodic += 1

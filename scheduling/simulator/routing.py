@@ -212,7 +212,8 @@ class RouterDispatcher:
                         running=decode.running,
                         # Waiting for a slot or still on the way (the engine holds it already).
                         waiting=decode.assigned,
-                        kv_usage=min(1.0, decode.running / decode.max_batch),
+                        # Blocks are held for the KV on its way too (allocated on arrival).
+                        kv_usage=min(1.0, (decode.running + decode.assigned) / decode.max_batch),
                         state=state,
                     ),
                 )

@@ -118,6 +118,17 @@ class SimulationResult:
     wall_s: float
     reasons: dict[str, int] = field(default_factory=dict)
     per_request: tuple[SimRequest, ...] = ()
+    #: completions per second while arrivals last, after the first tenth of them (warm-up):
+    #: the rate the fleet keeps up with. ``throughput_rps`` spans the run to its last
+    #: completion, so even a fleet that keeps up reads below the offered rate by the drain.
+    sustained_rps: float = math.nan
+
+    @property
+    def sustained_fraction(self) -> float:
+        """Sustained throughput as a share of the offered rate."""
+        if not self.offered_rate_rps > 0:
+            return math.nan
+        return self.sustained_rps / self.offered_rate_rps
 
     @property
     def link_mean_gbps(self) -> float:
@@ -154,6 +165,8 @@ class SimulationResult:
             "redispatched": self.redispatched,
             "duration_s": self.duration_s,
             "throughput_rps": self.throughput_rps,
+            "sustained_rps": self.sustained_rps,
+            "sustained_fraction": self.sustained_fraction,
             "ttft": {"mean": ttft.mean, "p50": ttft.p50, "p90": ttft.p90, "p99": ttft.p99},
             "tpot": {"mean": self.tpot_mean_s, "p99": self.tpot_p99_s},
             "slo_attainment": self.slo_attainment,
@@ -202,6 +215,19 @@ def _percentiles(values: np.ndarray) -> Percentiles:
         return Percentiles(math.nan, math.nan, math.nan, math.nan)
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
     return Percentiles(float(values.mean()), float(p50), float(p90), float(p99))
+
+
+def _sustained_rps(requests: Sequence[SimRequest]) -> float:
+    """Completions per second over ``[t10, t_last]``: from the arrival of the first tenth of
+    the requests (the fleet has filled up) to the last arrival (see SimulationResult)."""
+    if len(requests) < 10:
+        return math.nan
+    start = requests[len(requests) // 10].arrival_s
+    end = requests[-1].arrival_s
+    if not end > start:
+        return math.nan
+    done = sum(1 for r in requests if not r.dropped and start <= r.finish_s <= end)
+    return done / (end - start)
 
 
 def _growth(t: np.ndarray, y: np.ndarray) -> float:
@@ -448,6 +474,7 @@ def result_build(
     clusters = sorted({c for s in samples for c in s.prefill_queued})
     dclusters = sorted({c for s in samples for c in s.decode_waiting})
     sojourn = (finish - arrival) if done else np.array([])
+    sustained = _sustained_rps(requests)
     dropped = Counter(r.dropped for r in requests if r.dropped)
     reasons = Counter(r.reason for r in routed)
     split = {}
@@ -501,4 +528,5 @@ def result_build(
         wall_s=time.perf_counter() - started,
         reasons=dict(reasons),
         per_request=tuple(requests) if keep_requests else (),
+        sustained_rps=sustained,
     )

@@ -47,11 +47,13 @@ from scheduling.core.fleet import (
     PrfaasPool,
     lengths_of,
 )
+from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import fit_limit_tokens, linked_pools, offload_split
 from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
 from scheduling.core.queueing import moments
 from scheduling.core.search import (
+    Grid,
     fleet_threshold_grid,
     grid_build,
     grid_pick,
@@ -93,6 +95,7 @@ __all__ = [
     "homogeneous_fleet",
     "plan",
     "plan_fleet",
+    "plan_for_ttft",
     "plan_scenario",
     "plan_to_dict",
     "sweep_split",
@@ -476,20 +479,18 @@ def evaluate(
 # Search
 
 
-def plan_fleet(
+def _search(
     fleet: FleetSpec,
     lengths: Lengths,
     output_tokens: float,
     *,
-    threshold_step: float = 100,
-    split_bounds: Mapping[str, tuple[int, int]] | None = None,
-    load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
-    output_scv: float = 0.0,
-) -> Evaluation:
-    """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
-    number of prefill instances to an inclusive range), evaluated. ``load``: the share of
-    its capacity the fleet is planned to run at (see :func:`evaluate`)."""
+    threshold_step: float,
+    split_bounds: Mapping[str, tuple[int, int]] | None,
+    load: float,
+    refusal_target: float,
+    output_scv: float,
+) -> tuple[dict[str, Grid], dict[str, float], dict[str, int]]:
+    """The grids of every PD cluster and the best thresholds and splits on them."""
     if not fleet.pd:
         raise ValueError("a fleet needs at least one pd cluster")
     _check_load(load)
@@ -526,7 +527,109 @@ def plan_fleet(
         )
     ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
     ns = {c.name: choice.get(c.name, (0.0, split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
+    return grids, ts, ns
+
+
+def plan_fleet(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    *,
+    threshold_step: float = 100,
+    split_bounds: Mapping[str, tuple[int, int]] | None = None,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    output_scv: float = 0.0,
+) -> Evaluation:
+    """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
+    number of prefill instances to an inclusive range), evaluated. ``load``: the share of
+    its capacity the fleet is planned to run at (see :func:`evaluate`)."""
+    _, ts, ns = _search(
+        fleet,
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        split_bounds=split_bounds,
+        load=load,
+        refusal_target=refusal_target,
+        output_scv=output_scv,
+    )
     return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
+
+
+def plan_for_ttft(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    slo_s: float,
+    *,
+    quantile: float = 0.9,
+    threshold_step: float = 100,
+    split_bounds: Mapping[str, tuple[int, int]] | None = None,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    output_scv: float = 0.0,
+    arrival_scv: float = 1.0,
+    headroom: float = DEFAULT_SLO_HEADROOM,
+) -> tuple[SloPlan, Evaluation]:
+    """Goodput planning: the threshold and split of every PD cluster with the highest arrival
+    rate whose predicted ``quantile`` TTFT is within ``slo_s``
+    (:func:`scheduling.core.goodput.plan_for_slo`), and that setting's Lambda_max model."""
+    grids, ts, ns = _search(
+        fleet,
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        split_bounds=split_bounds,
+        load=load,
+        refusal_target=refusal_target,
+        output_scv=output_scv,
+    )
+    best = evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
+    slo = plan_for_slo(
+        fleet,
+        lengths,
+        output_tokens,
+        slo_s,
+        grids=grids,
+        start={c.name: (ts[c.name], ns[c.name]) for c in fleet.pd},
+        capacity_rps=best.throughput_rps,
+        quantile=quantile,
+        output_scv=output_scv,
+        arrival_scv=arrival_scv,
+        refusal_target=refusal_target,
+        headroom=headroom,
+    )
+    chosen = evaluate(
+        fleet,
+        lengths,
+        output_tokens,
+        dict(slo.thresholds),
+        dict(slo.splits),
+        load=load,
+        refusal_target=refusal_target,
+    )
+    return slo, chosen
+
+
+def slo_plan_to_dict(slo: SloPlan, ev: Evaluation) -> dict[str, Any]:
+    """JSON-ready: the goodput rate, the setting per PD cluster and the prediction there."""
+    return {
+        "ttft_slo_s": slo.slo_s,
+        "quantile": slo.quantile,
+        "rate_rps": slo.rate_rps,
+        "clusters": {
+            c.name: {
+                "threshold_tokens": c.threshold_tokens,
+                "n_p": c.n_p,
+                "n_d": c.n_d,
+                "offload_fraction": c.offload_fraction,
+            }
+            for c in ev.clusters
+        },
+        "throughput_rps": ev.throughput_rps,
+        "at_rate": None if slo.at_rate is None else operating_point_to_dict(slo.at_rate),
+    }
 
 
 # --------------------------------------------------------------------------------------------

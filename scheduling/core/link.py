@@ -47,7 +47,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-
 FloatArray = NDArray[np.float64]
 
 #: A link whose budget is not given may hold this many seconds of its line rate in flight.
@@ -240,9 +239,9 @@ def _dispersions(
         )
 
     def ratio(mean: FloatArray, var: FloatArray, extra: FloatArray) -> FloatArray:
-        m = share * mean + extra
-        v = share * share * var + share * (1.0 - share) * mean + extra
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = share * mean + extra
+            v = share * share * var + share * (1.0 - share) * mean + extra
             out = np.where((m > 0) & np.isfinite(m), v / np.where(m > 0, m, 1.0), 1.0)
         return np.maximum(np.nan_to_num(out, nan=1.0, posinf=1.0), 1.0)
 

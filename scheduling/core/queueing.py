@@ -74,16 +74,28 @@ def mgc_mean_wait(
 ) -> FloatArray:
     """:func:`mgc_wait`'s mean, elementwise over arrays of stations with ``servers`` each
     (infinite where utilisation >= 1; 0 without traffic)."""
+    return mgc_waits(rate, mean_service_s, scv_service, servers, scv_arrival=scv_arrival)[1]
+
+
+def mgc_waits(
+    rate: ArrayLike,
+    mean_service_s: ArrayLike,
+    scv_service: ArrayLike,
+    servers: int,
+    *,
+    scv_arrival: float = 1.0,
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`mgc_wait` elementwise: the waiting probabilities and the mean waits (1 and
+    infinite where utilisation >= 1; 0 and 0 without traffic)."""
     lam = np.asarray(rate, dtype=float)
     es = np.asarray(mean_service_s, dtype=float)
     scv = np.asarray(scv_service, dtype=float)
     lam, es, scv = np.broadcast_arrays(lam, es, scv)
     c = int(servers)
     offered = lam * es
-    out = np.zeros(offered.shape)
     live = (lam > 0) & (es > 0)
     if c <= 0:
-        return np.where(live, math.inf, 0.0)
+        return np.where(live, 1.0, 0.0), np.where(live, math.inf, 0.0)
     rho = offered / c
     b = np.ones(offered.shape)
     for k in range(1, c + 1):
@@ -91,8 +103,45 @@ def mgc_mean_wait(
     with np.errstate(divide="ignore", invalid="ignore"):
         p = b / (1.0 - rho * (1.0 - b))
         mean = p * es / (c * (1.0 - rho)) * (scv_arrival + scv) / 2.0
-    out = np.where(live, np.where(rho < 1.0, mean, math.inf), 0.0)
-    return np.asarray(out)
+    stable = rho < 1.0
+    out = np.where(live, np.where(stable, mean, math.inf), 0.0)
+    p_out = np.where(live, np.where(stable, p, 1.0), 0.0)
+    return np.asarray(p_out), np.asarray(out)
+
+
+def wait_sum_cdf(
+    y: ArrayLike, p_a: ArrayLike, mean_a: ArrayLike, p_b: ArrayLike, mean_b: ArrayLike
+) -> FloatArray:
+    """P(W_a + W_b <= y), elementwise (broadcast), for two independent waits of the assumed
+    law given by their waiting probabilities and mean waits (0 where either is infinite)."""
+    y, pa, ma, pb, mb = np.broadcast_arrays(
+        *(np.asarray(v, dtype=float) for v in (y, p_a, mean_a, p_b, mean_b))
+    )
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ta = np.where(pa > 0, ma / np.where(pa > 0, pa, 1.0), 0.0)
+        tb = np.where(pb > 0, mb / np.where(pb > 0, pb, 1.0), 0.0)
+        yy = np.maximum(y, 0.0)
+        ea = np.where(ta > 0, np.exp(-yy / np.where(ta > 0, ta, 1.0)), 0.0)
+        eb = np.where(tb > 0, np.exp(-yy / np.where(tb > 0, tb, 1.0)), 0.0)
+        close = np.abs(ta - tb) <= 1e-9 * np.maximum(ta, tb)
+        both = np.where(
+            close,
+            1.0 - ea * (1.0 + yy / np.where(ta > 0, ta, 1.0)),
+            1.0 - (ta * ea - tb * eb) / np.where(close, 1.0, ta - tb),
+        )
+        # A wait that never happens (p = 0 or zero mean) leaves the other one alone.
+        a_on = (pa > 0) & (ta > 0)
+        b_on = (pb > 0) & (tb > 0)
+        pa_ = np.where(a_on, pa, 0.0)
+        pb_ = np.where(b_on, pb, 0.0)
+        out = (
+            (1 - pa_) * (1 - pb_)
+            + pa_ * (1 - pb_) * (1 - ea)
+            + (1 - pa_) * pb_ * (1 - eb)
+            + pa_ * pb_ * np.where(a_on & b_on, both, 0.0)
+        )
+    finite = np.isfinite(ma) & np.isfinite(mb)
+    return np.asarray(np.where((y >= 0) & finite, np.clip(out, 0.0, 1.0), 0.0))
 
 
 @dataclass(frozen=True)

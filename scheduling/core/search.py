@@ -35,10 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
+from scheduling.core.cells import CellModel, PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
-from scheduling.core.link import transfer_excess_s
-from scheduling.core.offload import coarse_nodes, linked_pools, offload_split
-from scheduling.core.queueing import mgc_mean_wait
+from scheduling.core.offload import offload_split
 from scheduling.performance import (
     FloatArray,
     LengthDistribution,
@@ -150,6 +149,7 @@ class Grid:
     egress: FloatArray  # K: Gbps per unit Lambda
     link_total: float  # Gbps the planner may plan onto the cluster's links
     l_long: FloatArray  # K (nan where nothing is offloaded)
+    load: float  # the planned load the admission bound is judged at
 
     @property
     def local(self) -> FloatArray:
@@ -205,7 +205,19 @@ def grid_build(
         work = np.where(demand > 0, work, 0.0)
         egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
     return Grid(
-        thresholds, p, sp.want, n, prf, admit, pdp, pdd, work, egress, link_total, sp.l_offload
+        thresholds,
+        p,
+        sp.want,
+        n,
+        prf,
+        admit,
+        pdp,
+        pdd,
+        work,
+        egress,
+        link_total,
+        sp.l_offload,
+        load,
     )
 
 
@@ -330,92 +342,6 @@ def _supports(fleet: FleetSpec, g: Grid, lam: float) -> np.ndarray:
     return np.asarray(ok & (g.remote >= lam)[:, None])
 
 
-@dataclass(frozen=True)
-class _Costs:
-    """A cluster's predicted mean TTFT per cell at its planned rate, and what its offloads ask
-    of the PrfaaS pool per threshold (rate, and the sum of service seconds and squares)."""
-
-    ttft: FloatArray  # K x M
-    rate: FloatArray  # K
-    s1: FloatArray  # K
-    s2: FloatArray  # K
-
-
-def _suffix(values: FloatArray, weights: FloatArray, x: FloatArray, t: FloatArray) -> FloatArray:
-    """Sum of weights x values over the nodes above each threshold (nodes sorted by x)."""
-    acc = np.concatenate((np.cumsum((weights * values)[::-1])[::-1], [0.0]))
-    return acc[np.searchsorted(x, t, side="right")]
-
-
-def _cluster_costs(
-    fleet: FleetSpec,
-    c: PdPool,
-    pool: PrfaasPool,
-    lengths: LengthDistribution,
-    g: Grid,
-    rate: float,
-    output_tokens: float,
-    output_scv: float,
-    load: float,
-    others: tuple[float, float, float],
-) -> _Costs:
-    x, w = coarse_nodes(lengths)
-    t = g.thresholds
-    local_t = prefill_seconds(c.prefill, x)
-    links = sorted((lk for lk, _ in linked_pools(fleet, c.name)), key=lambda lk: -lk.budget)
-    off_w = np.zeros_like(w)
-    remote_t = prefill_seconds(pool.prefill, x)
-    fixed = remote_t.copy()
-    if links:
-        link = links[0]
-        kv = kv_bytes(fleet.kv_mib, x)
-        off_w = np.where(kv <= link.budget, w, 0.0)
-        excess = transfer_excess_s(kv, remote_t, link.gbps, load * link.planned_utilisation)
-        fixed = remote_t + np.minimum(excess, 1e6) + link.rtt_ms / 1000.0
-    ones = np.ones_like(x)
-    s0_off = _suffix(ones, off_w, x, t)
-    s1_off = _suffix(remote_t, off_w, x, t)
-    s2_off = _suffix(remote_t * remote_t, off_w, x, t)
-    f_off = _suffix(fixed, off_w, x, t)
-    s0_loc = np.maximum(w.sum() - s0_off, 0.0)
-    s1_loc = float(np.dot(w, local_t)) - _suffix(local_t, off_w, x, t)
-    s2_loc = float(np.dot(w, local_t * local_t)) - _suffix(local_t * local_t, off_w, x, t)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean_loc = np.where(s0_loc > 0, s1_loc / np.where(s0_loc > 0, s0_loc, 1.0), 0.0)
-        scv_loc = np.where(
-            mean_loc > 0, s2_loc / np.where(s0_loc > 0, s0_loc, 1.0) / mean_loc**2 - 1.0, 0.0
-        )
-    scv_loc = np.maximum(scv_loc, 0.0)
-    # The shared pool: the other clusters' offloads and this cluster's at each threshold.
-    o_rate, o_s1, o_s2 = others
-    p_rate = o_rate + rate * s0_off
-    p_s1 = o_s1 + rate * s1_off
-    p_s2 = o_s2 + rate * s2_off
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p_mean = np.where(p_rate > 0, p_s1 / np.where(p_rate > 0, p_rate, 1.0), 0.0)
-        p_scv = np.where(
-            p_mean > 0, p_s2 / np.where(p_rate > 0, p_rate, 1.0) / p_mean**2 - 1.0, 0.0
-        )
-    wait_prf = mgc_mean_wait(p_rate, p_mean, np.maximum(p_scv, 0.0), pool.instances)
-    ttft = np.full((len(t), len(g.n_p)), INF)
-    decode_s = output_tokens * c.step_seconds
-    for m, n_p in enumerate(g.n_p.astype(int)):
-        wait_loc = mgc_mean_wait(rate * s0_loc, mean_loc, scv_loc, n_p)
-        wait_dec = float(
-            mgc_mean_wait(rate, decode_s, output_scv, (c.instances - n_p) * c.max_batch)
-        )
-        with np.errstate(invalid="ignore"):
-            cost = (
-                s1_loc
-                + s0_loc * wait_loc
-                + f_off
-                + np.where(s0_off > 0, s0_off * wait_prf, 0.0)
-                + wait_dec
-            )
-        ttft[:, m] = np.where(np.isnan(cost), INF, cost)
-    return _Costs(ttft, rate * s0_off, rate * s1_off, rate * s2_off)
-
-
 def joint_refine(
     fleet: FleetSpec,
     grids: Mapping[str, Grid],
@@ -435,58 +361,51 @@ def joint_refine(
     prefill times, as the search's work measure) and the result is checked by the LP; a
     cluster whose new cell the LP refuses keeps its old one."""
     live = [p for p in fleet.prfaas if p.instances > 0]
-    if not live or len(active) < 2 or not (lam > 0 and math.isfinite(lam)):
+    pool = pool_costed(fleet)
+    if pool is None or len(active) < 2 or not (lam > 0 and math.isfinite(lam)):
         return pick
-    fastest = min(live, key=lambda p: float(prefill_seconds(p.prefill, 32768.0)))
-    pool = PrfaasPool(
-        fastest.name, sum(p.instances for p in live), fastest.prefill, fastest.gpus_per_instance
-    )
     out = dict(pick)
-    costs: dict[str, _Costs] = {}
+    demand: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
+
+    def model(c: PdPool, others: PoolLoad) -> CellModel:
+        g = grids[c.name]
+        return cell_model(
+            fleet,
+            c,
+            pool,
+            lengths_of(lengths, c.name),
+            g.thresholds,
+            g.n_p,
+            load * lam * c.share,
+            output_tokens=output_tokens,
+            output_scv=output_scv,
+            others=others,
+        )
+
     for _ in range(REFINE_ROUNDS):
         for c in active:
             g = grids[c.name]
             others = [o for o in active if o.name != c.name]
             # What the other clusters' chosen cells ask of the pool, at capacity and at load.
             work = sum(float(grids[o.name].work[out[o.name][0]]) for o in others)
-            o_rate = o_s1 = o_s2 = 0.0
+            load_of_others = PoolLoad()
             for o in others:
-                oc = costs.get(o.name) or _cluster_costs(
-                    fleet,
-                    o,
-                    pool,
-                    lengths_of(lengths, o.name),
-                    grids[o.name],
-                    load * lam * o.share,
-                    output_tokens,
-                    output_scv,
-                    load,
-                    (0.0, 0.0, 0.0),
-                )
-                costs.setdefault(o.name, oc)
+                if o.name not in demand:
+                    demand[o.name] = model(o, PoolLoad()).demand
                 k = out[o.name][0]
-                o_rate += float(oc.rate[k])
-                o_s1 += float(oc.s1[k])
-                o_s2 += float(oc.s2[k])
-            mine = _cluster_costs(
-                fleet,
-                c,
-                pool,
-                lengths_of(lengths, c.name),
-                g,
-                load * lam * c.share,
-                output_tokens,
-                output_scv,
-                load,
-                (o_rate, o_s1, o_s2),
-            )
-            costs[c.name] = mine
+                rate_o, s1_o, s2_o = (float(v[k]) for v in demand[o.name])
+                load_of_others = PoolLoad(
+                    load_of_others.rate + rate_o, load_of_others.s1 + s1_o, load_of_others.s2 + s2_o
+                )
+            mine = model(c, load_of_others)
+            demand[c.name] = mine.demand
+            ttft = mine.mean_ttft()
             ok = _supports(fleet, g, lam)
             ok &= ((work + g.work) * lam <= pool.instances + 1e-9)[:, None]
-            ok &= np.isfinite(mine.ttft)
+            ok &= np.isfinite(ttft)
             if not ok.any():
                 continue
-            cost = np.where(ok, mine.ttft, INF)
+            cost = np.where(ok, ttft, INF)
             best = float(cost.min())
             k0, m0 = out[c.name]
             if not best < cost[k0, m0] - 1e-9:

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 from scheduling.performance import MIB
 from scheduling.planner import Evaluation, PlanResult
@@ -127,6 +129,29 @@ def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
     if plan.policy == "homogeneous":
         return dict.fromkeys(origins, HOMOGENEOUS_CLUSTER)
     return {name: name for name in origins}
+
+
+def fleet_setting(
+    scenario: Scenario,
+    thresholds: Mapping[str, float],
+    splits: Mapping[str, tuple[int, int]],
+    *,
+    planned_capacity_rps: float | None = None,
+) -> FleetPlan:
+    """The scenario's fleet run with the given threshold and (prefill, decode) split of each
+    PD cluster (a cluster missing from ``splits`` keeps the scenario's own; one missing from
+    ``thresholds`` never offloads): a plan, a rebalancer's candidate, a what-if."""
+    base = fleet_as_configured(scenario)
+    clusters = tuple(
+        replace(c, n_prefill=splits[c.name][0], n_decode=splits[c.name][1])
+        if c.kind == "pd" and c.name in splits
+        else c
+        for c in base.clusters
+    )
+    chosen = {name: max(0, round(t)) for name, t in thresholds.items() if math.isfinite(t)}
+    return replace(
+        base, clusters=clusters, thresholds=chosen, planned_capacity_rps=planned_capacity_rps
+    )
 
 
 def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -> FleetPlan:

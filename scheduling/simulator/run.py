@@ -19,7 +19,7 @@ import numpy as np
 
 from scheduling import router
 from scheduling.performance import length_distribution
-from scheduling.planner import PlanResult, fleet_from_scenario, plan_scenario
+from scheduling.planner import DEFAULT_LOAD, PlanResult, fleet_from_scenario, plan_scenario
 from scheduling.planner import plan as planner_plan
 from scheduling.scenario import LinkEvent, Scenario, StateEvent, empirical_from_lengths
 from scheduling.simulator.cache import HybridPrefixCache
@@ -362,12 +362,15 @@ def simulation_build(
     return sim, dispatcher
 
 
-def plan_for(scenario: Scenario, *, skip_bad: bool = False) -> PlanResult:
-    """The planner's answer for the scenario's traffic. A trace is planned from the rows this
-    simulator's reader accepts (so ``skip_bad`` applies), as an empirical distribution."""
+def plan_for(
+    scenario: Scenario, *, skip_bad: bool = False, load: float = DEFAULT_LOAD
+) -> PlanResult:
+    """The planner's answer for the scenario's traffic, planned to run at ``load`` of its
+    capacity. A trace is planned from the rows this simulator's reader accepts (so
+    ``skip_bad`` applies), as an empirical distribution."""
     workload = scenario.workload
     if workload is None or workload.trace is None:
-        return plan_scenario(scenario)
+        return plan_scenario(scenario, load=load)
     spec = workload.trace
     read = trace_read(
         spec.path, spec.format, skip_bad=skip_bad, block_tokens=scenario.model.block_tokens
@@ -375,8 +378,10 @@ def plan_for(scenario: Scenario, *, skip_bad: bool = False) -> PlanResult:
     lengths = length_distribution(
         empirical_from_lengths([row.input_tokens for row in read.rows], bin_tokens=16)
     )
-    output = sum(row.output_tokens for row in read.rows) / len(read.rows)
-    return planner_plan(fleet_from_scenario(scenario), lengths, output)
+    outputs = np.array([row.output_tokens for row in read.rows], dtype=float)
+    output = float(outputs.mean())
+    scv = float(outputs.var() / output**2) if output > 0 else 0.0
+    return planner_plan(fleet_from_scenario(scenario), lengths, output, load=load, output_scv=scv)
 
 
 def simulate(

@@ -180,6 +180,15 @@ TELEMETRY_STALE_S = env_int("TELEMETRY_STALE_S", 15)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024)
 # Rebalancer ticks that held (no plan) are kept this long; plans are kept.
 REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30)
+# A proposal is simulated on the recent traffic before it is shown (scheduling.simulator.verify):
+# at most this many requests per simulated run, and this many seconds of wall clock in all.
+REBALANCE_SIMULATION_REQUESTS = env_int("REBALANCE_SIMULATION_REQUESTS", 2000)
+REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30)
+if REBALANCE_SIMULATION_REQUESTS < 100 or REBALANCE_SIMULATION_WALL_S < 1:
+    raise RuntimeError(
+        "REBALANCE_SIMULATION_REQUESTS must be at least 100 and REBALANCE_SIMULATION_WALL_S "
+        "at least 1 (a proposal is never shown unsimulated)"
+    )
 
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.

@@ -489,20 +489,23 @@ def _search(
     load: float,
     refusal_target: float,
     output_scv: float,
+    fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> tuple[dict[str, Grid], dict[str, float], dict[str, int]]:
-    """The grids of every PD cluster and the best thresholds and splits on them."""
+    """The grids of every PD cluster and the best thresholds and splits on them (a cluster in
+    ``fixed`` keeps its (threshold, n_p): its grid is that one cell)."""
     if not fleet.pd:
         raise ValueError("a fleet needs at least one pd cluster")
     _check_load(load)
     thresholds = fleet_threshold_grid(lengths, fleet, threshold_step)
+    fixed = fixed or {}
     grids = {
         c.name: grid_build(
             fleet,
             c,
             lengths_of(lengths, c.name),
             output_tokens,
-            thresholds,
-            split_range(c, split_bounds),
+            np.asarray([fixed[c.name][0]]) if c.name in fixed else thresholds,
+            (fixed[c.name][1],) * 2 if c.name in fixed else split_range(c, split_bounds),
             load,
             refusal_target,
         )
@@ -525,6 +528,8 @@ def _search(
             output_scv=output_scv,
             load=load,
         )
+    for name, (t, n_p) in fixed.items():
+        choice.setdefault(name, (float(t), int(n_p)))
     ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
     ns = {c.name: choice.get(c.name, (0.0, split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
     return grids, ts, ns
@@ -540,10 +545,12 @@ def plan_fleet(
     load: float = DEFAULT_LOAD,
     refusal_target: float = DEFAULT_REFUSAL_TARGET,
     output_scv: float = 0.0,
+    fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> Evaluation:
     """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
-    number of prefill instances to an inclusive range), evaluated. ``load``: the share of
-    its capacity the fleet is planned to run at (see :func:`evaluate`)."""
+    number of prefill instances to an inclusive range; a cluster in ``fixed`` keeps its
+    (threshold, n_p)), evaluated. ``load``: the share of its capacity the fleet is planned to
+    run at (see :func:`evaluate`)."""
     _, ts, ns = _search(
         fleet,
         lengths,
@@ -553,6 +560,7 @@ def plan_fleet(
         load=load,
         refusal_target=refusal_target,
         output_scv=output_scv,
+        fixed=fixed,
     )
     return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
 

@@ -28,17 +28,16 @@ from typing import Any, Literal
 
 from django.conf import settings as django_settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from clusters.live.telemetry import instance_states_read
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState
 from clusters.services import instance_activate, instance_drain, instance_update
-from clusters.topology import topology_scenario
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
-from scheduling import rebalancer
+from scheduling import rebalance_simulation, rebalancer
 from scheduling.actuators import Actuator, ActuatorError, StepNotice, actuator_for
 from scheduling.models import (
     Plan,
@@ -49,7 +48,6 @@ from scheduling.models import (
     RebalanceSettings,
     RebalanceTick,
 )
-from scheduling.planner import fleet_from_scenario
 from scheduling.policies import policy_create, policy_current
 from scheduling.scenario import ScenarioError
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, snapshot_version_bump
@@ -297,20 +295,35 @@ def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:
 
 
 def planner_for_cluster(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.FleetPlanner:
-    """The planner port for one PD cluster, over the inventory as a scenario; PrfaaS clusters
-    count only their active instances."""
-    fleet = fleet_from_scenario(topology_scenario())
-    active = dict(
-        Instance.objects.filter(cluster__kind=ClusterKind.PRFAAS, state=InstanceState.ACTIVE)
-        .values("cluster__name")
-        .annotate(n=Count("id"))
-        .values_list("cluster__name", "n")
-    )
-    fleet = replace(
-        fleet,
-        prfaas=tuple(replace(p, instances=int(active.get(p.name, 0))) for p in fleet.prfaas),
-    )
-    return rebalancer.FleetPlanner(fleet, cluster.name)
+    """The planner port for one PD cluster alone, over the inventory as a scenario; PrfaaS
+    clusters count only their active instances. (The tick plans jointly with the PD clusters
+    sharing its PrfaaS clusters: :func:`scheduling.rebalance_simulation.planner_joint`.)"""
+    return rebalancer.FleetPlanner(rebalance_simulation.inventory_fleet(), cluster.name)
+
+
+def _tick_context(
+    window: rebalancer.TrafficWindow,
+    start: float,
+    end: float,
+    row: RebalanceSettings,
+    policy: Policy | None,
+) -> dict[str, Any]:
+    """What the planner port and the proposal's simulation read of other PD clusters: their
+    traffic windows over the same period and the thresholds routers apply to them."""
+
+    def window_of(peer: Cluster) -> rebalancer.TrafficWindow:
+        peer_row = rebalance_settings_for(peer)
+        return window_from_traffic(
+            traffic_window_read(peer.name, start, end),
+            recorder_seen_at=end,
+            default_output_tokens=peer_row.default_output_tokens or row.default_output_tokens,
+        )
+
+    return {
+        "window": window,
+        "window_of": window_of,
+        "threshold_of": lambda peer: policy_threshold(policy, peer),
+    }
 
 
 def policy_threshold(policy: Policy | None, cluster: Cluster) -> float:
@@ -386,22 +399,25 @@ def rebalance_tick(
         guards=guards,
         history=history,
     )
-    factory = planner_factory or planner_for_cluster
+    factory = planner_factory or rebalance_simulation.planner_joint
+    context = _tick_context(window, end - window_s, end, row, policy)
+    simulated: dict[str, Any] | None = None
     # Data problems hold before the planner is even built (the fleet may be incomplete too).
     decision = rebalancer.window_problem(window, now, guards) or rebalancer.fleet_problem(
         views, now, guards
     )
     if decision is None:
         try:
-            port = factory(cluster, {"window": window})
+            port = factory(cluster, context)
+            decision = rebalancer.rebalance_decide(decision_input, port)
+            # Proposals are simulated on the recent traffic before they are shown.
+            decision, simulated = rebalance_simulation.proposal_check(cluster, decision, context)
         except (ScenarioError, KeyError, AssertionError, ValueError) as exc:
             decision = rebalancer.Decision(
                 action="hold",
                 reason=HOLD_INVENTORY_INCOMPLETE,
                 detail=f"the inventory cannot be planned: {exc}",
             )
-        else:
-            decision = rebalancer.rebalance_decide(decision_input, port)
     next_history = rebalancer.history_after(history, decision, now, applied=False)
     try:
         with transaction.atomic():
@@ -422,6 +438,7 @@ def rebalance_tick(
                     "current": _prediction_json(decision.current),
                     "proposed": _prediction_json(decision.proposed),
                     "target": _prediction_json(decision.target),
+                    "simulated": simulated,
                 },
             )
             if decision.action == "propose":
@@ -470,6 +487,7 @@ def _plan_from_decision(
         gain=decision.gain if decision.gain is not None and math.isfinite(decision.gain) else 1e9,
         role_changes=[asdict(c) for c in decision.role_changes],
         predictions=tick.predictions,
+        simulated=tick.predictions.get("simulated") or {},
         inputs=tick.inputs,
         policy_version_before=policy.version if policy is not None else None,
     )

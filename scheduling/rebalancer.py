@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from scheduling.core.operating import operating_point
 from scheduling.performance import DiscreteLengths
 from scheduling.planner import Evaluation, FleetSpec, plan_fleet
 from scheduling.planner import evaluate as planner_evaluate
@@ -58,6 +59,10 @@ HOLD_AWAITING_PERSISTENCE = "awaiting_persistence"
 HOLD_REVERSAL_LIMITED = "reversal_limited"
 HOLD_NO_ELIGIBLE_INSTANCE = "no_eligible_instance"
 HOLD_INFEASIBLE = "infeasible_bounds"
+# The analytical model liked the candidate, but simulating it on the recent traffic did not
+# confirm the gain (or the bounded simulation could not finish): it is not proposed.
+HOLD_SIMULATION_REJECTED = "simulation_rejected"
+HOLD_SIMULATION_INCOMPLETE = "simulation_incomplete"
 
 HOLD_REASONS = (
     HOLD_MISSING_METRICS,
@@ -73,6 +78,8 @@ HOLD_REASONS = (
     HOLD_REVERSAL_LIMITED,
     HOLD_NO_ELIGIBLE_INSTANCE,
     HOLD_INFEASIBLE,
+    HOLD_SIMULATION_REJECTED,
+    HOLD_SIMULATION_INCOMPLETE,
 )
 
 
@@ -210,6 +217,10 @@ class Prediction:
     ttft_p90_s: float
     egress_gbps: float
     bottleneck: str
+    #: queue-aware prediction at the observed arrival rate (scheduling.core.operating)
+    at_rate_ttft_mean_s: float | None = None
+    at_rate_ttft_p90_s: float | None = None
+    at_rate_link_utilisation: float | None = None
 
 
 @dataclass(frozen=True)
@@ -681,11 +692,23 @@ class FleetPlanner:
             self._lengths_key = window.incremental_tokens
         return self._lengths
 
-    def _prediction(self, window: TrafficWindow, ev: Evaluation) -> Prediction:
+    def _prediction(
+        self, window: TrafficWindow, ev: Evaluation, fleet: FleetSpec | None = None
+    ) -> Prediction:
         c = ev.cluster(self.cluster)
         capacity = ev.throughput_rps
         rate = window.arrival_rate
         load = min(rate, capacity) / capacity if capacity > 0 else 0.0
+        at = None
+        if fleet is not None and window.output_tokens_mean is not None and 0 < rate < capacity:
+            at = operating_point(
+                fleet,
+                self.lengths(window),
+                window.output_tokens_mean,
+                {self.cluster: c.threshold_tokens},
+                {self.cluster: c.n_p},
+                rate,
+            )
         return Prediction(
             setting=Setting(threshold=float(c.threshold_tokens), n_p=c.n_p, n_d=c.n_d),
             capacity_rps=capacity,
@@ -695,6 +718,9 @@ class FleetPlanner:
             ttft_p90_s=c.ttft_p90_s,
             egress_gbps=c.egress_gbps * load,
             bottleneck=ev.bottleneck,
+            at_rate_ttft_mean_s=_finite_or_none(at.ttft_mean_s) if at else None,
+            at_rate_ttft_p90_s=_finite_or_none(at.ttft_p90_s) if at else None,
+            at_rate_link_utilisation=at.link_utilisation if at else None,
         )
 
     def evaluate(self, window: TrafficWindow, setting: Setting) -> Prediction:
@@ -707,7 +733,7 @@ class FleetPlanner:
             {self.cluster: setting.threshold},
             {self.cluster: setting.n_p},
         )
-        return self._prediction(window, ev)
+        return self._prediction(window, ev, fleet)
 
     def best(self, window: TrafficWindow, n_total: int, n_p_range: tuple[int, int]) -> Prediction:
         fleet = fleet_for_cluster(self.fleet, self.cluster, n_total)
@@ -719,7 +745,11 @@ class FleetPlanner:
             threshold_step=self.threshold_step,
             split_bounds={self.cluster: n_p_range},
         )
-        return self._prediction(window, ev)
+        return self._prediction(window, ev, fleet)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def histogram_points(

@@ -161,18 +161,18 @@ def operating_point(
         x, w = coarse_nodes(lengths_of(lengths, c.name))
         nodes[c.name] = (x, w)
         kv = kv_bytes(fleet.kv_mib, x)
-        links = linked_pools(fleet, c.name)
-        total = sum(pool.instances for _, pool in links)
+        linked = linked_pools(fleet, c.name)
+        total = sum(j.instances for _, j in linked)
         routes[c.name] = [
             _Route(
                 link,
-                pool,
-                np.full(len(x), pool.instances / total),
+                j,
+                np.full(len(x), j.instances / total),
                 (kv <= link.budget).astype(float),
                 np.zeros(len(x)),
                 np.zeros(len(x)),
             )
-            for link, pool in links
+            for link, j in linked
         ]
     kv_of = {name: kv_bytes(fleet.kv_mib, x) for name, (x, _) in nodes.items()}
     prfaas_wait: dict[str, Wait] = {p.name: NO_WAIT for p in fleet.prfaas}
@@ -196,10 +196,10 @@ def operating_point(
                 load[r.pool.name][0].append(prefill_seconds(r.pool.prefill, x))
                 load[r.pool.name][1].append(carried)
         for pool in fleet.prfaas:
-            service, weight = load[pool.name]
+            services, weight = load[pool.name]
             if not weight:
                 continue
-            s = np.concatenate(service)
+            s = np.concatenate(services)
             lam_w = np.concatenate(weight)
             mean, scv = moments(s, lam_w)
             prfaas_rate[pool.name] = float(lam_w.sum())
@@ -233,7 +233,7 @@ def operating_point(
                 )
                 wait_s = wait.mean_s if wait.stable else 1e9
                 crowd = prfaas_crowd[r.pool.name]
-                pool = PoolCrowd(
+                queued = PoolCrowd(
                     np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
                     np.array([crowd.in_system_mean]),
                     np.array([crowd.in_system_var]),
@@ -241,13 +241,13 @@ def operating_point(
                     np.array([crowd.busy_var]),
                 )
                 new = link_refusal(
-                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool
+                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=queued
                 )[0]
                 r.refusal = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
 
     stations: list[StationAt] = []
     clusters: list[ClusterAt] = []
-    links: list[LinkAt] = []
+    link_rows: list[LinkAt] = []
     parts_all: list[TtftPart] = []
     for pool in fleet.prfaas:
         wait = prfaas_wait[pool.name]
@@ -304,7 +304,7 @@ def operating_point(
             kv = kv_of[c.name]
             carried = lam * weights
             hold = prfaas_wait[r.pool.name].mean_s + fixed
-            links.append(
+            link_rows.append(
                 LinkAt(
                     r.link.source,
                     r.link.target,
@@ -332,11 +332,11 @@ def operating_point(
         rate_rps=rate_rps,
         ttft_mean_s=ttft_mean(parts_all),
         ttft_p90_s=ttft_quantile(parts_all, quantile),
-        link_utilisation=max((lk.utilisation for lk in links), default=0.0),
+        link_utilisation=max((lk.utilisation for lk in link_rows), default=0.0),
         refused_fraction=refused_total / shares if shares > 0 else 0.0,
         stable=all(s.utilisation < 1.0 for s in stations if s.rate_rps > 0),
         clusters=tuple(clusters),
-        links=tuple(links),
+        links=tuple(link_rows),
         stations=tuple(stations),
     )
 

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0002_rebalancer_plans'),
+        ("scheduling", "0002_rebalancer_plans"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='simulated',
-            field=models.JSONField(blank=True, default=dict, help_text='current and proposed simulated on the recent traffic before proposing (scheduling.simulator.verify): at the observed rate and under stress'),
+            model_name="plan",
+            name="simulated",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="current and proposed simulated on the recent traffic before proposing (scheduling.simulator.verify): at the observed rate and under stress",
+            ),
         ),
     ]

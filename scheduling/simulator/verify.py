@@ -40,7 +40,7 @@ from scheduling.simulator.run import (
     result_build,
     simulation_build,
 )
-from scheduling.simulator.workload import Workload, workload_build
+from scheduling.simulator.workload import RequestSpec, Workload, workload_build
 
 #: Verdict reasons (``Verdict.reason``).
 CONFIRMED = "confirmed"
@@ -151,7 +151,7 @@ def traffic_workload(
     """Each origin's Poisson arrivals at ``scale`` x its rate from its own histogram, merged
     by arrival time and cut at ``requests`` in all."""
     total = sum(t.rate_rps for t in traffic.values()) * scale
-    merged = []
+    merged: list[RequestSpec] = []
     for k, (name, t) in enumerate(sorted(traffic.items())):
         if t.rate_rps <= 0 or not t.lengths:
             continue

@@ -5,6 +5,7 @@ PostgreSQL and Redis."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_a_candidate_the_analytical_model_likes_but_the_simulation_rejects_is_he
     settings_set(cluster, guards={**GUARDS, "min_prefill": 2})
     settled(cluster)
 
-    def fluid(cluster: Cluster, context: dict[str, Any]) -> rebalancer.PlannerPort:
+    def fluid(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.PlannerPort:
         fleet = inventory_fleet()
         unlimited = tuple(
             replace(link, budget_bytes=10**15, target_utilisation=1.0) for link in fleet.links
@@ -176,7 +177,7 @@ def record(cluster: str, end: float, lengths: np.ndarray) -> None:
 def test_the_live_rebalancer_plans_pd_clusters_sharing_prfaas_together(
     scenarios_dir: Path, redis_client: Any
 ) -> None:
-    east, south = two_pd_inventory(scenarios_dir)
+    east, _ = two_pd_inventory(scenarios_dir)
     period = plans.period_start_for(time.time())
     record("pd-east", period.timestamp(), sampled_lengths(1, 9.9, int(1.5 * PERIOD)))
     record("pd-south", period.timestamp(), sampled_lengths(2, 9.9, int(1.0 * PERIOD)))
@@ -200,20 +201,20 @@ def test_the_live_rebalancer_plans_pd_clusters_sharing_prfaas_together(
     # The joint plan never assigns more PrfaaS capacity than exists: at the fleet's capacity,
     # east's offloads (at the proposed setting) and pd-south's (as it runs) fit in the pool.
     fleet = inventory_fleet()
-    rates = {"pd-east": window.arrival_rate, "pd-south": port.peers[0].window.arrival_rate}
+    peer = port.peers[0]
+    assert peer.window is not None
+    rates = {"pd-east": window.arrival_rate, "pd-south": peer.window.arrival_rate}
     joint = joint_fleet(fleet, "pd-east", 8, rates)
-    south = port.peers[0].setting
+    south_setting = peer.setting
     ev = evaluate(
         joint,
         {
             "pd-east": rebalancer.DiscreteLengths.from_points(window.incremental_tokens),
-            "pd-south": rebalancer.DiscreteLengths.from_points(
-                port.peers[0].window.incremental_tokens
-            ),
+            "pd-south": rebalancer.DiscreteLengths.from_points(peer.window.incremental_tokens),
         },
         1024.0,
-        {"pd-east": best.setting.threshold, "pd-south": south.threshold},
-        {"pd-east": best.setting.n_p, "pd-south": south.n_p},
+        {"pd-east": best.setting.threshold, "pd-south": south_setting.threshold},
+        {"pd-east": best.setting.n_p, "pd-south": south_setting.n_p},
     )
     (pool,) = joint.prfaas
     used = sum(

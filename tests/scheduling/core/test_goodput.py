@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from scheduling.core.goodput import sizing_advice, slo_rate
+from scheduling.performance import LengthDistribution
 from scheduling.planner import (
     FleetSpec,
     fleet_from_scenario,
@@ -18,15 +20,17 @@ from scheduling.scenario import scenario_load
 from scheduling.simulator.policies import fleet_setting
 from scheduling.simulator.run import SimulationConfig, simulate
 
+Case = tuple[FleetSpec, LengthDistribution, float]
+
 
 @pytest.fixture(scope="module")
-def case(scenarios_dir: Path) -> tuple[FleetSpec, object, float]:
+def case(scenarios_dir: Path) -> Case:
     scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
     lengths, out = workload_lengths(scenario)
     return fleet_from_scenario(scenario), lengths, out
 
 
-def test_the_goodput_plan_keeps_the_predicted_p90_within_the_target(case) -> None:  # type: ignore[no-untyped-def]
+def test_the_goodput_plan_keeps_the_predicted_p90_within_the_target(case: Case) -> None:
     fleet, lengths, out = case
     slo, ev = plan_for_ttft(fleet, lengths, out, 10.0)
     assert slo.at_rate is not None and slo.at_rate.ttft_p90_s <= 10.0
@@ -49,7 +53,7 @@ def test_the_goodput_plan_keeps_the_predicted_p90_within_the_target(case) -> Non
 
 
 @pytest.mark.slow
-def test_the_simulator_confirms_the_goodput_plan(case, scenarios_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_simulator_confirms_the_goodput_plan(case: Case, scenarios_dir: Path) -> None:
     fleet, lengths, out = case
     scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
     slo, ev = plan_for_ttft(fleet, lengths, out, 10.0)
@@ -66,7 +70,9 @@ def test_the_simulator_confirms_the_goodput_plan(case, scenarios_dir: Path) -> N
     assert run.ttft.p90 <= 10.0 and run.sustained_fraction >= 0.97
 
 
-def test_more_prfaas_instances_raise_a_compute_bound_plan_and_more_gbps_does_not(case) -> None:  # type: ignore[no-untyped-def]
+def test_more_prfaas_instances_raise_a_compute_bound_plan_and_more_gbps_does_not(
+    case: Case,
+) -> None:
     fleet, lengths, out = case
 
     def planned(f: FleetSpec) -> float:
@@ -81,10 +87,8 @@ def test_more_prfaas_instances_raise_a_compute_bound_plan_and_more_gbps_does_not
     assert all(a.rate_rps > base for a in advice)
 
 
-def test_a_thin_link_is_where_the_advice_points(case) -> None:  # type: ignore[no-untyped-def]
+def test_a_thin_link_is_where_the_advice_points(case: Case) -> None:
     fleet, lengths, out = case
-    from dataclasses import replace
-
     thin = replace(fleet, links=tuple(replace(link, gbps=10.0) for link in fleet.links))
 
     def planned(f: FleetSpec) -> float:

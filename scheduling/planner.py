@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from scheduling.core.fleet import (
 )
 from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
-from scheduling.core.offload import fit_limit_tokens, linked_pools, offload_split
+from scheduling.core.offload import OffloadSplit, fit_limit_tokens, linked_pools, offload_split
 from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
 from scheduling.core.queueing import moments
 from scheduling.core.search import (
@@ -319,6 +319,7 @@ def evaluate(
     with_ttft: bool = True,
     load: float = DEFAULT_LOAD,
     refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    offloads: Mapping[str, OffloadSplit] | None = None,
 ) -> Evaluation:
     """The throughput model at a given setting: threshold and number of prefill instances
     (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
@@ -327,6 +328,8 @@ def evaluate(
     linked budget prefill locally, the mean egress stays within each link's target share,
     and (``link_budget`` bound) at ``load`` x Lambda the links refuse at most
     ``refusal_target`` of the cluster's decisions (:mod:`scheduling.core.offload`).
+    ``offloads``: that split, already computed for some clusters at their thresholds (one row
+    each; the sweeps compute it for a whole grid at once).
     """
     _check_load(load)
     ts = _as_mapping(fleet, thresholds, "threshold")
@@ -337,7 +340,7 @@ def evaluate(
         n_p = int(ns[c.name])
         if not 0 <= n_p <= c.instances:
             raise ValueError(f"{c.name}: n_p must be within 0..{c.instances}, got {n_p}")
-        sp = offload_split(
+        sp = (offloads or {}).get(c.name) or offload_split(
             fleet,
             c,
             lengths_of(lengths, c.name),
@@ -771,6 +774,11 @@ def _bounds_of(ev: Evaluation, cluster: str) -> tuple[float, float, float]:
     )
 
 
+def astuple_shallow(split: OffloadSplit) -> tuple[FloatArray, ...]:
+    """The split's arrays in field order (``dataclasses.astuple`` would copy deeply)."""
+    return tuple(getattr(split, f.name) for f in fields(split))
+
+
 def sweep_threshold(
     fleet: FleetSpec,
     lengths: LengthDistribution,
@@ -784,9 +792,21 @@ def sweep_threshold(
     name = cluster or at.clusters[0].name
     ts, ns = _settings(at)
     grid = threshold_grid(lengths, threshold_step)
+    # The links' treatment of the swept cluster at every threshold, at once (as the search).
+    split = offload_split(fleet, fleet.pd_pool(name), lengths_of(lengths, name), grid, load=at.load)
     rows = []
-    for t in grid:
-        ev = evaluate(fleet, lengths, output_tokens, {**ts, name: float(t)}, ns, with_ttft=False)
+    for k, t in enumerate(grid):
+        one = OffloadSplit(*(np.asarray(v)[k : k + 1] for v in astuple_shallow(split)))
+        ev = evaluate(
+            fleet,
+            lengths,
+            output_tokens,
+            {**ts, name: float(t)},
+            ns,
+            with_ttft=False,
+            load=at.load,
+            offloads={name: one},
+        )
         rows.append(
             (float(t), ev.cluster(name).offload_fraction, *_bounds_of(ev, name), ev.throughput_rps)
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,7 +38,13 @@ from scheduling.core.link import (
     transfer_excess_s,
 )
 from scheduling.core.queueing import mgc_crowd, mgc_wait
-from scheduling.performance import FloatArray, LengthDistribution, kv_bytes, prefill_seconds
+from scheduling.performance import (
+    FloatArray,
+    LengthDistribution,
+    Table,
+    kv_bytes,
+    prefill_seconds,
+)
 
 #: Thresholds (quantiles of the lengths) at which the admission limit is computed.
 ADMISSION_POINTS = 49
@@ -74,15 +81,20 @@ def linked_pools(fleet: FleetSpec, cluster: str) -> list[tuple[FleetLink, Prfaas
 def fit_limit_tokens(fleet: FleetSpec, budget: float, hi: float) -> float:
     """The longest prompt (tokens) whose KV fits ``budget`` bytes: every shorter one fits too
     (0 when even the shortest does not; ``inf`` when all up to ``hi`` fit)."""
+    return _fit_limit(fleet.kv_mib, float(budget), float(hi))
+
+
+@lru_cache(maxsize=256)
+def _fit_limit(kv_mib: Table, budget: float, hi: float) -> float:
     grid = np.geomspace(1.0, max(hi, 2.0), 4097)
-    over = kv_bytes(fleet.kv_mib, grid) > budget
+    over = kv_bytes(kv_mib, grid) > budget
     if not over.any():
         return math.inf
     first = int(np.argmax(over))
     if first == 0:
         return 0.0
     lo_x, hi_x = grid[first - 1], grid[first]
-    lo_y, hi_y = (float(v) for v in kv_bytes(fleet.kv_mib, [lo_x, hi_x]))
+    lo_y, hi_y = (float(v) for v in kv_bytes(kv_mib, [lo_x, hi_x]))
     share = (budget - lo_y) / (hi_y - lo_y) if hi_y > lo_y else 0.0
     return float(lo_x + share * (hi_x - lo_x))
 

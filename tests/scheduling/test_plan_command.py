@@ -222,19 +222,23 @@ def test_at_load_predicts_ttft_with_queueing_at_a_share_of_capacity(case_file: s
 
 
 @pytest.mark.slow
-def test_goodput_planning_and_sizing_advice_from_the_command_line(case_file: str) -> None:
-    out = json.loads(run_plan(case_file, "--json", "--ttft-slo", "10", "--advise"))
+def test_goodput_planning_from_the_command_line(case_file: str) -> None:
+    out = json.loads(run_plan(case_file, "--json", "--ttft-slo", "10"))
     slo = out["slo"]
     assert slo["ttft_slo_s"] == 10 and slo["quantile"] == 0.9
     assert 0 < slo["rate_rps"] < out["prfaas"]["throughput_rps"]
     assert slo["at_rate"]["ttft_p90_s"] <= 10
     (cluster,) = slo["clusters"].values()
     assert cluster["n_p"] + cluster["n_d"] == 8
+
+
+def test_sizing_advice_from_the_command_line(case_file: str) -> None:
+    out = json.loads(run_plan(case_file, "--json", "--advise"))
     advice = out["advice"]
-    assert advice["rate_rps"] == pytest.approx(slo["rate_rps"], rel=1e-6)
+    assert advice["rate_rps"] == pytest.approx(0.8 * out["prfaas"]["throughput_rps"])
     assert advice["changes"] and all(c["gain"] > 0 for c in advice["changes"])
-    text = run_plan(case_file, "--ttft-slo", "10")
-    assert "For a P90 TTFT within 10 s" in text
+    assert {c["kind"] for c in advice["changes"]} == {"prfaas_instances"}
+    assert "Sizing advice (planned rate at the load" in run_plan(case_file, "--advise")
 
 
 @pytest.mark.parametrize(

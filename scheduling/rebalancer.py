@@ -679,10 +679,20 @@ class FleetPlanner:
     empirical length distribution; capacity is the planner's Lambda_max, and throughput and
     egress are predicted at the observed arrival rate (capped by capacity)."""
 
-    def __init__(self, fleet: FleetSpec, cluster: str, *, threshold_step: float = 100) -> None:
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        cluster: str,
+        *,
+        threshold_step: float = 100,
+        at_rate: bool = True,
+    ) -> None:
         self.fleet = fleet
         self.cluster = cluster
         self.threshold_step = threshold_step
+        # Whether predictions carry the queue-aware figures at the observed rate (the plan
+        # page shows them; the simulator's long-term loop does not need them).
+        self.at_rate = at_rate
         self._lengths_key: tuple[tuple[float, float], ...] | None = None
         self._lengths: DiscreteLengths | None = None
 
@@ -700,7 +710,12 @@ class FleetPlanner:
         rate = window.arrival_rate
         load = min(rate, capacity) / capacity if capacity > 0 else 0.0
         at = None
-        if fleet is not None and window.output_tokens_mean is not None and 0 < rate < capacity:
+        if (
+            self.at_rate
+            and fleet is not None
+            and window.output_tokens_mean is not None
+            and 0 < rate < capacity
+        ):
             at = operating_point(
                 fleet,
                 self.lengths(window),

@@ -9,7 +9,7 @@ For the case study and two-pd-clusters with a 10 s P90 TTFT target:
    10 s, by bisection (the same 6,000 requests, seed 3, common random numbers); with several PD
    clusters, one cluster at a time, the others at their best so far, two rounds. A setting is
    skipped when even 1.05 x its fluid Lambda_max cannot beat the best rate found, or when it
-   misses the target at that best rate already.
+   misses the target at 1.01 x that best rate already (it cannot beat it by 1%).
 
 Acceptance: the simulated P90 at the planner's rate is within the target, and the planner's
 rate is at least 95% of the brute-force best. Prints the table and the verdict; measures, does
@@ -92,11 +92,12 @@ class Search:
         return p90(self.scenario, setting, rate) <= SLO_S
 
     def best_rate(self, setting: Setting, floor: float) -> float:
-        """The highest rate within the target for this setting, if above ``floor``."""
+        """The highest rate within the target for this setting, if at least 1% above
+        ``floor`` (a setting that cannot beat the best by that much is not refined)."""
         hi = 1.05 * self.fluid(setting)
-        if hi <= floor:
+        lo = floor * 1.01
+        if hi <= lo:
             return 0.0
-        lo = floor
         if lo > 0 and not self.within(setting, lo):
             return 0.0
         if lo == 0:
@@ -135,6 +136,7 @@ def brute_force(scenario: Scenario, quick: bool, start: Setting) -> tuple[float,
                 rate = search.best_rate(cell, best)
                 if rate > best:
                     best, best_setting = rate, cell
+                    print(f"  {scenario.name}: {best:.3f} req/s at {best_setting}", flush=True)
     return best, best_setting, search.sims
 
 

@@ -409,15 +409,16 @@ def rebalance_tick(
     if decision is None:
         try:
             port = factory(cluster, context)
-            decision = rebalancer.rebalance_decide(decision_input, port)
-            # Proposals are simulated on the recent traffic before they are shown.
-            decision, simulated = rebalance_simulation.proposal_check(cluster, decision, context)
         except (ScenarioError, KeyError, AssertionError, ValueError) as exc:
             decision = rebalancer.Decision(
                 action="hold",
                 reason=HOLD_INVENTORY_INCOMPLETE,
                 detail=f"the inventory cannot be planned: {exc}",
             )
+        else:
+            decision = rebalancer.rebalance_decide(decision_input, port)
+            # Proposals are simulated on the recent traffic before they are shown.
+            decision, simulated = rebalance_simulation.proposal_check(cluster, decision, context)
     next_history = rebalancer.history_after(history, decision, now, applied=False)
     try:
         with transaction.atomic():

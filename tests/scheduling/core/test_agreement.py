@@ -31,6 +31,7 @@ OWN_SLOW = (
     "thin-20gbps-short",
     "heavy-kv-40gbps",
     "dense-kv-40gbps",
+    "dense-kv-default-budget",
     "two-pd-budgeted",
     "two-pd-shared-prfaas",
 )

@@ -129,6 +129,8 @@ def _recursion(loads: FloatArray, dispersion: ArrayLike = 1.0) -> tuple[FloatArr
     are refused) and, untruncated, the probability that ``G`` units or more are taken.
     """
     loads = np.atleast_2d(loads)
+    if loads.shape[0] == 1:
+        return _recursion_one(loads[0], float(np.max(np.asarray(dispersion, dtype=float))))
     g = loads.shape[-1] - 1
     mean = loads.sum(axis=-1)
     disp = np.maximum(np.broadcast_to(np.asarray(dispersion, dtype=float), mean.shape), 1.0)
@@ -164,6 +166,36 @@ def _recursion(loads: FloatArray, dispersion: ArrayLike = 1.0) -> tuple[FloatArr
         below = np.log(np.maximum(q[..., :g].sum(axis=-1), 1e-300)) + log_scale + log_empty
     tail_p = np.clip(1.0 - np.exp(np.minimum(below, 0.0)), 0.0, 1.0)
     return law, tail_p
+
+
+def _recursion_one(loads: FloatArray, dispersion: float) -> tuple[FloatArray, FloatArray]:
+    """:func:`_recursion` for one row, in plain floats (a loop of numpy calls on one row costs
+    more than the arithmetic)."""
+    g = len(loads) - 1
+    mean = float(loads.sum())
+    disp = max(dispersion, 1.0)
+    f = [float(v) / mean for v in loads] if mean > 0 else [0.0] * (g + 1)
+    a = (disp - 1.0) / disp
+    b = (mean - disp + 1.0) / disp
+    fa = [a * v for v in f]
+    fb = [b * j * v for j, v in enumerate(f)]
+    q = [1.0] + [0.0] * g
+    scale = 0.0
+    for n in range(1, g + 1):
+        value = 0.0
+        for j in range(1, n + 1):
+            value += (fa[j] + fb[j] / n) * q[n - j]
+        q[n] = value
+        if value > 1e200:
+            q = [x / 1e200 for x in q]
+            scale += math.log(1e200)
+    arr = np.maximum(np.asarray(q), 0.0)
+    law = (arr / arr.sum())[None, :]
+    excess = disp - 1.0
+    log_empty = -mean / excess * math.log1p(excess) if excess > 1e-9 else -mean
+    below = math.log(max(float(arr[:g].sum()), 1e-300)) + scale + log_empty
+    tail = min(1.0, max(0.0, 1.0 - math.exp(min(below, 0.0))))
+    return law, np.array([tail])
 
 
 def _spread(units_of: FloatArray, width: int) -> FloatArray:

@@ -184,6 +184,7 @@ def operating_point(
         return np.where(x > thresholds[name], w, 0.0)
 
     for _ in range(FIXED_POINT_ROUNDS):
+        moved = 0.0
         # PrfaaS pools: the offloads every cluster's links carry now.
         load: dict[str, tuple[list[FloatArray], list[FloatArray]]] = {
             p.name: ([], []) for p in fleet.prfaas
@@ -243,7 +244,11 @@ def operating_point(
                 new = link_refusal(
                     r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=queued
                 )[0]
-                r.refusal = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
+                updated = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
+                moved = max(moved, float(np.max(np.abs(updated - r.refusal), initial=0.0)))
+                r.refusal = updated
+        if moved < 1e-4:
+            break  # the refusals have settled (at once when the links refuse nothing)
 
     stations: list[StationAt] = []
     clusters: list[ClusterAt] = []

@@ -4,9 +4,12 @@ Standalone: sets up nothing Django. Prints times and ratios, measured in the sam
 * against one evaluation of the model at a fixed setting (what a full plan costs in
   evaluations), and
 * against a naive pure-Python loop over the same threshold x split grid (what vectorising buys).
+* the queue-aware path (issue 12), on its own: the search alone (``plan_fleet``, which now
+  includes the links' admission), the ``at_load`` prediction (M/G/c waits, link refusals,
+  TTFT quantile), and goodput planning for a 10 s P90 TTFT (``plan --ttft-slo 10``).
 
-Budget (issue 3): a full plan stays under 0.5 s on one core. This script reports it; it does
-not gate (benchmarks measure, CI asserts behaviour).
+Budget (issues 3 and 12): a full plan, ``at_load`` included, stays under 0.5 s on one core.
+This script reports it; it does not gate (benchmarks measure, CI asserts behaviour).
 
     .venv/bin/python bench/planner.py [SCENARIO.yaml]
 """
@@ -27,10 +30,14 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scheduling.core.operating import operating_point  # noqa: E402
 from scheduling.core.planner import (  # noqa: E402
+    DEFAULT_LOAD,
     evaluate,
     fleet_from_scenario,
     plan,
+    plan_fleet,
+    plan_for_ttft,
     threshold_grid,
     workload_lengths,
 )
@@ -139,6 +146,26 @@ def main() -> None:
         print(
             f"naive optimum {naive_grid(scenario, list(grid)):.4f} req/s vs planner {result.prfaas.throughput_rps:.4f} req/s"
         )
+    search = best_of(lambda: plan_fleet(fleet, lengths, out_tokens))
+    at_load = best_of(
+        lambda: operating_point(
+            fleet, lengths, out_tokens, ts, ns, DEFAULT_LOAD * result.prfaas.throughput_rps
+        ),
+        repeat=10,
+    )
+    slo = best_of(lambda: plan_for_ttft(fleet, lengths, out_tokens, 10.0), repeat=1)
+    print("queue-aware path:")
+    print(
+        f"  search alone (plan_fleet, link admission included): {search * 1000:.1f} ms "
+        f"({search / one:.0f} evaluations)"
+    )
+    print(
+        f"  at_load prediction at {DEFAULT_LOAD:.0%} of Lambda_max:       {at_load * 1000:.1f} ms "
+        f"(x{at_load / one:.1f} one evaluation, {at_load / full:.0%} of the full plan)"
+    )
+    print(
+        f"  goodput plan for a 10 s P90 TTFT (--ttft-slo 10): {slo * 1000:.0f} ms (x{slo / full:.1f} the full plan)"
+    )
     verdict = "within" if full < BUDGET_S else "OVER"
     print(f"budget {BUDGET_S * 1000:.0f} ms on one core: {verdict} ({full / BUDGET_S:.2f} of it)")
 

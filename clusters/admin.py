@@ -141,5 +141,13 @@ class InstanceAdmin(VersionedAdmin):
 
 @admin.register(Link)
 class LinkAdmin(VersionedAdmin):
-    list_display = ("source", "target", "gbps", "rtt_ms", "kv_budget_bytes", "version")
+    list_display = (
+        "source",
+        "target",
+        "gbps",
+        "rtt_ms",
+        "kv_budget_bytes",
+        "target_utilisation",
+        "version",
+    )
     list_filter = ("source", "target")

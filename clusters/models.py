@@ -85,6 +85,11 @@ def _non_negative(value: Any) -> None:
         raise ValidationError("must be >= 0")
 
 
+def _fraction(value: Any) -> None:
+    if value is not None and not (0 < value <= 1):
+        raise ValidationError("must be within (0, 1]")
+
+
 def _table_check(value: Any) -> None:
     errors = table_errors(value)
     if errors:
@@ -332,7 +337,10 @@ class Link(Versioned):
 
     ``gbps`` may be 0: a link that is down is still part of the topology (the router then
     keeps everything local); negative capacities are refused. ``kv_budget_bytes`` bounds the
-    KVCache in flight on the link; empty means derived from capacity and RTT.
+    KVCache in flight on the link (reserved from the routing decision to the transfer's end);
+    empty means derived from capacity. ``target_utilisation`` is the mean egress share the
+    planner may plan onto it and at which the router calls its bandwidth scarce; empty means
+    the router's guard. One model for router, planner and simulator: scheduling.core.link.
     """
 
     source = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="outgoing_links")
@@ -351,6 +359,12 @@ class Link(Versioned):
         validators=[_positive],
         help_text="in-flight KVCache budget; empty = derived",
     )
+    target_utilisation = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[_fraction],
+        help_text="mean egress share planned at most, in (0, 1]; empty = the router's guard",
+    )
 
     class Meta:
         ordering = ["source__name", "target__name", "id"]
@@ -368,6 +382,11 @@ class Link(Versioned):
             models.CheckConstraint(
                 condition=Q(kv_budget_bytes__isnull=True) | Q(kv_budget_bytes__gt=0),
                 name="link_kv_budget_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(target_utilisation__isnull=True)
+                | (Q(target_utilisation__gt=0) & Q(target_utilisation__lte=1)),
+                name="link_target_utilisation_fraction",
             ),
         ]
 

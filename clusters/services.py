@@ -57,7 +57,9 @@ EDITABLE: dict[type[Versioned], frozenset[str]] = {
     ),
     Cluster: frozenset({"name", "kind", "site_id", "accelerator_id", "model_id", "kv_connector"}),
     Instance: frozenset({"cluster_id", "name", "role", "state", "endpoint", "labels"}),
-    Link: frozenset({"source_id", "target_id", "gbps", "rtt_ms", "kv_budget_bytes"}),
+    Link: frozenset(
+        {"source_id", "target_id", "gbps", "rtt_ms", "kv_budget_bytes", "target_utilisation"}
+    ),
 }
 # Copies of a cluster's kind kept so that CHECK constraints can see it (see clusters.models).
 DERIVED: dict[type[Versioned], tuple[str, ...]] = {
@@ -470,6 +472,7 @@ def link_create(
     gbps: float,
     rtt_ms: float,
     kv_budget_bytes: int | None = None,
+    target_utilisation: float | None = None,
 ) -> Link:
     return _create(
         Link,
@@ -479,6 +482,7 @@ def link_create(
             "gbps": gbps,
             "rtt_ms": rtt_ms,
             "kv_budget_bytes": kv_budget_bytes,
+            "target_utilisation": target_utilisation,
         },
         actor=actor,
     )

@@ -8,7 +8,8 @@ Apply rules:
 - Sites, accelerators, the model profile, its performance profiles, clusters and links are
   matched by name (profiles by accelerator and model, links by source and target) and created
   or updated. Fields the file does not describe (site descriptions, instance state, endpoints,
-  labels, link KV budgets) are left alone.
+  labels, and a link's KV budget or target utilisation when its entry gives none) are left
+  alone; a link entry's ``kv_budget_mib`` and ``target_utilisation`` are applied.
 - A cluster's instances are described by counts: when the existing instances already have the
   file's number of prefill and decode instances, nothing changes (whatever their names); else
   the cluster gets the instances ``<cluster>-0 .. <cluster>-(P+D-1)``, the first P prefill and
@@ -44,6 +45,7 @@ from clusters.models import (
 )
 from controlplane.audit import Actor
 from controlplane.errors import ApiError
+from scheduling.core.performance import MIB
 from scheduling.core.scenario import (
     AcceleratorSpec,
     DecodeSpec,
@@ -300,6 +302,10 @@ class _Applier:
             source, target = clusters[spec.source], clusters[spec.target]
             keep.add((source.pk, target.pk))
             wanted: dict[str, Any] = {"gbps": spec.gbps, "rtt_ms": spec.rtt_ms}
+            if spec.kv_budget_mib is not None:
+                wanted["kv_budget_bytes"] = round(spec.kv_budget_mib * MIB)
+            if spec.target_utilisation is not None:
+                wanted["target_utilisation"] = spec.target_utilisation
             link = Link.objects.filter(source=source, target=target).first()
             with _at(f"links[{i}]"):
                 if link is None:
@@ -440,7 +446,12 @@ def topology_scenario() -> Scenario:
         clusters=tuple(clusters),
         links=tuple(
             ScenarioLink(
-                source=link.source.name, target=link.target.name, gbps=link.gbps, rtt_ms=link.rtt_ms
+                source=link.source.name,
+                target=link.target.name,
+                gbps=link.gbps,
+                rtt_ms=link.rtt_ms,
+                kv_budget_mib=None if link.kv_budget_bytes is None else link.kv_budget_bytes / MIB,
+                target_utilisation=link.target_utilisation,
             )
             for link in Link.objects.select_related("source", "target").order_by(
                 "source__name", "target__name"

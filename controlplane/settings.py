@@ -219,6 +219,11 @@ REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low
 API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
 # Seconds between writes of a token's last_used_at (per token and process).
 API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
+# A proposal is simulated on the recent traffic before it is shown (scheduling.core.simulator.verify):
+# at most this many requests per simulated run, and this many seconds of wall clock in all (a
+# proposal is never shown unsimulated: a run that does not finish holds it).
+REBALANCE_SIMULATION_REQUESTS = env_int("REBALANCE_SIMULATION_REQUESTS", 2000, low=100, high=10**6)
+REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30, low=1, high=3600)
 
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.

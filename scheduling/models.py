@@ -138,7 +138,7 @@ class PlanStatus(models.TextChoices):
 class Plan(models.Model):
     """A change the rebalancer proposes for one PD cluster: a new threshold and prefill/decode
     split, the instances to flip, the predicted throughput, TTFT and egress of the current and
-    proposed settings, and its lifecycle ``proposed -> approved -> applying -> applied`` (or
+    proposed settings, what simulating both on the recent traffic showed, and its lifecycle ``proposed -> approved -> applying -> applied`` (or
     ``rejected``, ``superseded``, ``failed``, ``rolling_back -> rolled_back``)."""
 
     tick = models.OneToOneField(RebalanceTick, on_delete=models.PROTECT, related_name="plan")
@@ -157,6 +157,12 @@ class Plan(models.Model):
     gain = models.FloatField()
     role_changes = models.JSONField(default=list, help_text="[{instance, from_role, to_role}]")
     predictions = models.JSONField(default=dict, help_text="current, proposed, target")
+    simulated = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="current and proposed simulated on the recent traffic before proposing "
+        "(scheduling.core.simulator.verify): at the observed rate and under stress",
+    )
     inputs = models.JSONField(default=dict, help_text="window, fleet, policy version, guards")
     policy_version_before = models.PositiveIntegerField(null=True, blank=True)
     policy_version_after = models.PositiveIntegerField(null=True, blank=True)

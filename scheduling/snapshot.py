@@ -166,6 +166,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
                 gbps=lk.gbps,
                 rtt_ms=lk.rtt_ms,
                 inflight_budget_bytes=lk.kv_budget_bytes,
+                target_utilisation=lk.target_utilisation,
             )
         )
     if model is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +33,14 @@ from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
 from controlplane.redis_connection import redis_sync
-from scheduling.core.planner import plan_scenario
+from scheduling.core.goodput import advice_to_dict, sizing_advice
+from scheduling.core.planner import (
+    DEFAULT_LOAD,
+    FleetSpec,
+    fleet_from_scenario,
+    plan_fleet,
+    workload_lengths,
+)
 from scheduling.core.scenario import (
     Scenario,
     ScenarioError,
@@ -42,9 +49,11 @@ from scheduling.core.scenario import (
     scenario_to_dict,
 )
 from scheduling.core.simulator import SimulationConfig, SimulationResult
-from scheduling.core.simulator.policies import fleet_plan
+from scheduling.core.simulator.policies import fleet_setting
 from scheduling.core.simulator.run import result_build, simulation_build
 from scheduling.core.simulator.workload import WorkloadError, workload_build
+from scheduling.policies import policy_current
+from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from scheduling.traffic import traffic_window_read
 
 INVENTORY = "inventory"
@@ -261,13 +270,49 @@ class _Reporting(list[Any]):
         return super().__getitem__(index)
 
 
+def _setting(
+    scenario: Scenario, threshold: float | None, deployed: Mapping[str, float] | None
+) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+    """The thresholds and splits a run simulates: every PD cluster's split as the scenario
+    lists it (the inventory's roles, or the what-if's knobs: never re-solved), and its
+    threshold from ``deployed`` (the routers' policy), else ``threshold``, else the
+    planner's best threshold for that split."""
+    splits = {c.name: (c.prefill_instances, c.decode_instances) for c in scenario.pd_clusters}
+    if deployed is not None:
+        return {name: deployed[name] for name in splits}, splits
+    if threshold is not None:
+        return dict.fromkeys(splits, float(threshold)), splits
+    lengths, output = workload_lengths(scenario)
+    planned = plan_fleet(
+        fleet_from_scenario(scenario),
+        lengths,
+        output,
+        split_bounds={name: (n_p, n_p) for name, (n_p, _) in splits.items()},
+    )
+    return {c.name: c.threshold_tokens for c in planned.clusters}, splits
+
+
+def deployed_thresholds(scenario: Scenario) -> dict[str, float]:
+    """The threshold routers apply to each PD cluster now (the current policy, its default for
+    a cluster it does not name)."""
+    policy = policy_current()
+    named = dict(policy.thresholds) if policy is not None else {}
+    return {
+        c.name: float(named.get(c.name, DEFAULT_THRESHOLD_TOKENS)) for c in scenario.pd_clusters
+    }
+
+
 def _simulate(
-    scenario: Scenario, config: SimulationConfig, report: Callable[[int], None]
+    scenario: Scenario,
+    config: SimulationConfig,
+    report: Callable[[int], None],
+    deployed: Mapping[str, float] | None = None,
 ) -> SimulationResult:
     # scheduling.core.simulator.run.simulate, with the request list wrapped to report progress.
 
     started = time.perf_counter()
-    fleet = fleet_plan(scenario, config.policy, plan_scenario(scenario), threshold=config.threshold)
+    thresholds, splits = _setting(scenario, config.threshold, deployed)
+    fleet = fleet_setting(scenario, thresholds, splits)
     workload = workload_build(
         scenario, rate_per_s=config.rate_per_s, seed=config.seed, requests=config.requests
     )
@@ -324,6 +369,18 @@ def result_summary(result: SimulationResult) -> dict[str, Any]:
     }
 
 
+def sizing_summary(scenario: Scenario) -> dict[str, Any]:
+    """How many more PrfaaS instances or Gbps would raise the what-if's planned rate (at the
+    planner's load, within what the links admit), and by how much (``plan --advise``)."""
+    lengths, output = workload_lengths(scenario)
+    fleet = fleet_from_scenario(scenario)
+
+    def planned(f: FleetSpec) -> float:
+        return DEFAULT_LOAD * plan_fleet(f, lengths, output).throughput_rps
+
+    return advice_to_dict(*sizing_advice(fleet, planned))
+
+
 def whatif_execute(run_id: int) -> dict[str, Any]:
     """Run both simulations of a stored run, publishing progress; store and return the result."""
 
@@ -336,8 +393,13 @@ def whatif_execute(run_id: int) -> dict[str, Any]:
         )
         total = 2 * params.requests
         _progress(run_id, "running", 0, total, "simulating the current plan")
+        # "Current" is what runs: the inventory's roles under the deployed policy.
+        deployed = deployed_thresholds(current) if params.source == INVENTORY else None
         base = _simulate(
-            current, config, lambda i: _progress(run_id, "running", i, total, "current plan")
+            current,
+            config,
+            lambda i: _progress(run_id, "running", i, total, "current plan"),
+            deployed,
         )
         _progress(run_id, "running", params.requests, total, "simulating the what-if")
         what = _simulate(
@@ -345,7 +407,11 @@ def whatif_execute(run_id: int) -> dict[str, Any]:
             replace(config, threshold=params.threshold),
             lambda i: _progress(run_id, "running", params.requests + i, total, "what-if"),
         )
-        result = {"current": result_summary(base), "whatif": result_summary(what)}
+        result = {
+            "current": result_summary(base),
+            "whatif": result_summary(what),
+            "advice": sizing_summary(edited),
+        }
     except (Invalid, ScenarioError, WorkloadError, ValueError) as exc:
         message = exc.detail if isinstance(exc, Invalid) else str(exc)
         redis_sync().hset(_key(run_id), mapping={"error": message})

@@ -41,7 +41,14 @@ State = Literal["active", "draining", "down"]
 
 # Fields that may be set to null explicitly in a PATCH; any other field may be left out, not null.
 NULLABLE_FIELDS = frozenset(
-    {"attention", "linear_state_mib", "decode_max_batch", "decode_step_seconds", "kv_budget_bytes"}
+    {
+        "attention",
+        "linear_state_mib",
+        "decode_max_batch",
+        "decode_step_seconds",
+        "kv_budget_bytes",
+        "target_utilisation",
+    }
 )
 
 TABLE_FIELDS = frozenset({"kv_cache_mib", "prefill_seconds"})
@@ -257,6 +264,9 @@ class LinkIn(StrictIn):
     gbps: float = Field(ge=0, description="0 means the link is down")
     rtt_ms: float = Field(ge=0)
     kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
+    target_utilisation: float | None = Field(
+        None, gt=0, le=1, description="mean egress share planned at most; null: router's guard"
+    )
 
 
 class LinkPatch(PatchIn):
@@ -265,6 +275,7 @@ class LinkPatch(PatchIn):
     gbps: Annotated[float, Field(ge=0)] | Omitted = None
     rtt_ms: Annotated[float, Field(ge=0)] | Omitted = None
     kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
+    target_utilisation: float | None = Field(None, gt=0, le=1)
 
 
 class LinkOut(VersionedOut):
@@ -275,6 +286,7 @@ class LinkOut(VersionedOut):
     gbps: float
     rtt_ms: float
     kv_budget_bytes: int | None
+    target_utilisation: float | None
 
     @staticmethod
     def resolve_source(obj: Any) -> str:

@@ -18,103 +18,96 @@ instances; all of it decodes on its N_d,c PD-D instances. Stage bounds on Lambda
   several: the largest Lambda a linear program can route (flows f_jc) within every cluster's
   compute and every link.                                                   (Eq. 3)
 
-Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck.
+The links as the router applies them (:mod:`scheduling.core.link`, one model for planner, router
+and simulator): a link carries at most its target share of the line rate on average (B_jc above
+is that share), a request whose KV fits no linked budget is refused and prefills locally, and
+(``link_budget`` bound) at the planned load F x Lambda the link refuses at most 1% of the
+cluster's decisions, reservations held from the decision to the transfer's end
+(:mod:`scheduling.core.offload`). p_c, l_long,c and l_short,c count what the links admit.
 
-Search. One PD cluster: exhaustive over the threshold grid x the integer split, vectorised, the
-exact argmax. Several PD clusters: the feasible set shrinks as Lambda grows, so Lambda_max is
-found by bisection; at each Lambda every PD cluster independently picks, among its (t, split)
-cells whose local bounds and link allow Lambda, the one that costs PrfaaS the fewest
-compute-seconds per second; with one PrfaaS cluster this choice is exact (the clusters couple
-only through that sum). With several PrfaaS clusters the cost is measured on the fastest linked
-one and the LP checks the result: a heuristic, but every answer is evaluated exactly.
-
-Ties (equal Lambda) go to the smaller offload fraction, then the smaller threshold, then fewer
-prefill instances: keep traffic local when offloading buys nothing.
+Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck. The
+search is :mod:`scheduling.core.search`; :func:`plan` also predicts the optimum at F x
+Lambda_max with queueing (``at_load``, :mod:`scheduling.core.operating`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
 
+from scheduling.core.fleet import (
+    FleetLink,
+    FleetSpec,
+    Lengths,
+    PdPool,
+    PrfaasPool,
+    lengths_of,
+)
+from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
+from scheduling.core.link import DEFAULT_REFUSAL_TARGET
+from scheduling.core.offload import OffloadSplit, fit_limit_tokens, linked_pools, offload_split
+from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
 from scheduling.core.performance import (
+    MIB,
     FloatArray,
     LengthDistribution,
     Table,
     decode_rate_per_instance,
     kv_bytes,
     length_distribution,
-    length_split,
     prefill_seconds,
     weighted_quantile,
 )
+from scheduling.core.queueing import moments
 from scheduling.core.scenario import Scenario, ScenarioError, workload_length_distributions
+from scheduling.core.search import (
+    Grid,
+    fleet_threshold_grid,
+    grid_build,
+    grid_pick,
+    joint_search,
+    prfaas_lp,
+    safe_div,
+    split_range,
+    threshold_grid,
+)
+
+__all__ = [
+    "DEFAULT_LOAD",
+    "ClusterResult",
+    "Evaluation",
+    "FleetLink",
+    "FleetSpec",
+    "Lengths",
+    "PdPool",
+    "PlanResult",
+    "PrfaasPool",
+    "SplitSweep",
+    "ThresholdSweep",
+    "cluster_to_dict",
+    "evaluate",
+    "evaluation_to_dict",
+    "fleet_from_scenario",
+    "homogeneous_fleet",
+    "plan",
+    "plan_fleet",
+    "plan_for_ttft",
+    "plan_scenario",
+    "plan_to_dict",
+    "sweep_split",
+    "sweep_threshold",
+    "threshold_grid",
+    "workload_lengths",
+]
 
 INF = math.inf
-
-# --------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass(frozen=True)
-class PrfaasPool:
-    """A PrfaaS cluster as the planner sees it: prefill-only instances of one accelerator."""
-
-    name: str
-    instances: int
-    prefill: Table
-    gpus_per_instance: int = 8
-    gpu_hour_cost: float = 1.0
-
-
-@dataclass(frozen=True)
-class PdPool:
-    """A PD cluster as the planner sees it: ``instances`` to split between prefill and
-    decode, and the share of the total traffic that arrives there."""
-
-    name: str
-    instances: int
-    prefill: Table
-    max_batch: int
-    step_seconds: float
-    share: float = 1.0
-    gpus_per_instance: int = 8
-    gpu_hour_cost: float = 1.0
-
-
-@dataclass(frozen=True)
-class FleetLink:
-    """Capacity of the path from a PrfaaS cluster to a PD cluster (0 = down)."""
-
-    source: str
-    target: str
-    gbps: float
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    """Everything about the hardware the model needs, wherever it was read from."""
-
-    kv_mib: Table
-    prfaas: tuple[PrfaasPool, ...]
-    pd: tuple[PdPool, ...]
-    links: tuple[FleetLink, ...] = ()
-
-    def link_gbps(self, source: str, target: str) -> float:
-        return sum(
-            link.gbps for link in self.links if link.source == source and link.target == target
-        )
-
-    def pd_pool(self, name: str) -> PdPool:
-        for pool in self.pd:
-            if pool.name == name:
-                return pool
-        raise KeyError(name)
+#: The share of its capacity a fleet is planned to run at: link admission (budget refusals,
+#: PrfaaS queueing of reserved bytes) is judged there, and ``at_load`` predicted there.
+DEFAULT_LOAD = 0.8
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,6 +135,9 @@ class ClusterResult:
     link_gbps: float
     ttft_mean_s: float
     ttft_p90_s: float
+    #: share of its requests the links always refuse (their KV fits no budget): prefilled
+    #: locally, each one a ``link_congested`` decision
+    refused_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +153,7 @@ class Evaluation:
     egress_gbps: float
     ttft_mean_s: float
     ttft_p90_s: float
+    load: float = DEFAULT_LOAD
 
     def cluster(self, name: str) -> ClusterResult:
         for c in self.clusters:
@@ -179,6 +176,8 @@ class PlanResult:
     threshold_step: float
     output_tokens: float
     mean_input_tokens: float
+    #: the optimum's queue-aware prediction at ``load`` x its Lambda_max
+    at_load: OperatingPoint | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +245,17 @@ def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
                     cost(c.accelerator),
                 )
             )
-    links = tuple(FleetLink(link.source, link.target, link.gbps) for link in scenario.links)
+    links = tuple(
+        FleetLink(
+            link.source,
+            link.target,
+            link.gbps,
+            link.rtt_ms,
+            None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
+            link.target_utilisation,
+        )
+        for link in scenario.links
+    )
     return FleetSpec(
         Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), links
     )
@@ -266,69 +275,17 @@ def workload_lengths(scenario: Scenario) -> tuple[LengthDistribution, float]:
     return length_distribution(inp, scale=1.0 - hit), length_distribution(out).mean
 
 
+def workload_output_scv(scenario: Scenario) -> float:
+    """Squared coefficient of variation of the output lengths (decode times vary with them)."""
+    if scenario.workload is None:
+        return 0.0
+    _, out = workload_length_distributions(scenario.workload, bin_tokens=16)
+    x, w = length_distribution(out).nodes()
+    return moments(x, w)[1]
+
+
 # --------------------------------------------------------------------------------------------
 # The model at one setting
-
-
-def _div(num: float, den: float) -> float:
-    if den <= 0:
-        return INF if num > 0 or (den == 0 and num == 0) else 0.0
-    return num / den
-
-
-def _linked(fleet: FleetSpec, c: PdPool) -> list[tuple[PrfaasPool, float]]:
-    return [(j, fleet.link_gbps(j.name, c.name)) for j in fleet.prfaas]
-
-
-def _prfaas_lp(
-    fleet: FleetSpec, demand: Mapping[str, tuple[float, float]]
-) -> tuple[float, dict[tuple[str, str], float]]:
-    """Largest Lambda whose offloaded traffic can be routed: ``demand[c] = (s_c p_c, l_long)``.
-    Returns Lambda and the flows (req/s per unit... at that Lambda) per (prfaas, pd) pair."""
-    names = [c for c, (d, _) in demand.items() if d > 0]
-    if not names:
-        return INF, {}
-    pairs = [
-        (j, c)
-        for c in names
-        for j in fleet.prfaas
-        if fleet.link_gbps(j.name, c) > 0 and j.instances > 0
-    ]
-    n = 1 + len(pairs)
-    cost = np.zeros(n)
-    cost[0] = -1.0
-    a_eq = np.zeros((len(names), n))
-    for row, c in enumerate(names):
-        a_eq[row, 0] = -demand[c][0]
-        for k, (_, cc) in enumerate(pairs):
-            if cc == c:
-                a_eq[row, 1 + k] = 1.0
-    a_ub = np.zeros((len(fleet.prfaas), n))
-    b_ub = np.zeros(len(fleet.prfaas))
-    for row, j in enumerate(fleet.prfaas):
-        b_ub[row] = j.instances
-        for k, (jj, c) in enumerate(pairs):
-            if jj is j:
-                a_ub[row, 1 + k] = float(prefill_seconds(j.prefill, demand[c][1]))
-    bounds: list[tuple[float, float | None]] = [(0.0, 1e12)]
-    for j, c in pairs:
-        bits = float(kv_bytes(fleet.kv_mib, demand[c][1])) * 8.0
-        bounds.append((0.0, _div(fleet.link_gbps(j.name, c) * 1e9, bits)))
-    res = linprog(
-        cost,
-        A_ub=a_ub,
-        b_ub=b_ub,
-        A_eq=a_eq,
-        b_eq=np.zeros(len(names)),
-        bounds=bounds,
-        method="highs",
-    )
-    if res.status != 0:
-        return 0.0, {}
-    lam = float(res.x[0])
-    return (INF if lam >= 1e11 else lam), {
-        (j.name, c): float(res.x[1 + k]) for k, (j, c) in enumerate(pairs)
-    }
 
 
 def _as_mapping(fleet: FleetSpec, value: Any, what: str) -> dict[str, Any]:
@@ -340,17 +297,41 @@ def _as_mapping(fleet: FleetSpec, value: Any, what: str) -> dict[str, Any]:
     return {c.name: value for c in fleet.pd}
 
 
+def _check_load(load: float) -> None:
+    if not (0 < load < 1):
+        raise ValueError(f"the planned load must be within (0, 1), got {load!r}")
+
+
+def _admission_bound(admit_rate: float, load: float, share: float, offload: float) -> float:
+    """Lambda at which ``load`` x Lambda brings this cluster the arrivals its links admit."""
+    if offload <= 0 or share <= 0:
+        return INF
+    return safe_div(admit_rate, load * share)
+
+
 def evaluate(
     fleet: FleetSpec,
-    lengths: LengthDistribution,
+    lengths: Lengths,
     output_tokens: float,
     thresholds: Mapping[str, float] | float,
     splits: Mapping[str, int] | int,
     *,
     with_ttft: bool = True,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    offloads: Mapping[str, OffloadSplit] | None = None,
 ) -> Evaluation:
     """The throughput model at a given setting: threshold and number of prefill instances
-    (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster."""
+    (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
+
+    The links are part of the model as the router applies them: requests whose KV fits no
+    linked budget prefill locally, the mean egress stays within each link's target share,
+    and (``link_budget`` bound) at ``load`` x Lambda the links refuse at most
+    ``refusal_target`` of the cluster's decisions (:mod:`scheduling.core.offload`).
+    ``offloads``: that split, already computed for some clusters at their thresholds (one row
+    each; the sweeps compute it for a whole grid at once).
+    """
+    _check_load(load)
     ts = _as_mapping(fleet, thresholds, "threshold")
     ns = _as_mapping(fleet, splits, "split")
     bounds: dict[str, float] = {}
@@ -359,22 +340,37 @@ def evaluate(
         n_p = int(ns[c.name])
         if not 0 <= n_p <= c.instances:
             raise ValueError(f"{c.name}: n_p must be within 0..{c.instances}, got {n_p}")
-        sp = length_split(lengths, [ts[c.name]])
-        p, l_long, l_short = float(sp.p[0]), float(sp.l_long[0]), float(sp.l_short[0])
+        sp = (offloads or {}).get(c.name) or offload_split(
+            fleet,
+            c,
+            lengths_of(lengths, c.name),
+            np.asarray([ts[c.name]], dtype=float),
+            load=load,
+            refusal_target=refusal_target,
+            exact=True,
+        )
+        p, l_long, l_short = float(sp.offload[0]), float(sp.l_offload[0]), float(sp.l_local[0])
+        refused = float(sp.refused[0])
         rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
         theta_d = (c.instances - n_p) * rate
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
         if c.share > 0:
             bounds[f"pd_prefill:{c.name}"] = (
-                INF if theta_p is None else _div(theta_p, (1 - p) * c.share)
+                INF if theta_p is None else safe_div(theta_p, (1 - p) * c.share)
             )
-            bounds[f"pd_decode:{c.name}"] = _div(theta_d, c.share)
+            bounds[f"pd_decode:{c.name}"] = safe_div(theta_d, c.share)
+            if p > 0:
+                admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
+                if refused > refusal_target:
+                    admission = 0.0
+                bounds[f"link_budget:{c.name}"] = admission
         per[c.name] = {
             "p": p,
             "l_long": l_long,
             "l_short": l_short,
             "theta_p": theta_p,
             "theta_d": theta_d,
+            "refused": refused,
         }
 
     demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
@@ -391,16 +387,16 @@ def evaluate(
             else 0.0
         )
         key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
-        bounds[key] = _div(j.instances if j else 0.0, work)
+        bounds[key] = safe_div(j.instances if j else 0.0, work)
         prfaas_bound = bounds[key]
         for c in offloading:
             d, ll = demand[c.name]
-            gbps = fleet.link_gbps(j.name, c.name) if j else 0.0
+            gbps = fleet.usable_gbps(j.name, c.name) if j else 0.0
             lk = f"link:{j.name if j else 'none'}->{c.name}"
-            bounds[lk] = _div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
+            bounds[lk] = safe_div(gbps * 1e9, d * float(kv_bytes(fleet.kv_mib, ll)) * 8.0)
             prfaas_bound = min(prfaas_bound, bounds[lk])
     elif offloading:
-        prfaas_bound, _ = _prfaas_lp(fleet, demand)
+        prfaas_bound, _ = prfaas_lp(fleet, demand)
         bounds["prfaas"] = prfaas_bound
 
     broken = [k for k, v in bounds.items() if math.isnan(v)]
@@ -409,7 +405,7 @@ def evaluate(
     throughput = min(bounds.values(), default=INF)
     if not math.isfinite(throughput):
         raise ValueError("the model is unbounded: no traffic share, or zero output tokens")
-    order = ["prfaas_compute", "prfaas", "link", "pd_prefill", "pd_decode"]
+    order = ["prfaas_compute", "prfaas", "link", "link_budget", "pd_prefill", "pd_decode"]
     tight = min(bounds.items(), key=lambda kv: (kv[1], order.index(kv[0].split(":")[0])))
     stage, _, at = tight[0].partition(":")
 
@@ -417,7 +413,6 @@ def evaluate(
     all_x: list[FloatArray] = []
     all_w: list[FloatArray] = []
     total_egress = 0.0
-    x, w = lengths.nodes() if with_ttft else (np.zeros(1), np.ones(1))
     for c in fleet.pd:
         v = per[c.name]
         p = v["p"]
@@ -428,12 +423,18 @@ def evaluate(
         total_egress += egress
         theta_prf = prfaas_bound * c.share * p if p > 0 and math.isfinite(prfaas_bound) else None
         # Queue-free TTFT: prefill time on whichever hardware the threshold sends each length
-        # to (transfer is hidden by layer-wise pipelining, PRFAAS.md section 7.5).
-        linked = [j for j, gbps in _linked(fleet, c) if gbps > 0 and j.instances > 0]
+        # to (transfer is hidden by layer-wise pipelining, PRFAAS.md section 7.5); a request
+        # whose KV fits no budget is refused by the link and prefills locally.
+        x, w = lengths_of(lengths, c.name).nodes() if with_ttft else (np.zeros(1), np.ones(1))
+        links = linked_pools(fleet, c.name)
         local_t = prefill_seconds(c.prefill, x)
-        if linked and p > 0:
-            remote = min(linked, key=lambda j: float(prefill_seconds(j.prefill, v["l_long"])))
-            ttft = np.where(x > ts[c.name], prefill_seconds(remote.prefill, x), local_t)
+        if links and p > 0:
+            remote = min(
+                (j for _, j in links), key=lambda j: float(prefill_seconds(j.prefill, v["l_long"]))
+            )
+            fits = fit_limit_tokens(fleet, max(lk.budget for lk, _ in links), float(np.max(x)))
+            away = (x > ts[c.name]) & (x <= fits)
+            ttft = np.where(away, prefill_seconds(remote.prefill, x), local_t)
         else:
             ttft = local_t
         all_x.append(ttft)
@@ -453,9 +454,10 @@ def evaluate(
                 theta_pd_d=v["theta_d"],
                 throughput_rps=lam_c,
                 egress_gbps=egress,
-                link_gbps=sum(gbps for _, gbps in _linked(fleet, c)),
+                link_gbps=sum(fleet.link_gbps(j.name, c.name) for j in fleet.prfaas),
                 ttft_mean_s=float(np.dot(ttft, w)),
                 ttft_p90_s=weighted_quantile(ttft, w, 0.9),
+                refused_fraction=v["refused"],
             )
         )
     tx = np.concatenate(all_x)
@@ -472,6 +474,7 @@ def evaluate(
         egress_gbps=total_egress,
         ttft_mean_s=float(np.dot(tx, tw) / tw.sum()),
         ttft_p90_s=weighted_quantile(tx, tw, 0.9),
+        load=load,
     )
 
 
@@ -479,116 +482,36 @@ def evaluate(
 # Search
 
 
-def threshold_grid(lengths: LengthDistribution, step: float = 100) -> FloatArray:
-    """Thresholds ``step`` apart covering the support, from one below the shortest length
-    (offload everything) to one at or above the longest (offload nothing)."""
-    if step <= 0:
-        raise ValueError("threshold step must be positive")
-    lo, hi = lengths.support
-    start = step * math.floor(lo / step)
-    if start >= lo:
-        start -= step
-    end = step * math.ceil(hi / step)
-    return np.asarray(start + step * np.arange(round((end - start) / step) + 1), dtype=float)
-
-
-@dataclass(frozen=True)
-class _Grid:
-    """Per-cluster arrays over thresholds (K) and prefill counts (M)."""
-
-    thresholds: FloatArray  # K
-    p: FloatArray  # K
-    n_p: FloatArray  # M
-    bound_prfaas: FloatArray  # K: this cluster alone on the PrfaaS stage
-    bound_pd_p: FloatArray  # K x M
-    bound_pd_d: FloatArray  # M
-    work: FloatArray  # K: PrfaaS compute-seconds per unit Lambda (fastest linked PrfaaS)
-    egress: FloatArray  # K: Gbps per unit Lambda
-    link_total: float
-    l_long: FloatArray  # K (nan where nothing is offloaded)
-
-    @property
-    def local(self) -> FloatArray:
-        return np.minimum(self.bound_pd_p, self.bound_pd_d[None, :])
-
-    @property
-    def throughput(self) -> FloatArray:
-        return np.minimum(self.local, self.bound_prfaas[:, None])
-
-
-def _grid(
+def _search(
     fleet: FleetSpec,
-    c: PdPool,
-    lengths: LengthDistribution,
-    output_tokens: float,
-    thresholds: FloatArray,
-    n_range: tuple[int, int],
-) -> _Grid:
-    sp = length_split(lengths, thresholds)
-    p = sp.p
-    s = c.share
-    long_ok = np.nan_to_num(sp.l_long, nan=lengths.support[1])
-    short_ok = np.nan_to_num(sp.l_short, nan=lengths.support[0])
-    n = np.arange(n_range[0], n_range[1] + 1, dtype=float)
-    rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_short = prefill_seconds(c.prefill, short_ok)
-        local_load = (1 - p) * s * t_short  # seconds of PD-P per unit Lambda per instance... K
-        pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
-        pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
-        capacity = np.zeros_like(p)
-        work = np.full_like(p, INF)
-        link_total = 0.0
-        for j, gbps in _linked(fleet, c):
-            if j.instances <= 0 or gbps <= 0:
-                continue
-            t_long = prefill_seconds(j.prefill, long_ok)
-            capacity += np.minimum(
-                j.instances / t_long, gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
-            )
-            work = np.minimum(work, s * p * t_long)
-            link_total += gbps
-        demand = s * p
-        prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
-        work = np.where(demand > 0, work, 0.0)
-        egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
-    return _Grid(thresholds, p, n, prf, pdp, pdd, work, egress, link_total, sp.l_long)
-
-
-def _pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
-    """Argmax of Lambda over a K x M grid with the documented tie-break."""
-    k_idx, m_idx = np.meshgrid(np.arange(lam.shape[0]), np.arange(lam.shape[1]), indexing="ij")
-    lam_r = np.round(lam, 12)
-    keys = (n[m_idx].ravel(), t[k_idx].ravel(), p[k_idx].ravel(), -lam_r.ravel())
-    best = int(np.lexsort(keys)[0])
-    return int(k_idx.ravel()[best]), int(m_idx.ravel()[best])
-
-
-def _split_range(c: PdPool, split_bounds: Mapping[str, tuple[int, int]] | None) -> tuple[int, int]:
-    lo, hi = 0, c.instances
-    if split_bounds and c.name in split_bounds:
-        lo, hi = split_bounds[c.name]
-        lo, hi = max(0, int(lo)), min(c.instances, int(hi))
-        if lo > hi:
-            raise ValueError(f"{c.name}: empty range of prefill instances")
-    return lo, hi
-
-
-def plan_fleet(
-    fleet: FleetSpec,
-    lengths: LengthDistribution,
+    lengths: Lengths,
     output_tokens: float,
     *,
-    threshold_step: float = 100,
-    split_bounds: Mapping[str, tuple[int, int]] | None = None,
-) -> Evaluation:
-    """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
-    number of prefill instances to an inclusive range), evaluated."""
+    threshold_step: float,
+    split_bounds: Mapping[str, tuple[int, int]] | None,
+    load: float,
+    refusal_target: float,
+    output_scv: float,
+    fixed: Mapping[str, tuple[float, int]] | None = None,
+) -> tuple[dict[str, Grid], dict[str, float], dict[str, int]]:
+    """The grids of every PD cluster and the best thresholds and splits on them (a cluster in
+    ``fixed`` keeps its (threshold, n_p): its grid is that one cell)."""
     if not fleet.pd:
         raise ValueError("a fleet needs at least one pd cluster")
-    thresholds = threshold_grid(lengths, threshold_step)
+    _check_load(load)
+    thresholds = fleet_threshold_grid(lengths, fleet, threshold_step)
+    fixed = fixed or {}
     grids = {
-        c.name: _grid(fleet, c, lengths, output_tokens, thresholds, _split_range(c, split_bounds))
+        c.name: grid_build(
+            fleet,
+            c,
+            lengths_of(lengths, c.name),
+            output_tokens,
+            np.asarray([fixed[c.name][0]]) if c.name in fixed else thresholds,
+            (fixed[c.name][1],) * 2 if c.name in fixed else split_range(c, split_bounds),
+            load,
+            refusal_target,
+        )
         for c in fleet.pd
     }
     active = [c for c in fleet.pd if c.share > 0]
@@ -596,81 +519,127 @@ def plan_fleet(
         raise ValueError("no pd cluster receives traffic")
     if len(active) == 1:
         g = grids[active[0].name]
-        k, m = _pick(g.throughput, g.p, g.thresholds, g.n_p)
+        k, m = grid_pick(g.throughput, g.want, g.thresholds, g.n_p)
         choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
     else:
-        choice = _bisect(fleet, grids, active)
-    ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
-    ns = {c.name: choice.get(c.name, (0.0, _split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
-    return evaluate(fleet, lengths, output_tokens, ts, ns)
-
-
-def _choose(
-    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
-) -> dict[str, tuple[int, int]] | None:
-    """For each cluster the cell allowing ``lam`` that costs PrfaaS least, or None."""
-    out = {}
-    for c in active:
-        g = grids[c.name]
-        local = g.local
-        ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
-        ok &= (g.bound_prfaas >= lam)[:, None]
-        rows = np.flatnonzero(ok.any(axis=1))
-        if rows.size == 0:
-            return None
-        # Fewest PrfaaS compute-seconds, then fewer offloads, then the smaller threshold.
-        k = int(rows[np.lexsort((g.thresholds[rows], g.p[rows], g.work[rows]))[0]])
-        cols = np.flatnonzero(ok[k])
-        m = int(cols[np.lexsort((g.n_p[cols], -np.round(local[k, cols], 12)))[0]])
-        out[c.name] = (k, m)
-    return out
-
-
-def _feasible(
-    fleet: FleetSpec, grids: Mapping[str, _Grid], active: list[PdPool], lam: float
-) -> dict[str, tuple[int, int]] | None:
-    pick = _choose(fleet, grids, active, lam)
-    if pick is None:
-        return None
-    if len(fleet.prfaas) <= 1:
-        cap = fleet.prfaas[0].instances if fleet.prfaas else 0
-        work = sum(
-            float(grids[c.name].work[k]) for c, (k, _) in zip(active, pick.values(), strict=True)
+        choice = joint_search(
+            fleet,
+            grids,
+            active,
+            lengths=lengths,
+            output_tokens=output_tokens,
+            output_scv=output_scv,
+            load=load,
         )
-        return pick if work * lam <= cap + 1e-9 else None
-    demand = {}
-    for c in active:
-        g = grids[c.name]
-        k, _ = pick[c.name]
-        demand[c.name] = (c.share * float(g.p[k]), float(g.l_long[k]))
-    lam_max, _ = _prfaas_lp(fleet, demand)
-    return pick if lam_max >= lam * (1 - 1e-9) else None
+    for name, (t, n_p) in fixed.items():
+        choice.setdefault(name, (float(t), int(n_p)))
+    ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
+    ns = {c.name: choice.get(c.name, (0.0, split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
+    return grids, ts, ns
 
 
-def _bisect(
-    fleet: FleetSpec, grids: dict[str, _Grid], active: list[PdPool]
-) -> dict[str, tuple[float, int]]:
-    hi = min(float(np.max(grids[c.name].local)) for c in active)
-    lo = 0.0
-    best = _feasible(fleet, grids, active, 0.0)
-    if best is None:
-        raise ValueError("no feasible setting")
-    if math.isfinite(hi) and _feasible(fleet, grids, active, hi) is not None:
-        lo = hi
-    else:
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            if mid <= lo or mid >= hi:
-                break
-            pick = _feasible(fleet, grids, active, mid)
-            if pick is None:
-                hi = mid
-            else:
-                lo = mid
-    best = _feasible(fleet, grids, active, lo) or best
+def plan_fleet(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    *,
+    threshold_step: float = 100,
+    split_bounds: Mapping[str, tuple[int, int]] | None = None,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    output_scv: float = 0.0,
+    fixed: Mapping[str, tuple[float, int]] | None = None,
+) -> Evaluation:
+    """The best threshold and split of every PD cluster (``split_bounds`` limits a cluster's
+    number of prefill instances to an inclusive range; a cluster in ``fixed`` keeps its
+    (threshold, n_p)), evaluated. ``load``: the share of its capacity the fleet is planned to
+    run at (see :func:`evaluate`)."""
+    _, ts, ns = _search(
+        fleet,
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        split_bounds=split_bounds,
+        load=load,
+        refusal_target=refusal_target,
+        output_scv=output_scv,
+        fixed=fixed,
+    )
+    return evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
+
+
+def plan_for_ttft(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    slo_s: float,
+    *,
+    quantile: float = 0.9,
+    threshold_step: float = 100,
+    split_bounds: Mapping[str, tuple[int, int]] | None = None,
+    load: float = DEFAULT_LOAD,
+    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    output_scv: float = 0.0,
+    arrival_scv: float = 1.0,
+    headroom: float = DEFAULT_SLO_HEADROOM,
+) -> tuple[SloPlan, Evaluation]:
+    """Goodput planning: the threshold and split of every PD cluster with the highest arrival
+    rate whose predicted ``quantile`` TTFT is within ``slo_s``
+    (:func:`scheduling.core.goodput.plan_for_slo`), and that setting's Lambda_max model."""
+    grids, ts, ns = _search(
+        fleet,
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        split_bounds=split_bounds,
+        load=load,
+        refusal_target=refusal_target,
+        output_scv=output_scv,
+    )
+    best = evaluate(fleet, lengths, output_tokens, ts, ns, load=load, refusal_target=refusal_target)
+    slo = plan_for_slo(
+        fleet,
+        lengths,
+        output_tokens,
+        slo_s,
+        grids=grids,
+        start={c.name: (ts[c.name], ns[c.name]) for c in fleet.pd},
+        capacity_rps=best.throughput_rps,
+        quantile=quantile,
+        output_scv=output_scv,
+        arrival_scv=arrival_scv,
+        refusal_target=refusal_target,
+        headroom=headroom,
+    )
+    chosen = evaluate(
+        fleet,
+        lengths,
+        output_tokens,
+        dict(slo.thresholds),
+        dict(slo.splits),
+        load=load,
+        refusal_target=refusal_target,
+    )
+    return slo, chosen
+
+
+def slo_plan_to_dict(slo: SloPlan, ev: Evaluation) -> dict[str, Any]:
+    """JSON-ready: the goodput rate, the setting per PD cluster and the prediction there."""
     return {
-        c.name: (float(grids[c.name].thresholds[k]), int(grids[c.name].n_p[m]))
-        for c, (k, m) in zip(active, best.values(), strict=True)
+        "ttft_slo_s": slo.slo_s,
+        "quantile": slo.quantile,
+        "rate_rps": slo.rate_rps,
+        "clusters": {
+            c.name: {
+                "threshold_tokens": c.threshold_tokens,
+                "n_p": c.n_p,
+                "n_d": c.n_d,
+                "offload_fraction": c.offload_fraction,
+            }
+            for c in ev.clusters
+        },
+        "throughput_rps": ev.throughput_rps,
+        "at_rate": None if slo.at_rate is None else operating_point_to_dict(slo.at_rate),
     }
 
 
@@ -708,8 +677,12 @@ def plan(
     output_tokens: float,
     *,
     threshold_step: float = 100,
+    load: float = DEFAULT_LOAD,
+    output_scv: float = 0.0,
+    arrival_scv: float = 1.0,
 ) -> PlanResult:
-    """The optimum and the baselines.
+    """The optimum and the baselines, and the optimum's queue-aware prediction at ``load``
+    x its Lambda_max (``at_load``, :func:`scheduling.core.operating.operating_point`).
 
     * homogeneous: every GPU of the fleet replaced by the PD accelerator, as whole instances
       (floor of GPUs / GPUs per PD instance), optimal split;
@@ -717,7 +690,18 @@ def plan(
     * equal-cost homogeneous: as many whole PD-accelerator instances as the fleet's GPU-hour
       cost buys (floor: a fractional instance cannot serve), optimal split.
     """
-    best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step)
+    best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
+    ts, ns = _settings(best)
+    at_load = operating_point(
+        fleet,
+        lengths,
+        output_tokens,
+        ts,
+        ns,
+        load * best.throughput_rps,
+        output_scv=output_scv,
+        arrival_scv=arrival_scv,
+    )
     ref = _reference_pd(fleet)
     n_homog = _gpus(fleet) // ref.gpus_per_instance
     n_equal = math.floor(_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
@@ -747,14 +731,22 @@ def plan(
         threshold_step=threshold_step,
         output_tokens=output_tokens,
         mean_input_tokens=lengths.mean,
+        at_load=at_load,
     )
 
 
-def plan_scenario(scenario: Scenario, *, threshold_step: float = 100) -> PlanResult:
+def plan_scenario(
+    scenario: Scenario, *, threshold_step: float = 100, load: float = DEFAULT_LOAD
+) -> PlanResult:
     """Plan a scenario's fleet for its workload, with the baselines."""
     lengths, output_tokens = workload_lengths(scenario)
     return plan(
-        fleet_from_scenario(scenario), lengths, output_tokens, threshold_step=threshold_step
+        fleet_from_scenario(scenario),
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        load=load,
+        output_scv=workload_output_scv(scenario),
     )
 
 
@@ -782,6 +774,11 @@ def _bounds_of(ev: Evaluation, cluster: str) -> tuple[float, float, float]:
     )
 
 
+def astuple_shallow(split: OffloadSplit) -> tuple[FloatArray, ...]:
+    """The split's arrays in field order (``dataclasses.astuple`` would copy deeply)."""
+    return tuple(getattr(split, f.name) for f in fields(split))
+
+
 def sweep_threshold(
     fleet: FleetSpec,
     lengths: LengthDistribution,
@@ -795,9 +792,21 @@ def sweep_threshold(
     name = cluster or at.clusters[0].name
     ts, ns = _settings(at)
     grid = threshold_grid(lengths, threshold_step)
+    # The links' treatment of the swept cluster at every threshold, at once (as the search).
+    split = offload_split(fleet, fleet.pd_pool(name), lengths_of(lengths, name), grid, load=at.load)
     rows = []
-    for t in grid:
-        ev = evaluate(fleet, lengths, output_tokens, {**ts, name: float(t)}, ns, with_ttft=False)
+    for k, t in enumerate(grid):
+        one = OffloadSplit(*(np.asarray(v)[k : k + 1] for v in astuple_shallow(split)))
+        ev = evaluate(
+            fleet,
+            lengths,
+            output_tokens,
+            {**ts, name: float(t)},
+            ns,
+            with_ttft=False,
+            load=at.load,
+            offloads={name: one},
+        )
         rows.append(
             (float(t), ev.cluster(name).offload_fraction, *_bounds_of(ev, name), ev.throughput_rps)
         )
@@ -867,6 +876,7 @@ def cluster_to_dict(c: ClusterResult, n_prfaas: int) -> dict[str, Any]:
         "link_gbps": c.link_gbps,
         "ttft_mean_s": c.ttft_mean_s,
         "ttft_p90_s": c.ttft_p90_s,
+        "link_congested_fraction": c.refused_fraction,
     }
 
 
@@ -900,8 +910,11 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
     equal = evaluation_to_dict(result.equal_cost_homogeneous)
     equal["instances"] = result.equal_cost_instances
     naive = evaluation_to_dict(result.naive_heterogeneous)
+    prfaas = evaluation_to_dict(result.prfaas)
+    if result.at_load is not None:
+        prfaas["at_load"] = {"load": result.prfaas.load, **operating_point_to_dict(result.at_load)}
     return {
-        "prfaas": evaluation_to_dict(result.prfaas),
+        "prfaas": prfaas,
         "baselines": {
             "homogeneous": homog,
             "naive_heterogeneous": naive,

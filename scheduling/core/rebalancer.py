@@ -1,6 +1,6 @@
 """The long-timescale rebalancer's decision: hold, or propose a new threshold and P/D split.
 
-Pure: no Django, plain frozen dataclasses in and out. The Celery tick (``scheduling.plans``)
+Pure: no Django, plain frozen dataclasses in and out. The Celery tick (``scheduling.rebalance``)
 and the simulator's ``prfaas-dual`` policy call :func:`rebalance_decide` with the same inputs
 and get the same answer, so a plan can be judged on a simulated clock before it touches a fleet.
 
@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from scheduling.core.operating import operating_point
 from scheduling.core.performance import DiscreteLengths
 from scheduling.core.planner import Evaluation, FleetSpec, plan_fleet
 from scheduling.core.planner import evaluate as planner_evaluate
@@ -58,6 +59,10 @@ HOLD_AWAITING_PERSISTENCE = "awaiting_persistence"
 HOLD_REVERSAL_LIMITED = "reversal_limited"
 HOLD_NO_ELIGIBLE_INSTANCE = "no_eligible_instance"
 HOLD_INFEASIBLE = "infeasible_bounds"
+# The analytical model liked the candidate, but simulating it on the recent traffic did not
+# confirm the gain (or the bounded simulation could not finish): it is not proposed.
+HOLD_SIMULATION_REJECTED = "simulation_rejected"
+HOLD_SIMULATION_INCOMPLETE = "simulation_incomplete"
 
 HOLD_REASONS = (
     HOLD_MISSING_METRICS,
@@ -73,6 +78,8 @@ HOLD_REASONS = (
     HOLD_REVERSAL_LIMITED,
     HOLD_NO_ELIGIBLE_INSTANCE,
     HOLD_INFEASIBLE,
+    HOLD_SIMULATION_REJECTED,
+    HOLD_SIMULATION_INCOMPLETE,
 )
 
 
@@ -210,6 +217,10 @@ class Prediction:
     ttft_p90_s: float
     egress_gbps: float
     bottleneck: str
+    #: queue-aware prediction at the observed arrival rate (scheduling.core.operating)
+    at_rate_ttft_mean_s: float | None = None
+    at_rate_ttft_p90_s: float | None = None
+    at_rate_link_utilisation: float | None = None
 
 
 @dataclass(frozen=True)
@@ -674,10 +685,20 @@ class FleetPlanner:
     empirical length distribution; capacity is the planner's Lambda_max, and throughput and
     egress are predicted at the observed arrival rate (capped by capacity)."""
 
-    def __init__(self, fleet: FleetSpec, cluster: str, *, threshold_step: float = 100) -> None:
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        cluster: str,
+        *,
+        threshold_step: float = 100,
+        at_rate: bool = True,
+    ) -> None:
         self.fleet = fleet
         self.cluster = cluster
         self.threshold_step = threshold_step
+        # Whether predictions carry the queue-aware figures at the observed rate (the plan
+        # page shows them; the simulator's long-term loop does not need them).
+        self.at_rate = at_rate
         self._lengths_key: tuple[tuple[float, float], ...] | None = None
         self._lengths: DiscreteLengths | None = None
 
@@ -687,11 +708,28 @@ class FleetPlanner:
             self._lengths_key = window.incremental_tokens
         return self._lengths
 
-    def _prediction(self, window: TrafficSummary, ev: Evaluation) -> Prediction:
+    def _prediction(
+        self, window: TrafficSummary, ev: Evaluation, fleet: FleetSpec | None = None
+    ) -> Prediction:
         c = ev.cluster(self.cluster)
         capacity = ev.throughput_rps
         rate = window.arrival_rate
         load = min(rate, capacity) / capacity if capacity > 0 else 0.0
+        at = None
+        if (
+            self.at_rate
+            and fleet is not None
+            and window.output_tokens_mean is not None
+            and 0 < rate < capacity
+        ):
+            at = operating_point(
+                fleet,
+                self.lengths(window),
+                window.output_tokens_mean,
+                {self.cluster: c.threshold_tokens},
+                {self.cluster: c.n_p},
+                rate,
+            )
         return Prediction(
             setting=Setting(threshold=float(c.threshold_tokens), n_p=c.n_p, n_d=c.n_d),
             capacity_rps=capacity,
@@ -701,6 +739,9 @@ class FleetPlanner:
             ttft_p90_s=c.ttft_p90_s,
             egress_gbps=c.egress_gbps * load,
             bottleneck=ev.bottleneck,
+            at_rate_ttft_mean_s=_finite_or_none(at.ttft_mean_s) if at else None,
+            at_rate_ttft_p90_s=_finite_or_none(at.ttft_p90_s) if at else None,
+            at_rate_link_utilisation=at.link_utilisation if at else None,
         )
 
     def evaluate(self, window: TrafficSummary, setting: Setting) -> Prediction:
@@ -713,7 +754,7 @@ class FleetPlanner:
             {self.cluster: setting.threshold},
             {self.cluster: setting.n_p},
         )
-        return self._prediction(window, ev)
+        return self._prediction(window, ev, fleet)
 
     def best(self, window: TrafficSummary, n_total: int, n_p_range: tuple[int, int]) -> Prediction:
         fleet = fleet_for_cluster(self.fleet, self.cluster, n_total)
@@ -725,7 +766,11 @@ class FleetPlanner:
             threshold_step=self.threshold_step,
             split_bounds={self.cluster: n_p_range},
         )
-        return self._prediction(window, ev)
+        return self._prediction(window, ev, fleet)
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def histogram_points(

@@ -112,12 +112,19 @@ class ScenarioCluster:
 
 @dataclass(frozen=True)
 class ScenarioLink:
-    """The Ethernet path from a PrfaaS cluster to a PD cluster (0 Gbps = link down)."""
+    """The Ethernet path from a PrfaaS cluster to a PD cluster (0 Gbps = link down).
+
+    ``kv_budget_mib``: the most KVCache in flight on it (reserved from the routing decision to
+    the transfer's end); ``target_utilisation``: the mean egress share the planner may plan
+    onto it. ``None``: the router's defaults (:mod:`scheduling.core.link`).
+    """
 
     source: str
     target: str
     gbps: float
     rtt_ms: float = 0.0
+    kv_budget_mib: float | None = None
+    target_utilisation: float | None = None
 
     @property
     def key(self) -> str:
@@ -678,7 +685,12 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Scenari
     out = []
     for i, item in enumerate(_list(value, ("links",))):
         loc: Loc = ("links", i)
-        body = _mapping(item, loc, required=("source", "target", "gbps"), optional=("rtt_ms",))
+        body = _mapping(
+            item,
+            loc,
+            required=("source", "target", "gbps"),
+            optional=("rtt_ms", "kv_budget_mib", "target_utilisation"),
+        )
         ends = {}
         for end, kind in (("source", "prfaas"), ("target", "pd")):
             name = _str(body[end], (*loc, end))
@@ -697,6 +709,21 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Scenari
                 target=ends["target"],
                 gbps=_number(body["gbps"], (*loc, "gbps")),
                 rtt_ms=_number(body.get("rtt_ms", 0.0), (*loc, "rtt_ms")),
+                kv_budget_mib=(
+                    None
+                    if body.get("kv_budget_mib") is None
+                    else _number(body["kv_budget_mib"], (*loc, "kv_budget_mib"), positive=True)
+                ),
+                target_utilisation=(
+                    None
+                    if body.get("target_utilisation") is None
+                    else _number(
+                        body["target_utilisation"],
+                        (*loc, "target_utilisation"),
+                        positive=True,
+                        maximum=1.0,
+                    )
+                ),
             )
         )
     _unique([(link.key, ("links", i)) for i, link in enumerate(out)], "link")
@@ -1000,6 +1027,20 @@ def _event_out(e: Event) -> dict[str, Any]:
     return {"at_s": e.at_s, "cluster": e.cluster, "rate_scale": e.rate_scale}
 
 
+def _link_out(link: ScenarioLink) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": link.source,
+        "target": link.target,
+        "gbps": link.gbps,
+        "rtt_ms": link.rtt_ms,
+    }
+    if link.kv_budget_mib is not None:
+        out["kv_budget_mib"] = link.kv_budget_mib
+    if link.target_utilisation is not None:
+        out["target_utilisation"] = link.target_utilisation
+    return out
+
+
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     """The scenario in the file format (already merged: no ``extends``; absolute trace path)."""
     model: dict[str, Any] = {
@@ -1047,10 +1088,7 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         ],
         "profiles": profiles,
         "clusters": clusters,
-        "links": [
-            {"source": link.source, "target": link.target, "gbps": link.gbps, "rtt_ms": link.rtt_ms}
-            for link in s.links
-        ],
+        "links": [_link_out(link) for link in s.links],
     }
     if s.workload is not None:
         w = s.workload

@@ -12,18 +12,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db.models import Count
 
-from clusters.models import Cluster, ClusterKind, Instance, InstanceState
-from clusters.topology import topology_scenario
+from clusters.models import Cluster, Instance, InstanceState
 from scheduling.core import rebalancer
-from scheduling.core.planner import fleet_from_scenario
 from scheduling.models import (
     Plan,
     Policy,
+    RebalanceSettings,
     RebalanceTick,
 )
+from scheduling.rebalance.selectors import rebalance_settings_for
+from scheduling.rebalance.simulation import inventory_fleet
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
+from scheduling.traffic import traffic_window_read
 
 # Hold reasons that keep a candidate pending, so persistence can count consecutive ticks.
 PENDING_REASONS = (
@@ -142,20 +143,35 @@ def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:
 
 
 def planner_for_cluster(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.FleetPlanner:
-    """The planner port for one PD cluster, over the inventory as a scenario; PrfaaS clusters
-    count only their active instances."""
-    fleet = fleet_from_scenario(topology_scenario())
-    active = dict(
-        Instance.objects.filter(cluster__kind=ClusterKind.PRFAAS, state=InstanceState.ACTIVE)
-        .values("cluster__name")
-        .annotate(n=Count("id"))
-        .values_list("cluster__name", "n")
-    )
-    fleet = replace(
-        fleet,
-        prfaas=tuple(replace(p, instances=int(active.get(p.name, 0))) for p in fleet.prfaas),
-    )
-    return rebalancer.FleetPlanner(fleet, cluster.name)
+    """The planner port for one PD cluster alone, over the inventory as a scenario; PrfaaS
+    clusters count only their active instances. (The tick plans jointly with the PD clusters
+    sharing its PrfaaS clusters: :func:`scheduling.rebalance.simulation.planner_joint`.)"""
+    return rebalancer.FleetPlanner(inventory_fleet(), cluster.name)
+
+
+def tick_context(
+    window: rebalancer.TrafficSummary,
+    start: float,
+    end: float,
+    row: RebalanceSettings,
+    policy: Policy | None,
+) -> dict[str, Any]:
+    """What the planner port and the proposal's simulation read of other PD clusters: their
+    traffic windows over the same period and the thresholds routers apply to them."""
+
+    def window_of(peer: Cluster) -> rebalancer.TrafficSummary:
+        peer_row = rebalance_settings_for(peer)
+        return window_from_traffic(
+            traffic_window_read(peer.name, start, end),
+            recorder_seen_at=end,
+            default_output_tokens=peer_row.default_output_tokens or row.default_output_tokens,
+        )
+
+    return {
+        "window": window,
+        "window_of": window_of,
+        "threshold_of": lambda peer: policy_threshold(policy, peer),
+    }
 
 
 def policy_threshold(policy: Policy | None, cluster: Cluster) -> float:

@@ -43,9 +43,9 @@ from scheduling.rebalance.inputs import (
     PlannerFactory,
     history_for,
     instance_views,
-    planner_for_cluster,
     policy_threshold,
     prediction_json,
+    tick_context,
     window_from_traffic,
 )
 from scheduling.rebalance.lifecycle import (
@@ -60,6 +60,7 @@ from scheduling.rebalance.selectors import (
     guards_for,
     rebalance_settings_for,
 )
+from scheduling.rebalance.simulation import planner_joint, proposal_check
 from scheduling.traffic import traffic_window_read
 
 
@@ -177,14 +178,16 @@ def rebalance_tick(
         guards=guards,
         history=history,
     )
-    factory = planner_factory or planner_for_cluster
+    factory = planner_factory or planner_joint
+    context = tick_context(window, end - window_s, end, row, policy)
+    simulated: dict[str, Any] | None = None
     # Data problems hold before the planner is even built (the fleet may be incomplete too).
     decision = rebalancer.window_problem(window, now, guards) or rebalancer.fleet_problem(
         views, now, guards
     )
     if decision is None:
         try:
-            port = factory(cluster, {"window": window})
+            port = factory(cluster, context)
         except (ScenarioError, KeyError, AssertionError, ValueError) as exc:
             decision = rebalancer.RebalanceDecision(
                 action="hold",
@@ -193,6 +196,8 @@ def rebalance_tick(
             )
         else:
             decision = rebalancer.rebalance_decide(decision_input, port)
+            # Proposals are simulated on the recent traffic before they are shown.
+            decision, simulated = proposal_check(cluster, decision, context)
     next_history = rebalancer.history_after(history, decision, now, applied=False)
     try:
         with transaction.atomic():
@@ -213,6 +218,7 @@ def rebalance_tick(
                     "current": prediction_json(decision.current),
                     "proposed": prediction_json(decision.proposed),
                     "target": prediction_json(decision.target),
+                    "simulated": simulated,
                 },
             )
             if decision.action == "propose":
@@ -261,6 +267,7 @@ def _plan_from_decision(
         gain=decision.gain if decision.gain is not None and math.isfinite(decision.gain) else 1e9,
         role_changes=[asdict(c) for c in decision.role_changes],
         predictions=tick.predictions,
+        simulated=tick.predictions.get("simulated") or {},
         inputs=tick.inputs,
         policy_version_before=policy.version if policy is not None else None,
     )

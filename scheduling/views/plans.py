@@ -60,10 +60,57 @@ def _comparison(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+# What the simulation of both settings on the recent traffic showed: (key, label, unit, digits).
+SIMULATED = [
+    ("rate_rps", "Offered rate", "req/s", 3),
+    ("sustained_fraction", "Sustained", "share", 3),
+    ("ttft_mean_s", "TTFT mean", "s", 3),
+    ("ttft_p90_s", "TTFT P90", "s", 3),
+    ("link_congested", "link_congested", "share", 3),
+]
+
+
+def _simulated(plan: Plan) -> list[dict[str, Any]]:
+    """Rows of the simulated comparison, per situation (observed rate, stress), next to the
+    model's prediction at the observed rate where it has one."""
+    sim = plan.simulated or {}
+    current = plan.predictions.get("current") or {}
+    proposed = plan.predictions.get("proposed") or {}
+    predicted = {
+        "ttft_mean_s": ("at_rate_ttft_mean_s",),
+        "ttft_p90_s": ("at_rate_ttft_p90_s",),
+    }
+    rows = []
+    for situation, title in (("observed", "at the observed rate"), ("stress", "near capacity")):
+        runs = sim.get(situation)
+        if not runs:
+            continue
+        for key, label, unit, digits in SIMULATED:
+            names = predicted.get(key, ())
+            rows.append(
+                {
+                    "situation": title,
+                    "label": label,
+                    "unit": unit,
+                    "digits": digits,
+                    "current": runs["current"].get(key),
+                    "proposed": runs["proposed"].get(key),
+                    "predicted_current": current.get(names[0])
+                    if names and situation == "observed"
+                    else None,
+                    "predicted_proposed": proposed.get(names[0])
+                    if names and situation == "observed"
+                    else None,
+                }
+            )
+    return rows
+
+
 def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
     return {
         "plan": plan,
         "comparison": _comparison(plan),
+        "simulated": _simulated(plan),
         "steps": rebalance.plan_steps(plan),
         "can_approve": plan.status == PlanStatus.PROPOSED,
         "can_rollback": plan.status == PlanStatus.APPLIED,

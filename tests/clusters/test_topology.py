@@ -464,3 +464,46 @@ def test_an_export_after_a_role_conversion_applies_back_unchanged(
     result = counts(topology("apply", str(exported)))
     assert result["created"] == result["updated"] == result["deleted"] == 0
     assert Instance.objects.get(pk=converted.pk).role == "decode"
+
+
+def test_a_links_kv_budget_and_target_utilisation_apply_and_export(
+    case_study_data: dict[str, Any], tmp_path: Path, scenarios_dir: Path
+) -> None:
+    """Issue 12: a scenario's link may set what the router admits on it; the inventory keeps
+    it, the export gives it back, and an entry that gives none leaves it alone."""
+    data = dict(case_study_data)
+    data["links"] = [{**data["links"][0], "kv_budget_mib": 20000, "target_utilisation": 0.6}]
+    path = tmp_path / "budgeted.yaml"
+    path.write_text(yaml.safe_dump(data))
+    topology("apply", str(path))
+    link = Link.objects.get()
+    assert link.kv_budget_bytes == 20000 * 2**20 and link.target_utilisation == 0.6
+    exported = yaml.safe_load(topology("export"))
+    assert exported["links"][0]["kv_budget_mib"] == 20000
+    assert exported["links"][0]["target_utilisation"] == 0.6
+    # The shared file gives neither: the values set above stay.
+    topology("apply", str(scenarios_dir / "paper-case-study.yaml"))
+    link.refresh_from_db()
+    assert link.kv_budget_bytes == 20000 * 2**20 and link.target_utilisation == 0.6
+
+
+def test_a_target_utilisation_outside_zero_one_is_refused_by_the_api(
+    case_study: Path, admin_client: Client
+) -> None:
+    topology("apply", str(case_study))
+    link = Link.objects.get()
+    for bad in (0, 1.5, -0.2):
+        response = admin_client.patch(
+            f"/api/v1/links/{link.pk}",
+            {"target_utilisation": bad, "version": link.version},
+            content_type="application/json",
+        )
+        assert response.status_code == 422, response.content
+        assert response.json()["detail"]
+    ok = admin_client.patch(
+        f"/api/v1/links/{link.pk}",
+        {"target_utilisation": 0.7, "version": link.version},
+        content_type="application/json",
+    )
+    assert ok.status_code == 200, ok.content
+    assert ok.json()["target_utilisation"] == 0.7

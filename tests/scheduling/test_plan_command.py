@@ -201,3 +201,84 @@ def test_from_the_shell_an_unknown_option_exits_2(case_file: str) -> None:
     proc = _manage("plan", case_file, "--sweep", "sideways")
     assert proc.returncode == 2
     assert "--sweep" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_at_load_predicts_ttft_with_queueing_at_a_share_of_capacity(case_file: str) -> None:
+    out = json.loads(run_plan(case_file, "--json", "--load", "0.7"))
+    prfaas = out["prfaas"]
+    at = prfaas["at_load"]
+    assert at["load"] == 0.7
+    assert at["rate_rps"] == pytest.approx(0.7 * prfaas["throughput_rps"])
+    # Queueing makes TTFT longer than the queue-free Table-6 figures.
+    assert at["ttft_mean_s"] > prfaas["ttft_mean_s"]
+    assert at["ttft_p90_s"] > prfaas["ttft_p90_s"]
+    assert 0 < at["link_utilisation"] <= 0.8
+    assert at["link_congested_fraction"] <= 0.01
+    higher = json.loads(run_plan(case_file, "--json", "--load", "0.9"))["prfaas"]["at_load"]
+    assert higher["ttft_p90_s"] > at["ttft_p90_s"]
+    # The default load is 0.8, and the human table says what it predicts there.
+    assert json.loads(run_plan(case_file, "--json"))["prfaas"]["at_load"]["load"] == 0.8
+    assert "At 80% of Lambda_max" in run_plan(case_file)
+
+
+@pytest.mark.slow
+def test_goodput_planning_from_the_command_line(case_file: str) -> None:
+    out = json.loads(run_plan(case_file, "--json", "--ttft-slo", "10"))
+    slo = out["slo"]
+    assert slo["ttft_slo_s"] == 10 and slo["quantile"] == 0.9
+    assert 0 < slo["rate_rps"] < out["prfaas"]["throughput_rps"]
+    assert slo["at_rate"]["ttft_p90_s"] <= 10
+    (cluster,) = slo["clusters"].values()
+    assert cluster["n_p"] + cluster["n_d"] == 8
+
+
+def test_sizing_advice_from_the_command_line(case_file: str) -> None:
+    out = json.loads(run_plan(case_file, "--json", "--advise"))
+    advice = out["advice"]
+    assert advice["rate_rps"] == pytest.approx(0.8 * out["prfaas"]["throughput_rps"])
+    assert advice["changes"] and all(c["gain"] > 0 for c in advice["changes"])
+    assert {c["kind"] for c in advice["changes"]} == {"prfaas_instances"}
+    assert "Sizing advice (planned rate at the load" in run_plan(case_file, "--advise")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--load", "1.2"], "--load: must be within (0, 1)"),
+        (["--load", "0"], "--load: must be within (0, 1)"),
+        (["--ttft-slo", "-1"], "--ttft-slo: must be a positive number"),
+        (["--ttft-slo", "nan"], "--ttft-slo: must be a positive number"),
+    ],
+)
+def test_bad_load_or_ttft_target_exits_with_status_2(
+    case_file: str, args: list[str], message: str
+) -> None:
+    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")) as exc:
+        run_plan(case_file, *args)
+    assert exc.value.returncode == 2
+
+
+@pytest.mark.slow
+def test_the_commands_plan_at_load_and_the_simulator_keeps_up_there(scenarios_dir: Path) -> None:
+    """Acceptance 1 through the two commands, as an operator would run them."""
+    path = str(scenarios_dir / "two-pd-clusters.yaml")
+    at = json.loads(run_plan(path, "--load", "0.8", "--json"))["prfaas"]["at_load"]
+    out = io.StringIO()
+    call_command(
+        "simulate",
+        path,
+        "--policy",
+        "prfaas",
+        "--rate",
+        str(at["rate_rps"]),
+        "--requests",
+        "6000",
+        "--seed",
+        "3",
+        "--json",
+        stdout=out,
+    )
+    sim = json.loads(out.getvalue())
+    assert sim["sustained_fraction"] >= 0.97
+    assert 0.67 <= sim["ttft"]["p90"] / at["ttft_p90_s"] <= 1.5
+    assert sim["reasons"].get("link_congested", 0) / sim["requests"] <= 0.02

@@ -270,3 +270,64 @@ def test_an_inventory_run_takes_the_rate_of_the_observed_traffic_window(
     result = whatif.whatif_execute(run_id)
     assert "error" not in result, result
     assert result["whatif"]["finished"] == 300
+
+
+@pytest.mark.parametrize(("n_p", "n_d"), [(1, 7), (7, 1)])
+def test_a_what_if_runs_the_split_its_knobs_ask_for(n_p: int, n_d: int) -> None:
+    params = whatif.WhatIfParams(
+        source="paper-case-study.yaml",
+        workload="paper-case-study.yaml",
+        requests=200,
+        seed=1,
+        rate_per_s=1.0,
+        pd_prefill_instances=n_p,
+        pd_decode_instances=n_d,
+    )
+    result = whatif.whatif_execute(whatif.whatif_start(params, actor=CLI_ACTOR))
+    assert "error" not in result, result
+    # The scenario file's own split (4/4) is the current one; the knobs' is the what-if's.
+    assert result["current"]["split"] == {"pd-h20": [4, 4]}
+    assert result["whatif"]["split"] == {"pd-h20": [n_p, n_d]}
+
+
+def test_an_inventory_what_if_compares_against_the_deployed_policy_and_roles(
+    scenarios_dir,
+) -> None:
+    inventory_load(scenarios_dir, n_p=5, n_d=3)
+    policy_create(actor=CLI_ACTOR, thresholds={"pd-h20": 30_000})
+    params = whatif.WhatIfParams(
+        source="inventory",
+        workload="paper-case-study.yaml",
+        requests=200,
+        seed=1,
+        rate_per_s=1.0,
+        threshold=12_000,
+    )
+    result = whatif.whatif_execute(whatif.whatif_start(params, actor=CLI_ACTOR))
+    assert "error" not in result, result
+    assert result["current"]["split"] == {"pd-h20": [5, 3]}
+    assert result["current"]["thresholds"] == {"pd-h20": 30_000}
+    assert result["whatif"]["split"] == {"pd-h20": [5, 3]}
+    assert result["whatif"]["thresholds"] == {"pd-h20": 12_000}
+
+
+def test_a_what_if_gives_sizing_advice_the_page_shows(client_as) -> None:
+    params = whatif.WhatIfParams(
+        source="paper-case-study.yaml",
+        workload="paper-case-study.yaml",
+        requests=100,
+        seed=1,
+        rate_per_s=1.0,
+    )
+    run_id = whatif.whatif_start(params, actor=CLI_ACTOR)
+    result = whatif.whatif_execute(run_id)
+    advice = result["advice"]
+    # The case study's PrfaaS cluster is compute-bound: more instances raise the planned rate.
+    assert advice["changes"] and advice["changes"][0]["kind"] == "prfaas_instances"
+    assert all(c["rate_rps"] > advice["rate_rps"] for c in advice["changes"])
+    page = (
+        client_as("viewer")
+        .get(reverse("whatif-run", args=[run_id]), HTTP_HX_REQUEST="true")
+        .content.decode()
+    )
+    assert "Sizing advice" in page and advice["changes"][0]["change"] in page

@@ -88,3 +88,20 @@ def test_an_unknown_plan_or_action_is_404(client_as, plan: Plan) -> None:
     assert client.get(reverse("plan-detail", args=[999999])).status_code == 404
     assert client.post(reverse("plan-action", args=[999999, "approve"])).status_code == 404
     assert client.post(f"/plans/{plan.pk}/delete/").status_code == 404
+
+
+def test_the_plan_page_shows_predicted_and_simulated_figures_side_by_side(
+    client_as, plan: Plan
+) -> None:
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    assert plan.simulated["confirmed"] is True
+    rows = response.context["simulated"]
+    assert rows, "a proposed plan was simulated before it was shown"
+    p90 = [r for r in rows if r["label"] == "TTFT P90"]
+    assert p90
+    situation = "stress" if plan.simulated.get("stress") else "observed"
+    assert p90[-1]["proposed"] == plan.simulated[situation]["proposed"]["ttft_p90_s"]
+    assert p90[-1]["current"] == plan.simulated[situation]["current"]["ttft_p90_s"]
+    page = response.content.decode()
+    assert "Simulated on the recent traffic" in page
+    assert plan.simulated["detail"] in page

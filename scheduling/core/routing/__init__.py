@@ -29,6 +29,7 @@ Every ``*_at``/``now`` value is seconds on one clock chosen by the caller (epoch
 the server, simulated seconds for the simulator).
 """
 
+from scheduling.core.link import DEFAULT_LINK_BUDGET_SECONDS
 from scheduling.core.routing.decide import (
     route_decide,
     route_decide_many,
@@ -54,7 +55,6 @@ from scheduling.core.routing.reasons import (
 )
 from scheduling.core.routing.types import (
     CLUSTER_KINDS,
-    DEFAULT_LINK_BUDGET_SECONDS,
     INSTANCE_ROLES,
     INSTANCE_STATES,
     KV_CONNECTORS,

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
+from scheduling.core.link import link_admits
 from scheduling.core.routing.live import (
     InstanceLoad,
     LiveState,
@@ -299,6 +300,13 @@ def link_headroom(ctx: DecisionContext, link: LinkSpec) -> int:
     return link.budget_bytes - ctx.link_inflight(link)
 
 
+def link_admits_option(ctx: DecisionContext, opt: PrfaasOption) -> bool:
+    """The link admits this offload (scheduling.core.link: not saturated, budget has room)."""
+    return link_admits(
+        opt.util, ctx.link_inflight(opt.link), opt.reserve_bytes, opt.link.budget_bytes
+    )
+
+
 def transfer_seconds(nbytes: float, link: LinkSpec, util: float) -> float:
     share = max(_MIN_BANDWIDTH_SHARE, 1.0 - util)
     return nbytes * 8.0 / (link.gbps * 1e9 * share)
@@ -330,9 +338,9 @@ def prfaas_evaluate(
         load = ctx.live.links.get(link.key)
         util = (load.egress_gbps / link.gbps) if load is not None else 0.0
         backlog = sum(e[1] for e in pool) / len(pool)
-        if util >= guards.scarce_utilisation or backlog >= guards.prfaas_backlog_s:
+        if util >= link.scarce_at(guards) or backlog >= guards.prfaas_backlog_s:
             scarce = True
-        elif util <= guards.abundant_utilisation and backlog <= guards.prfaas_backlog_clear_s:
+        elif util <= link.abundant_at(guards) and backlog <= guards.prfaas_backlog_clear_s:
             scarce = False
         else:
             control = ctx.live.control.get(request.origin)

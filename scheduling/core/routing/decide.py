@@ -18,6 +18,7 @@ from scheduling.core.routing.candidates import (
     decode_book,
     decode_pick,
     hits_collect,
+    link_admits_option,
     link_book,
     link_headroom,
     placement_of,
@@ -202,11 +203,7 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
     local_pool = ctx.prefill_pool(origin)
     if not local_pool:
         # Nowhere to prefill locally: offload whatever the length, if some link has room.
-        usable = [
-            o
-            for o in options
-            if stale or (o.reserve_bytes <= link_headroom(ctx, o.link) and o.util < 1.0)
-        ]
+        usable = [o for o in options if stale or link_admits_option(ctx, o)]
         if not usable:
             raise RouteUnavailable(
                 f"pd cluster {origin!r} has no active prefill instance and no PrfaaS cluster "
@@ -280,7 +277,7 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
     for o in wanting:
         if o.backlog > guards.prfaas_backlog_reject_s:
             continue
-        if o.util >= 1.0 or o.reserve_bytes > link_headroom(ctx, o.link):
+        if not link_admits_option(ctx, o):
             blocked_by_link = True
             continue
         fits.append(o)

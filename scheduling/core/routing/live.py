@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduling.core.link import link_admits
 from scheduling.core.routing.types import LinkReservation, RouteGuards, Topology
 
 # --------------------------------------------------------------------------------------
@@ -231,4 +232,4 @@ def reservation_fits(reservation: LinkReservation, topology: Topology, live: Liv
         return False
     load = live.links.get(link.key)
     inflight = load.inflight_bytes if load is not None else 0
-    return inflight + reservation.bytes <= link.budget_bytes
+    return link_admits(0.0, inflight, reservation.bytes, link.budget_bytes)

@@ -15,6 +15,10 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduling.core.link import (
+    link_budget_bytes,
+    link_target_utilisation,
+)
 from scheduling.core.routing.reasons import Reason
 
 CLUSTER_KINDS = ("prfaas", "pd")
@@ -25,8 +29,6 @@ STALE_MODES = ("static", "local")
 KV_CONNECTORS = ("nixl", "shared_storage")
 SNAPSHOT_FORMAT = 1
 
-#: A link whose budget is not given may hold this many seconds of its line rate in flight.
-DEFAULT_LINK_BUDGET_SECONDS = 2.0
 
 _MIB = float(1 << 20)
 
@@ -192,7 +194,10 @@ class LinkSpec:
 
     ``inflight_budget_bytes``: the most KV bytes that may be in flight on it at once (reserved
     when a decision is taken, released when the transfer ends); ``None`` means
-    ``gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS``.
+    ``gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS``. ``target_utilisation``: the egress
+    share at which this link's bandwidth is scarce (``None``: ``guards.scarce_utilisation``);
+    the planner plans its mean egress to at most that share. One model for all three:
+    :mod:`scheduling.core.link`.
     """
 
     source: str
@@ -200,12 +205,21 @@ class LinkSpec:
     gbps: float
     rtt_ms: float = 0.0
     inflight_budget_bytes: int | None = None
+    target_utilisation: float | None = None
 
     @property
     def budget_bytes(self) -> int:
-        if self.inflight_budget_bytes is not None:
-            return self.inflight_budget_bytes
-        return int(self.gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS)
+        return link_budget_bytes(self.gbps, self.inflight_budget_bytes)
+
+    def scarce_at(self, guards: RouteGuards) -> float:
+        """Egress utilisation at or above which this link's bandwidth is scarce."""
+        if self.target_utilisation is None:
+            return guards.scarce_utilisation
+        return link_target_utilisation(self.target_utilisation)
+
+    def abundant_at(self, guards: RouteGuards) -> float:
+        """Egress utilisation at or below which it is abundant again (never above scarce)."""
+        return min(guards.abundant_utilisation, self.scarce_at(guards))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -311,6 +325,10 @@ class Topology:
             if link.inflight_budget_bytes is not None and link.inflight_budget_bytes < 0:
                 raise ValueError(
                     f"link {link.source}->{link.target}: inflight_budget_bytes must not be negative"
+                )
+            if link.target_utilisation is not None and not (0.0 < link.target_utilisation <= 1.0):
+                raise ValueError(
+                    f"link {link.source}->{link.target}: target_utilisation must be within (0, 1]"
                 )
             if link.key in pairs:
                 raise ValueError(f"link {link.source}->{link.target} is listed twice")

@@ -42,6 +42,19 @@ def _num(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
+def _link_dict(lk: LinkSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": lk.source,
+        "target": lk.target,
+        "gbps": lk.gbps,
+        "rtt_ms": lk.rtt_ms,
+        "inflight_budget_bytes": lk.budget_bytes,
+    }
+    if lk.target_utilisation is not None:
+        out["target_utilisation"] = lk.target_utilisation
+    return out
+
+
 def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
     """The JSON-able form of a policy and its topology: what ``GET /api/v1/policy`` serves
     and what a router client caches (complete enough to call :func:`route_decide`)."""
@@ -87,16 +100,7 @@ def policy_snapshot_to_dict(snapshot: PolicySnapshot) -> dict[str, Any]:
             }
             for i in topology.instances
         ],
-        "links": [
-            {
-                "source": lk.source,
-                "target": lk.target,
-                "gbps": lk.gbps,
-                "rtt_ms": lk.rtt_ms,
-                "inflight_budget_bytes": lk.budget_bytes,
-            }
-            for lk in topology.links
-        ],
+        "links": [_link_dict(lk) for lk in topology.links],
     }
 
 
@@ -281,7 +285,11 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
     for i, lk in enumerate(r.get(root, "links", "", list)):
         path = f"links[{i}]"
         lk = r.mapping(lk, path)
-        r.only(lk, path, ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes"))
+        r.only(
+            lk,
+            path,
+            ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes", "target_utilisation"),
+        )
         links.append(
             LinkSpec(
                 source=r.get(lk, "source", path, str),
@@ -289,6 +297,7 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
                 gbps=r.get(lk, "gbps", path, float),
                 rtt_ms=r.get(lk, "rtt_ms", path, float, 0.0),
                 inflight_budget_bytes=r.get(lk, "inflight_budget_bytes", path, int, None),
+                target_utilisation=r.get(lk, "target_utilisation", path, float, None),
             )
         )
     try:

@@ -90,6 +90,7 @@ class Sample:
     prefill_queued: dict[str, int]
     decode_waiting: dict[str, int]
     link_in_flight_bytes: dict[str, float]
+    link_reserved_bytes: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -239,6 +240,10 @@ class Simulation:
         request.threshold = assignment.threshold
         request.prefill_instance = prefill
         request.decode_instance = assignment.decode
+        # The decode engine holds the request (waiting for its KV) from the decision on, so its
+        # load counts it: the router does not pile later decisions onto the same instance.
+        assignment.decode.assigned += 1
+        request.assigned_decode = assignment.decode
         cached = max(0, min(assignment.cached_tokens, request.input_tokens - 1))
         request.cached_tokens = cached
         request.incremental_tokens = request.input_tokens - cached
@@ -399,6 +404,7 @@ class Simulation:
 
     def _decode_admit(self, decode: DecodeInstance, request: SimRequest) -> None:
         now = self.now
+        self._unassign(request)
         decode.running += 1
         decode.running_requests.add(request)
         request.first_token_s = now
@@ -424,9 +430,17 @@ class Simulation:
 
     # -- failures, drops and role changes ------------------------------------------------------
 
+    @staticmethod
+    def _unassign(request: SimRequest) -> None:
+        held = request.assigned_decode
+        if held is not None:
+            held.assigned -= 1
+            request.assigned_decode = None
+
     def _drop(self, request: SimRequest, reason: str) -> None:
         if request.dropped:
             return
+        self._unassign(request)
         request.dropped = reason
         self.dropped += 1
         self._count(-1)
@@ -436,6 +450,7 @@ class Simulation:
     def _redispatch(self, request: SimRequest) -> None:
         """Send a request whose prefill instance failed back through the dispatcher."""
         self.redispatched += 1
+        self._unassign(request)
         if request.link_key:
             self.links[request.link_key].reserved_bytes -= request.kv_bytes
         request.link_key = ""
@@ -538,7 +553,8 @@ class Simulation:
         for decode in self.decode_instances:
             waiting[decode.cluster] = waiting.get(decode.cluster, 0) + len(decode.waiting)
         in_flight = {key: link.in_flight_bytes() for key, link in self.links.items()}
-        self.samples.append(Sample(self.now, self.in_system, queued, waiting, in_flight))
+        reserved = {key: link.reserved_bytes for key, link in self.links.items()}
+        self.samples.append(Sample(self.now, self.in_system, queued, waiting, in_flight, reserved))
         if again:
             self._push(self.now + self.sample_s, _SAMPLE)
             self._periodic += 1

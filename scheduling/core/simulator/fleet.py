@@ -49,6 +49,7 @@ class SimRequest:
     link_key: str = ""
     cache_link_key: str = ""
     flow: object = None
+    assigned_decode: DecodeInstance | None = None  # whose load counts it until decode starts
 
 
 @dataclass(slots=True, eq=False)
@@ -96,6 +97,9 @@ class DecodeInstance:
     busy_slot_s: float = 0.0
     served: int = 0
     running_requests: set[SimRequest] = field(default_factory=set)
+    # Requests routed here that have not started decoding (prefilling, in transfer, waiting):
+    # what the engine reports as waiting, since it holds them from the decision on.
+    assigned: int = 0
 
     def load(self) -> float:
         """Occupied share of the batch, counting requests waiting for a slot."""

@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 
+from scheduling.core.performance import MIB
 from scheduling.core.planner import Evaluation, PlanResult
-from scheduling.core.scenario import Scenario
+from scheduling.core.scenario import ScenarioLink, Scenario
 from scheduling.core.simulator.routing import ClusterPlan, FleetPlan, LinkPlan
 
 POLICIES = ("homogeneous", "naive", "prfaas", "prfaas-dual")
@@ -105,10 +108,20 @@ def fleet_plan(
         clusters.append(_pd_cluster_plan(scenario, c.name, c.accelerator, n_p, n_d, c.name, c.site))
         chosen = threshold if threshold is not None and policy != "naive" else planned
         thresholds[c.name] = max(0, round(chosen))
-    links = tuple(
-        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
-    )
+    links = tuple(link_plan(link) for link in scenario.links)
     return FleetPlan(policy, tuple(clusters), links, thresholds, ev.throughput_rps)
+
+
+def link_plan(link: ScenarioLink) -> LinkPlan:
+    """A scenario's link as the simulator runs it (budget and target utilisation included)."""
+    return LinkPlan(
+        link.source,
+        link.target,
+        link.gbps,
+        link.rtt_ms,
+        None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
+        link.target_utilisation,
+    )
 
 
 def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
@@ -116,6 +129,29 @@ def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
     if plan.policy == "homogeneous":
         return dict.fromkeys(origins, HOMOGENEOUS_CLUSTER)
     return {name: name for name in origins}
+
+
+def fleet_setting(
+    scenario: Scenario,
+    thresholds: Mapping[str, float],
+    splits: Mapping[str, tuple[int, int]],
+    *,
+    planned_capacity_rps: float | None = None,
+) -> FleetPlan:
+    """The scenario's fleet run with the given threshold and (prefill, decode) split of each
+    PD cluster (a cluster missing from ``splits`` keeps the scenario's own; one missing from
+    ``thresholds`` never offloads): a plan, a rebalancer's candidate, a what-if."""
+    base = fleet_as_configured(scenario)
+    clusters = tuple(
+        replace(c, n_prefill=splits[c.name][0], n_decode=splits[c.name][1])
+        if c.kind == "pd" and c.name in splits
+        else c
+        for c in base.clusters
+    )
+    chosen = {name: max(0, round(t)) for name, t in thresholds.items() if math.isfinite(t)}
+    return replace(
+        base, clusters=clusters, thresholds=chosen, planned_capacity_rps=planned_capacity_rps
+    )
 
 
 def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -> FleetPlan:
@@ -151,7 +187,5 @@ def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -
             )
             if threshold is not None:
                 thresholds[c.name] = max(0, round(threshold))
-    links = tuple(
-        LinkPlan(link.source, link.target, link.gbps, link.rtt_ms) for link in scenario.links
-    )
+    links = tuple(link_plan(link) for link in scenario.links)
     return FleetPlan("prfaas", tuple(clusters), links, thresholds, None)

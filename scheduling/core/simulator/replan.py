@@ -85,7 +85,7 @@ class PlannerReplanner:
                 guards=self.guards,
                 history=history,
             ),
-            rebalancer.FleetPlanner(self._fleet, inp.cluster),
+            rebalancer.FleetPlanner(self._fleet, inp.cluster, at_rate=False),
         )
         applied = decision.action == "propose"
         self.history[inp.cluster] = rebalancer.history_after(history, decision, inp.now, applied)

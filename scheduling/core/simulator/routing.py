@@ -49,10 +49,15 @@ class ClusterPlan:
 
 @dataclass(frozen=True, slots=True)
 class LinkPlan:
+    """One link as a simulation runs it, with the admission limits the router applies
+    (``None``: the router's defaults, :mod:`scheduling.core.link`)."""
+
     source: str
     target: str
     gbps: float
     rtt_ms: float
+    budget_bytes: int | None = None
+    target_utilisation: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,9 @@ def topology_build(
             # The router needs a positive capacity; a cut link reads as saturated.
             max(link_gbps.get(f"{link.source}->{link.target}", link.gbps), 1e-9),
             link.rtt_ms,
+            # None: the router's default, from the capacity now (as the server's snapshot).
+            link.budget_bytes,
+            link.target_utilisation,
         )
         for link in plan.links
     ]
@@ -195,26 +203,29 @@ class RouterDispatcher:
             state = decode.state
             if state == OFF:
                 continue
-            key = (state, decode.running, len(decode.waiting))
+            key = (state, decode.running, decode.assigned)
             cached = memo.get(decode.name)
             if cached is None or cached[0] != key:
                 cached = (
                     key,
                     routing.InstanceLoad(
                         running=decode.running,
-                        waiting=len(decode.waiting),
-                        kv_usage=min(1.0, decode.running / decode.max_batch),
+                        # Waiting for a slot or still on the way (the engine holds it already).
+                        waiting=decode.assigned,
+                        # Blocks are held for the KV on its way too (allocated on arrival).
+                        kv_usage=min(1.0, (decode.running + decode.assigned) / decode.max_batch),
                         state=state,
                     ),
                 )
                 memo[decode.name] = cached
             loads[decode.name] = cached[1]
-        # In flight = transfers under way (a prefill streaming its KV, a prefix moving), as
-        # link telemetry reports it; requests still queued for a PrfaaS prefill hold no bytes.
+        # In flight = bytes reserved, as the server counts them (scheduling.core.link): from
+        # the decision (a request queued for its PrfaaS prefill holds its KV's bytes already)
+        # until its transfer has landed.
         links = {
             (link.source, link.target): routing.LinkLoad(
                 egress_gbps=sum(f.rate for f in link.flows) * 8 / 1e9,
-                inflight_bytes=int(link.in_flight_bytes()),
+                inflight_bytes=math.ceil(max(0.0, link.reserved_bytes)),
                 updated_at=now,
             )
             for link in sim.links.values()

@@ -19,7 +19,7 @@ import numpy as np
 
 from scheduling.core import routing
 from scheduling.core.performance import length_distribution
-from scheduling.core.planner import PlanResult, fleet_from_scenario, plan_scenario
+from scheduling.core.planner import DEFAULT_LOAD, PlanResult, fleet_from_scenario, plan_scenario
 from scheduling.core.planner import plan as planner_plan
 from scheduling.core.scenario import LinkEvent, Scenario, StateEvent, empirical_from_lengths
 from scheduling.core.simulator.cache import HybridPrefixCache
@@ -118,6 +118,17 @@ class SimulationResult:
     wall_s: float
     reasons: dict[str, int] = field(default_factory=dict)
     per_request: tuple[SimRequest, ...] = ()
+    #: completions per second while arrivals last, after the first tenth of them (warm-up):
+    #: the rate the fleet keeps up with. ``throughput_rps`` spans the run to its last
+    #: completion, so even a fleet that keeps up reads below the offered rate by the drain.
+    sustained_rps: float = math.nan
+
+    @property
+    def sustained_fraction(self) -> float:
+        """Sustained throughput as a share of the offered rate."""
+        if not self.offered_rate_rps > 0:
+            return math.nan
+        return self.sustained_rps / self.offered_rate_rps
 
     @property
     def link_mean_gbps(self) -> float:
@@ -154,6 +165,8 @@ class SimulationResult:
             "redispatched": self.redispatched,
             "duration_s": self.duration_s,
             "throughput_rps": self.throughput_rps,
+            "sustained_rps": self.sustained_rps,
+            "sustained_fraction": self.sustained_fraction,
             "ttft": {"mean": ttft.mean, "p50": ttft.p50, "p90": ttft.p90, "p99": ttft.p99},
             "tpot": {"mean": self.tpot_mean_s, "p99": self.tpot_p99_s},
             "slo_attainment": self.slo_attainment,
@@ -202,6 +215,19 @@ def _percentiles(values: np.ndarray) -> Percentiles:
         return Percentiles(math.nan, math.nan, math.nan, math.nan)
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
     return Percentiles(float(values.mean()), float(p50), float(p90), float(p99))
+
+
+def _sustained_rps(requests: Sequence[SimRequest]) -> float:
+    """Completions per second over ``[t10, t_last]``: from the arrival of the first tenth of
+    the requests (the fleet has filled up) to the last arrival (see SimulationResult)."""
+    if len(requests) < 10:
+        return math.nan
+    start = requests[len(requests) // 10].arrival_s
+    end = requests[-1].arrival_s
+    if not end > start:
+        return math.nan
+    done = sum(1 for r in requests if not r.dropped and start <= r.finish_s <= end)
+    return done / (end - start)
 
 
 def _growth(t: np.ndarray, y: np.ndarray) -> float:
@@ -336,12 +362,15 @@ def simulation_build(
     return sim, dispatcher
 
 
-def plan_for(scenario: Scenario, *, skip_bad: bool = False) -> PlanResult:
-    """The planner's answer for the scenario's traffic. A trace is planned from the rows this
-    simulator's reader accepts (so ``skip_bad`` applies), as an empirical distribution."""
+def plan_for(
+    scenario: Scenario, *, skip_bad: bool = False, load: float = DEFAULT_LOAD
+) -> PlanResult:
+    """The planner's answer for the scenario's traffic, planned to run at ``load`` of its
+    capacity. A trace is planned from the rows this simulator's reader accepts (so
+    ``skip_bad`` applies), as an empirical distribution."""
     workload = scenario.workload
     if workload is None or workload.trace is None:
-        return plan_scenario(scenario)
+        return plan_scenario(scenario, load=load)
     spec = workload.trace
     read = trace_read(
         spec.path, spec.format, skip_bad=skip_bad, block_tokens=scenario.model.block_tokens
@@ -349,8 +378,10 @@ def plan_for(scenario: Scenario, *, skip_bad: bool = False) -> PlanResult:
     lengths = length_distribution(
         empirical_from_lengths([row.input_tokens for row in read.rows], bin_tokens=16)
     )
-    output = sum(row.output_tokens for row in read.rows) / len(read.rows)
-    return planner_plan(fleet_from_scenario(scenario), lengths, output)
+    outputs = np.array([row.output_tokens for row in read.rows], dtype=float)
+    output = float(outputs.mean())
+    scv = float(outputs.var() / output**2) if output > 0 else 0.0
+    return planner_plan(fleet_from_scenario(scenario), lengths, output, load=load, output_scv=scv)
 
 
 def simulate(
@@ -448,6 +479,7 @@ def result_build(
     clusters = sorted({c for s in samples for c in s.prefill_queued})
     dclusters = sorted({c for s in samples for c in s.decode_waiting})
     sojourn = (finish - arrival) if done else np.array([])
+    sustained = _sustained_rps(requests)
     dropped = Counter(r.dropped for r in requests if r.dropped)
     reasons = Counter(r.reason for r in routed)
     split = {}
@@ -501,4 +533,5 @@ def result_build(
         wall_s=time.perf_counter() - started,
         reasons=dict(reasons),
         per_request=tuple(requests) if keep_requests else (),
+        sustained_rps=sustained,
     )

@@ -9,22 +9,30 @@ import csv
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from scheduling.core.goodput import Advice, advice_to_dict, sizing_advice
 from scheduling.core.planner import (
+    DEFAULT_LOAD,
     Evaluation,
+    FleetSpec,
     PlanResult,
     SplitSweep,
     ThresholdSweep,
     fleet_from_scenario,
     plan,
+    plan_fleet,
+    plan_for_ttft,
     plan_to_dict,
+    slo_plan_to_dict,
     sweep_split,
     sweep_threshold,
     workload_lengths,
+    workload_output_scv,
 )
 from scheduling.core.scenario import ScenarioError, scenario_load
 
@@ -55,12 +63,42 @@ class Command(BaseCommand):
         parser.add_argument(
             "--threshold-step", type=float, default=100.0, help="threshold grid step in tokens"
         )
+        parser.add_argument(
+            "--load",
+            type=float,
+            default=DEFAULT_LOAD,
+            metavar="F",
+            help="share of the planned capacity to predict at (prfaas.at_load), and at which "
+            f"link admission is judged (default {DEFAULT_LOAD})",
+        )
+        parser.add_argument(
+            "--ttft-slo",
+            type=float,
+            metavar="S",
+            help="goodput planning: the setting with the highest rate whose predicted P90 TTFT "
+            "is within S seconds",
+        )
+        parser.add_argument(
+            "--advise",
+            action="store_true",
+            help="how many more PrfaaS instances or Gbps would raise the rate (goodput with "
+            "--ttft-slo, else the planned rate at --load), and by how much",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         step = opts["threshold_step"]
         if not (math.isfinite(step) and 0 < step <= 100_000):
             raise CommandError(
                 f"--threshold-step: must be in (0, 100000] tokens, got {step:g}", returncode=2
+            )
+        load = opts["load"]
+        if not (math.isfinite(load) and 0 < load < 1):
+            raise CommandError(f"--load: must be within (0, 1), got {load:g}", returncode=2)
+        slo = opts["ttft_slo"]
+        if slo is not None and not (math.isfinite(slo) and 0 < slo <= 3600):
+            raise CommandError(
+                f"--ttft-slo: must be a positive number of seconds (at most 3600), got {slo:g}",
+                returncode=2,
             )
         plot = Path(opts["plot"]) if opts["plot"] else None
         if plot is not None and not plot.parent.resolve().is_dir():
@@ -77,8 +115,34 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--cluster: {cluster!r} is not a pd cluster ({', '.join(pd_names)})", returncode=2
             )
+        output_scv = workload_output_scv(scenario)
+        slo_out: dict[str, Any] | None = None
+        advice: tuple[float, tuple[Advice, ...]] | None = None
         try:
-            result = plan(fleet, lengths, output_tokens, threshold_step=step)
+            result = plan(
+                fleet,
+                lengths,
+                output_tokens,
+                threshold_step=step,
+                load=load,
+                output_scv=output_scv,
+            )
+            if slo is not None:
+                slo_out = slo_plan_to_dict(
+                    *plan_for_ttft(
+                        fleet,
+                        lengths,
+                        output_tokens,
+                        slo,
+                        threshold_step=step,
+                        load=load,
+                        output_scv=output_scv,
+                    )
+                )
+            if opts["advise"]:
+                advice = sizing_advice(
+                    fleet, self._rate_of(lengths, output_tokens, step, load, output_scv, slo)
+                )
         except ValueError as exc:
             raise CommandError(f"{scenario.name}: cannot plan: {exc}", returncode=2) from None
 
@@ -99,9 +163,17 @@ class Command(BaseCommand):
         elif opts["json"]:
             out = plan_to_dict(result)
             out["scenario"] = scenario.name
-            self.stdout.write(json.dumps(out, indent=2))
+            if slo_out is not None:
+                out["slo"] = slo_out
+            if advice is not None:
+                out["advice"] = advice_to_dict(*advice)
+            self.stdout.write(json.dumps(out, indent=2, allow_nan=False))
         else:
             self._print_table(scenario.name, result)
+            if slo_out is not None:
+                self._print_slo(slo_out)
+            if advice is not None:
+                self._print_advice(advice, slo)
 
         if plot is not None:
             assert t_sweep is not None and s_sweep is not None
@@ -109,6 +181,64 @@ class Command(BaseCommand):
             self.stderr.write(f"wrote {plot}")
 
     # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _rate_of(
+        lengths: Any,
+        output_tokens: float,
+        step: float,
+        load: float,
+        output_scv: float,
+        slo: float | None,
+    ) -> Callable[[FleetSpec], float]:
+        """What sizing advice compares: goodput under the TTFT target, else the planned rate
+        at the load."""
+
+        def rate(fleet: FleetSpec) -> float:
+            if slo is not None:
+                found, _ = plan_for_ttft(
+                    fleet,
+                    lengths,
+                    output_tokens,
+                    slo,
+                    threshold_step=step,
+                    load=load,
+                    output_scv=output_scv,
+                )
+                return found.rate_rps
+            ev = plan_fleet(
+                fleet, lengths, output_tokens, threshold_step=step, load=load, output_scv=output_scv
+            )
+            return load * ev.throughput_rps
+
+        return rate
+
+    def _print_slo(self, slo: dict[str, Any]) -> None:
+        at = slo["at_rate"] or {}
+        out = io.StringIO()
+        out.write(
+            f"\nFor a P{round(slo['quantile'] * 100)} TTFT within {slo['ttft_slo_s']:g} s: "
+            f"{slo['rate_rps']:.2f} req/s (predicted P90 {_num(at.get('ttft_p90_s'))} s, "
+            f"mean {_num(at.get('ttft_mean_s'))} s; Lambda_max of this setting "
+            f"{slo['throughput_rps']:.2f} req/s)\n"
+        )
+        for name, c in slo["clusters"].items():
+            out.write(
+                f"  {name}: t = {c['threshold_tokens']:.0f}, N_p/N_d = {c['n_p']}/{c['n_d']}, "
+                f"offload {c['offload_fraction']:.3f}\n"
+            )
+        self.stdout.write(out.getvalue().rstrip("\n"))
+
+    def _print_advice(self, advice: tuple[float, tuple[Advice, ...]], slo: float | None) -> None:
+        base, changes = advice
+        what = f"goodput under {slo:g} s" if slo is not None else "planned rate at the load"
+        out = io.StringIO()
+        out.write(f"\nSizing advice ({what}: {base:.2f} req/s now):\n")
+        if not changes:
+            out.write("  no added PrfaaS instance or link capacity raises it by 1% or more\n")
+        for a in changes:
+            out.write(f"  {a.change}: {a.rate_rps:.2f} req/s ({a.gain:+.1%})\n")
+        self.stdout.write(out.getvalue().rstrip("\n"))
 
     def _print_table(self, name: str, r: PlanResult) -> None:
         def counts(ev: Evaluation, *, prfaas: bool, homog: bool) -> str:
@@ -194,6 +324,14 @@ class Command(BaseCommand):
                     f"p = {c.offload_fraction:.3f}, N_p/N_d = {c.n_p}/{c.n_d}, "
                     f"{c.throughput_rps:.2f} req/s, egress {c.egress_gbps:.1f} of {c.link_gbps:g} Gbps\n"
                 )
+        if r.at_load is not None:
+            a = r.at_load
+            out.write(
+                f"\nAt {r.prfaas.load:.0%} of Lambda_max ({a.rate_rps:.2f} req/s), with queueing: "
+                f"TTFT mean {_num(a.ttft_mean_s)} s, P90 {_num(a.ttft_p90_s)} s; busiest link "
+                f"{a.link_utilisation:.0%} of its line rate; {a.refused_fraction:.2%} of "
+                f"decisions link_congested\n"
+            )
         gains = r.gains
         out.write(
             "\nGains: "

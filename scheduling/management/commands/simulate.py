@@ -227,6 +227,10 @@ class Command(BaseCommand):
         w(
             f"  rate / throughput   {result.offered_rate_rps:.3f} / {result.throughput_rps:.3f} req/s"
         )
+        w(
+            f"  sustained           {result.sustained_rps:.3f} req/s "
+            f"({result.sustained_fraction:.1%} of offered, after warm-up, while arrivals last)"
+        )
         t = result.ttft
         w(f"  TTFT mean/p50/p90/p99  {t.mean:.3f} / {t.p50:.3f} / {t.p90:.3f} / {t.p99:.3f} s")
         w(f"  TPOT mean/p99       {result.tpot_mean_s:.4f} / {result.tpot_p99_s:.4f} s")

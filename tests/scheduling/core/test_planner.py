@@ -149,8 +149,12 @@ def test_two_pd_clusters_are_both_planned_within_their_links(scenarios_dir: Path
     assert south.link_gbps == 10 and 0 < south.egress_gbps <= 10
     assert south.throughput_rps == pytest.approx(0.4 * result.prfaas.throughput_rps)
     assert result.prfaas.throughput_rps == pytest.approx(min(result.prfaas.stage_bounds.values()))
-    # Offloading pays here too.
-    assert result.gains["vs_homogeneous"] is not None and result.gains["vs_homogeneous"] > 1
+    # Offloading pays here too: against the same PD clusters without PrfaaS. (Issue 12: the
+    # planner plans within what the router admits. pd-south's 10 Gbps line holds 2.5 GB in
+    # flight from decision to landing, about two long prompts' KV, so it takes only a trickle,
+    # and the all-GPUs-in-one-cluster homogeneous baseline, which has no links, is not beaten.)
+    alone = plan_fleet(replace(fleet_from_scenario(s), prfaas=(), links=()), *workload_lengths(s))
+    assert result.prfaas.throughput_rps > alone.throughput_rps
 
 
 def test_a_tight_link_forces_a_higher_threshold_on_its_cluster(scenarios_dir: Path) -> None:

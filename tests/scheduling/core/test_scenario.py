@@ -451,3 +451,34 @@ def test_a_null_inside_a_new_mapping_also_means_absent(scenarios_dir: Path, tmp_
     s = scenario_load(write(tmp_path, child))
     assert s.workload is not None and s.workload.trace is not None
     assert s.workload.trace.dequantize == "none"
+
+
+def test_a_link_may_set_its_kv_budget_and_target_utilisation(
+    case_study_raw: dict[str, Any], tmp_path: Path
+) -> None:
+    data = copy.deepcopy(case_study_raw)
+    data["links"][0].update(kv_budget_mib=12000, target_utilisation=0.7)
+    scenario = scenario_load(write(tmp_path, data, "ok.yaml"))
+    (link,) = scenario.links
+    assert (link.kv_budget_mib, link.target_utilisation) == (12000, 0.7)
+    again = scenario_parse(scenario_to_dict(scenario), base_dir=tmp_path)
+    assert again.links == scenario.links
+    assert scenario_to_dict(scenario)["links"][0]["kv_budget_mib"] == 12000
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("kv_budget_mib", 0, "links[0].kv_budget_mib: must be positive"),
+        ("kv_budget_mib", "lots", "links[0].kv_budget_mib: expected a number"),
+        ("target_utilisation", 1.5, "links[0].target_utilisation: must be at most 1.0"),
+        ("target_utilisation", 0, "links[0].target_utilisation: must be positive"),
+    ],
+)
+def test_a_bad_link_limit_names_its_key(
+    case_study_raw: dict[str, Any], tmp_path: Path, key: str, value: Any, message: str
+) -> None:
+    data = copy.deepcopy(case_study_raw)
+    data["links"][0][key] = value
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        scenario_load(write(tmp_path, data))

@@ -957,3 +957,44 @@ def test_every_decision_names_active_instances_and_consistent_token_counts(
         assert ct.source_cluster != ct.target_cluster == d.prefill.cluster
         assert ct.target_instance == d.prefill.instance and ct.tokens == d.cached_tokens
         assert ct.source_instance is None or active(ct.source_instance)
+
+
+# --------------------------------------------------------------------------------------
+# One link model (scheduling.core.link): a link's own target utilisation
+# --------------------------------------------------------------------------------------
+
+
+def _with_target(target: float | None) -> Topology:
+    topo = make_topology()
+    links = tuple(replace(lk, target_utilisation=target) for lk in topo.links)
+    return replace(topo, links=links)
+
+
+def test_a_link_with_its_own_target_is_scarce_at_that_target() -> None:
+    # 70 Gbps of 100: between the default guards (0.6 .. 0.8), so the latch decides; with the
+    # link's own target of 0.5 it is scarce outright, and a PrfaaS hit no longer counts.
+    live = replace(
+        fresh(links={LINK: LinkLoad(egress_gbps=70.0)}),
+        control={PD: ControlState(scarce=False)},
+    )
+    hit = PrefixMatch(PF, 20480, f"{PF}-p2")
+    pol = make_policy()
+    assert route_decide(req(30000, hit), pol, _with_target(None), live).route == "local"
+    assert route_decide(req(30000, hit), pol, _with_target(0.5), live).route == "prfaas"
+    assert _with_target(0.5).links[0].scarce_at(pol.guards) == 0.5
+    assert _with_target(0.5).links[0].abundant_at(pol.guards) == 0.5
+    assert _with_target(None).links[0].scarce_at(pol.guards) == pol.guards.scarce_utilisation
+
+
+def test_a_target_utilisation_outside_zero_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="target_utilisation"):
+        _with_target(1.5)
+
+
+def test_a_links_target_utilisation_survives_the_snapshot_format() -> None:
+    snap = PolicySnapshot(make_policy(), _with_target(0.6))
+    data = json.loads(json.dumps(policy_snapshot_to_dict(snap)))
+    assert data["links"][0]["target_utilisation"] == 0.6
+    assert policy_snapshot_from_dict(data).topology.links[0].target_utilisation == 0.6
+    plain = policy_snapshot_to_dict(PolicySnapshot(make_policy(), make_topology()))
+    assert "target_utilisation" not in plain["links"][0]  # absent means the guard's

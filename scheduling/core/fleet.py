@@ -1,0 +1,121 @@
+"""The fleet as the planner and its predictions see it: PrfaaS pools, PD pools and the links
+between them, with each link's admission limits (:mod:`scheduling.core.link`).
+
+Pure frozen dataclasses (no Django). :func:`scheduling.core.planner.fleet_from_scenario` builds one
+from a scenario file, the rebalancer from the inventory; ``scheduling.core.planner`` re-exports
+these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduling.core.link import link_budget_bytes, link_target_utilisation
+from scheduling.core.performance import LengthDistribution, Table
+
+
+@dataclass(frozen=True)
+class PrfaasPool:
+    """A PrfaaS cluster as the planner sees it: prefill-only instances of one accelerator."""
+
+    name: str
+    instances: int
+    prefill: Table
+    gpus_per_instance: int = 8
+    gpu_hour_cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class PdPool:
+    """A PD cluster as the planner sees it: ``instances`` to split between prefill and
+    decode, and the share of the total traffic that arrives there."""
+
+    name: str
+    instances: int
+    prefill: Table
+    max_batch: int
+    step_seconds: float
+    share: float = 1.0
+    gpus_per_instance: int = 8
+    gpu_hour_cost: float = 1.0
+
+
+@dataclass(frozen=True)
+class FleetLink:
+    """The path from a PrfaaS cluster to a PD cluster (0 Gbps = down) and what the router
+    admits on it: ``budget_bytes`` of KV in flight (``None``: the router's default, seconds of
+    line rate) and a mean egress share planned at most (``None``: the router's scarce guard)."""
+
+    source: str
+    target: str
+    gbps: float
+    rtt_ms: float = 0.0
+    budget_bytes: int | None = None
+    target_utilisation: float | None = None
+
+    @property
+    def budget(self) -> int:
+        """The in-flight budget in bytes, defaults applied."""
+        return link_budget_bytes(self.gbps, self.budget_bytes)
+
+    @property
+    def planned_utilisation(self) -> float:
+        """The planned egress share, default applied."""
+        return link_target_utilisation(self.target_utilisation)
+
+    @property
+    def usable_gbps(self) -> float:
+        """What the planner may plan onto the link on average."""
+        return max(0.0, self.gbps) * self.planned_utilisation
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """Everything about the hardware the model needs, wherever it was read from."""
+
+    kv_mib: Table
+    prfaas: tuple[PrfaasPool, ...]
+    pd: tuple[PdPool, ...]
+    links: tuple[FleetLink, ...] = ()
+
+    def link_gbps(self, source: str, target: str) -> float:
+        return sum(
+            link.gbps for link in self.links if link.source == source and link.target == target
+        )
+
+    def usable_gbps(self, source: str, target: str) -> float:
+        """Egress the planner may plan from ``source`` to ``target`` (each link's target share
+        of its line rate)."""
+        return sum(
+            link.usable_gbps
+            for link in self.links
+            if link.source == source and link.target == target
+        )
+
+    def link(self, source: str, target: str) -> FleetLink | None:
+        """The link ``source -> target`` (the first listed, if several), or None."""
+        for link in self.links:
+            if link.source == source and link.target == target:
+                return link
+        return None
+
+    def pd_pool(self, name: str) -> PdPool:
+        for pool in self.pd:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+
+#: One length distribution for every PD cluster, or one per PD cluster (by name).
+Lengths = LengthDistribution | Mapping[str, LengthDistribution]
+
+
+def lengths_of(lengths: Lengths, cluster: str) -> LengthDistribution:
+    """The uncached length distribution of the traffic arriving at ``cluster``."""
+    if isinstance(lengths, Mapping):
+        try:
+            return lengths[cluster]
+        except KeyError:
+            raise ValueError(f"no length distribution for {cluster}") from None
+    return lengths

@@ -1,0 +1,430 @@
+"""One model of a cross-datacenter link, shared by the router (what it admits), the planner
+(what it plans within) and the simulator (what it enforces).
+
+Pure Python and numpy: no Django, no Redis. Units: bytes, seconds, Gbps = 10^9 bit/s.
+
+**Admission** (the router's rule, :func:`link_admits`): an offload may use a link when the
+link's egress utilisation is below 1 (a saturated link takes nothing more) and the bytes the
+decision reserves fit the link's in-flight budget (reserved + new <= budget).
+
+**Reservation lifetime**: bytes are reserved when the decision is taken (the server's atomic
+Redis reservation, the simulator's dispatch) and released when the transfer ends (the KV has
+landed at the decode side, one RTT after its last byte). A request queued for a PrfaaS prefill
+therefore already holds its bytes: on a thin link the budget, not the line rate, is often the
+binding limit.
+
+**Defaults** (the router's): a link without a budget may hold
+:data:`DEFAULT_LINK_BUDGET_SECONDS` of its line rate; a link without a target utilisation
+uses :data:`DEFAULT_TARGET_UTILISATION`, the router's ``Guards.scarce_utilisation`` default:
+the egress share at which the router calls bandwidth scarce and its short-term controller
+raises the threshold. The planner never plans a link's mean egress above its target.
+
+**Refusals, as the planner predicts them** (:func:`link_refusal`): offloads arrive as a
+Poisson stream of a mix of request kinds (KV bytes, reservation life). Two things refuse one:
+
+* the budget: the reserved bytes form a *stochastic knapsack* (Kaufman-Roberts recursion over
+  the budget cut into :data:`BUDGET_UNITS` units). Its occupancy law is insensitive to the
+  holding-time distribution, so only each kind's mean reservation life matters; the waits of
+  offloads queued at PrfaaS are assumed independent of each other (they are not quite: a
+  queue builds up in bursts), which makes the prediction slightly optimistic near saturation.
+  A request whose KV alone exceeds the budget is always refused (:func:`link_never_fits`).
+* saturation: while prefilling, a transfer streams at most ``kv / prefill`` (layer-wise
+  pipelining) and at most the line rate, for ``max(prefill, kv / line)`` seconds; the link is
+  saturated when the streams' rates add up to the line rate. The concurrent streams are
+  counted as an M/G/inf population (compound Poisson, untruncated: an upper bound).
+
+The two are combined as independent events. Transfers are assumed to share the link fairly
+(processor sharing): a transfer of ``kv`` bytes on a link at utilisation ``rho`` takes about
+``kv / (line * (1 - rho))`` (:func:`transfer_excess_s`), of which only what exceeds its prefill
+shows in TTFT.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+FloatArray = NDArray[np.float64]
+
+#: A link whose budget is not given may hold this many seconds of its line rate in flight.
+DEFAULT_LINK_BUDGET_SECONDS = 2.0
+#: A link whose target utilisation is not given is planned to at most this egress share (the
+#: router's default ``Guards.scarce_utilisation``).
+DEFAULT_TARGET_UTILISATION = 0.8
+#: The planner keeps the share of decisions the link refuses (``link_congested``) under this.
+DEFAULT_REFUSAL_TARGET = 0.01
+#: ... and never lets the link refuse more than this share of the offloads it is offered.
+MAX_OFFLOAD_REFUSAL = 0.5
+#: Resolution of the knapsack: the budget (and the line rate) cut into this many units.
+BUDGET_UNITS = 64
+
+GBPS = 1e9  # bit/s
+
+
+def link_budget_bytes(gbps: float, budget_bytes: int | None = None) -> int:
+    """The in-flight budget of a link: its own, else DEFAULT_LINK_BUDGET_SECONDS of its line
+    rate (0 for a link that is down)."""
+    if budget_bytes is not None:
+        return int(budget_bytes)
+    return int(max(0.0, gbps) * GBPS / 8 * DEFAULT_LINK_BUDGET_SECONDS)
+
+
+def link_target_utilisation(target: float | None = None) -> float:
+    """The egress share a link is planned to: its own, else the router's scarce guard."""
+    if target is None:
+        return DEFAULT_TARGET_UTILISATION
+    if not (0.0 < target <= 1.0) or math.isnan(target):
+        raise ValueError(f"target utilisation must be within (0, 1], got {target!r}")
+    return float(target)
+
+
+def link_admits(utilisation: float, inflight_bytes: float, nbytes: float, budget: float) -> bool:
+    """The router's admission rule for one reservation of ``nbytes`` on a link now carrying
+    ``inflight_bytes`` reserved bytes at egress ``utilisation`` (0..1)."""
+    return utilisation < 1.0 and inflight_bytes + nbytes <= budget
+
+
+def link_never_fits(kv_bytes: ArrayLike, budget: float) -> NDArray[np.bool_]:
+    """Requests whose KV alone is more than the budget: the router refuses them every time."""
+    return np.asarray(np.asarray(kv_bytes, dtype=float) > budget)
+
+
+def transfer_excess_s(
+    kv_bytes: ArrayLike, prefill_s: ArrayLike, gbps: float, utilisation: float
+) -> FloatArray:
+    """Seconds a transfer outlasts its prefill (layer-wise pipelining hides the rest) on a link
+    shared fairly at ``utilisation``; infinite on a link that is down or saturated."""
+    x = np.asarray(kv_bytes, dtype=float)
+    t = np.asarray(prefill_s, dtype=float)
+    rate = gbps * GBPS / 8 * max(0.0, 1.0 - utilisation)
+    if rate <= 0:
+        return np.where(x > 0, math.inf, 0.0)
+    return np.asarray(np.maximum(0.0, x / rate - t))
+
+
+@dataclass(frozen=True)
+class OffloadMix:
+    """The offloads offered to one link, as kinds of request (rows share the kinds, one row per
+    situation, e.g. per threshold): ``weights[k, i]`` the share of kind ``i`` in row ``k``
+    (each row sums to 1, or to 0 when nothing is offered), ``kv_bytes[i]`` what it reserves,
+    ``prefill_s[i]`` how long its KV streams, ``hold_s[i]`` how long its reservation lives after
+    its prefill starts (prefill, the transfer's excess, one RTT)."""
+
+    weights: FloatArray
+    kv_bytes: FloatArray
+    prefill_s: FloatArray
+    hold_s: FloatArray
+
+
+def _recursion(loads: FloatArray, dispersion: ArrayLike = 1.0) -> tuple[FloatArray, FloatArray]:
+    """The law of the units taken by a random crowd of requests, ``loads[k, b]`` being the
+    mean number of requests of ``b`` units present in row ``k``, their count negative binomial
+    with variance ``dispersion`` x its mean (1: Poisson). Panjer's recursion; with Poisson
+    counts it is Kaufman-Roberts.
+
+    Returns the law truncated to ``0..G`` units (the loss system: requests that find no room
+    are refused) and, untruncated, the probability that ``G`` units or more are taken.
+    """
+    loads = np.atleast_2d(loads)
+    if loads.shape[0] == 1:
+        return _recursion_one(loads[0], float(np.max(np.asarray(dispersion, dtype=float))))
+    g = loads.shape[-1] - 1
+    mean = loads.sum(axis=-1)
+    disp = np.maximum(np.broadcast_to(np.asarray(dispersion, dtype=float), mean.shape), 1.0)
+    safe = np.where(mean > 0, mean, 1.0)
+    f = loads / safe[:, None]
+    a = (disp - 1.0) / disp
+    b = (mean - disp + 1.0) / disp
+    fa = np.ascontiguousarray(f * a[:, None])
+    fb = np.ascontiguousarray(f * b[:, None] * np.arange(g + 1, dtype=float))
+    # q[n] is stored at rev[g - n], so that q[n-1], ..., q[0] is one contiguous slice.
+    rev = np.zeros(loads.shape)
+    rev[:, g] = 1.0
+    log_scale = np.zeros(loads.shape[0])
+    for n in range(1, g + 1):
+        tail = rev[:, g - n + 1 :]
+        value = np.einsum("ij,ij->i", fa[:, 1 : n + 1], tail)
+        value += np.einsum("ij,ij->i", fb[:, 1 : n + 1], tail) / n
+        rev[:, g - n] = value
+        # Rescale rows that grow large (heavy loads), keeping track of the factor.
+        big = value > 1e200
+        if big.any():
+            rev[big] /= 1e200
+            log_scale[big] += math.log(1e200)
+    q = np.maximum(rev[:, ::-1], 0.0)
+    total = q.sum(axis=-1)
+    law = q / total[..., None]
+    # log P(nobody there): Poisson -m; negative binomial -(m / (D - 1)) log D.
+    excess = disp - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_empty = np.where(
+            excess > 1e-9, -mean / np.where(excess > 1e-9, excess, 1.0) * np.log1p(excess), -mean
+        )
+        below = np.log(np.maximum(q[..., :g].sum(axis=-1), 1e-300)) + log_scale + log_empty
+    tail_p = np.clip(1.0 - np.exp(np.minimum(below, 0.0)), 0.0, 1.0)
+    return law, tail_p
+
+
+def _recursion_one(loads: FloatArray, dispersion: float) -> tuple[FloatArray, FloatArray]:
+    """:func:`_recursion` for one row, in plain floats (a loop of numpy calls on one row costs
+    more than the arithmetic)."""
+    g = len(loads) - 1
+    mean = float(loads.sum())
+    disp = max(dispersion, 1.0)
+    f = [float(v) / mean for v in loads] if mean > 0 else [0.0] * (g + 1)
+    a = (disp - 1.0) / disp
+    b = (mean - disp + 1.0) / disp
+    fa = [a * v for v in f]
+    fb = [b * j * v for j, v in enumerate(f)]
+    q = [1.0] + [0.0] * g
+    scale = 0.0
+    for n in range(1, g + 1):
+        value = 0.0
+        for j in range(1, n + 1):
+            value += (fa[j] + fb[j] / n) * q[n - j]
+        q[n] = value
+        if value > 1e200:
+            q = [x / 1e200 for x in q]
+            scale += math.log(1e200)
+    arr = np.maximum(np.asarray(q), 0.0)
+    law = (arr / arr.sum())[None, :]
+    excess = disp - 1.0
+    log_empty = -mean / excess * math.log1p(excess) if excess > 1e-9 else -mean
+    below = math.log(max(float(arr[:g].sum()), 1e-300)) + scale + log_empty
+    tail = min(1.0, max(0.0, 1.0 - math.exp(min(below, 0.0))))
+    return law, np.array([tail])
+
+
+def _spread(units_of: FloatArray, width: int) -> FloatArray:
+    """Kinds of fractional size (in units) as a mix of the two whole sizes around them, the
+    mean kept: row ``i`` sends kind ``i``'s weight to classes ``0..width-1``."""
+    s = np.clip(units_of, 0.0, width - 1)
+    lo = np.floor(s).astype(int)
+    frac = s - lo
+    hi = np.minimum(lo + 1, width - 1)
+    out = np.zeros((len(s), width))
+    rows = np.arange(len(s))
+    out[rows, lo] += 1.0 - frac
+    out[rows, hi] += frac
+    return out
+
+
+def _loads(spread: FloatArray, per_kind: FloatArray) -> FloatArray:
+    """Offered load per class (what takes no whole unit takes none)."""
+    out = per_kind @ spread
+    out[..., 0] = 0.0
+    return out
+
+
+def _class_block(law: FloatArray) -> FloatArray:
+    """``out[k, b]``: probability that a request of ``b`` units finds no room (more than
+    ``units - b`` units taken)."""
+    units = law.shape[-1] - 1
+    upper = np.concatenate(
+        [np.cumsum(law[:, ::-1], axis=1)[:, ::-1], np.zeros((law.shape[0], 1))], axis=1
+    )
+    return upper[:, units + 1 - np.arange(units + 1)]
+
+
+@dataclass(frozen=True)
+class PoolCrowd:
+    """The PrfaaS pool a link's offloads queue at, per row: its arrival rate from every link
+    (req/s) and how many requests it holds (queued or prefilling) and prefills, as means and
+    variances (:func:`scheduling.core.queueing.mgc_crowd`). A link's share of that crowd is
+    what makes its reservations bunch up when the pool's queue does."""
+
+    rate: FloatArray
+    in_system_mean: FloatArray
+    in_system_var: FloatArray
+    busy_mean: FloatArray
+    busy_var: FloatArray
+
+    def take(self, rows: NDArray[np.int_], repeat: int = 1) -> PoolCrowd:
+        def pick(a: FloatArray) -> FloatArray:
+            return np.repeat(np.asarray(a, dtype=float)[rows], repeat)
+
+        return PoolCrowd(
+            pick(self.rate),
+            pick(self.in_system_mean),
+            pick(self.in_system_var),
+            pick(self.busy_mean),
+            pick(self.busy_var),
+        )
+
+
+def _dispersions(
+    rate: FloatArray, pool: PoolCrowd | None, after_s: FloatArray, streaming_after_s: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Variance-to-mean ratios of a link's reservations and of its streams at offered
+    ``rate`` per row (1 each without a pool: Poisson counts). ``after_s``: mean seconds a
+    reservation lives after its prefill; ``streaming_after_s``: mean seconds it still streams.
+    (:func:`scheduling.core.queueing.thinned_dispersion`, elementwise.)"""
+    if pool is None:
+        ones = np.ones(len(rate))
+        return ones, ones
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.clip(
+            np.where(pool.rate > 0, rate / np.where(pool.rate > 0, pool.rate, 1.0), 1.0), 0, 1
+        )
+
+    def ratio(mean: FloatArray, var: FloatArray, extra: FloatArray) -> FloatArray:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = share * mean + extra
+            v = share * share * var + share * (1.0 - share) * mean + extra
+            out = np.where((m > 0) & np.isfinite(m), v / np.where(m > 0, m, 1.0), 1.0)
+        return np.maximum(np.nan_to_num(out, nan=1.0, posinf=1.0), 1.0)
+
+    held = ratio(pool.in_system_mean, pool.in_system_var, rate * after_s)
+    streams = ratio(pool.busy_mean, pool.busy_var, rate * streaming_after_s)
+    return held, streams
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A mix cut into the knapsack's classes, per unit of offered rate."""
+
+    budget_weights: FloatArray  # rows x classes: the mix's share in each budget class
+    budget_loads: FloatArray  # rows x classes: erlangs per (req/s) offered
+    stream_loads: FloatArray  # rows x classes: concurrent streams per (req/s), by rate class
+    spread: FloatArray  # kinds x classes (budget)
+    fits: NDArray[np.bool_]
+    after_s: FloatArray  # rows: mean seconds a reservation lives after its prefill
+    streaming_after_s: FloatArray  # rows: mean seconds a transfer streams after its prefill
+
+
+def _prepare(
+    mix: OffloadMix, wait_s: FloatArray, gbps: float, budget_bytes: float, units: int
+) -> _Prepared:
+    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
+    kv = np.asarray(mix.kv_bytes, dtype=float)
+    line = gbps * GBPS / 8
+    fits = kv <= budget_bytes
+    w = np.where(fits[None, :], weights, 0.0)
+    spread = _spread(kv / budget_bytes * units, units + 1)
+    hold = np.asarray(mix.hold_s, dtype=float)
+    budget_weights = w @ spread
+    budget_loads = wait_s[:, None] * budget_weights + _loads(spread, w * hold[None, :])
+    budget_loads[:, 0] = 0.0
+    # Saturation: while prefilling, a transfer streams at most kv / prefill (and the line
+    # rate), for max(prefill, kv / line) seconds.
+    prefill = np.maximum(np.asarray(mix.prefill_s, dtype=float), 1e-9)
+    stream = np.maximum(prefill, kv / line)
+    rate_spread = _spread(kv / stream / line * units, units + 1)
+    stream_loads = _loads(rate_spread, w * stream[None, :])
+    share = np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)
+    after = (w @ np.maximum(hold - prefill, 0.0)) / share
+    streaming = (w @ np.maximum(stream - prefill, 0.0)) / share
+    return _Prepared(budget_weights, budget_loads, stream_loads, spread, fits, after, streaming)
+
+
+def link_refusal(
+    rate: ArrayLike,
+    mix: OffloadMix,
+    wait_s: ArrayLike,
+    gbps: float,
+    budget_bytes: float,
+    *,
+    pool: PoolCrowd | None = None,
+    units: int = BUDGET_UNITS,
+) -> FloatArray:
+    """Probability that the router refuses an offload of each kind, per row: ``rate[k]``
+    offloads per second arrive with the mix of row ``k``, each waiting ``wait_s[k]`` on average
+    for its PrfaaS prefill before it starts, at the pool ``pool`` describes (None: reservations
+    come and go independently, Poisson). Shape ``(rows, kinds)``. Kinds whose KV alone exceeds
+    the budget are refused with probability 1."""
+    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
+    rows = weights.shape[0]
+    if gbps <= 0 or budget_bytes <= 0:
+        return np.ones_like(weights)
+    lam = np.broadcast_to(np.asarray(rate, dtype=float), (rows,))
+    wait = np.broadcast_to(np.asarray(wait_s, dtype=float), (rows,)).astype(float)
+    prep = _prepare(mix, wait, gbps, budget_bytes, units)
+    held, streams = _dispersions(lam, pool, prep.after_s, prep.streaming_after_s)
+    law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
+    _, saturated = _recursion(lam[:, None] * prep.stream_loads, streams)
+    budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
+    refused = 1.0 - (1.0 - budget_block) * (1.0 - saturated[:, None])
+    return np.where(prep.fits[None, :], refused, 1.0)
+
+
+def link_mean_refusal(
+    rate: ArrayLike,
+    mix: OffloadMix,
+    wait_s: ArrayLike,
+    gbps: float,
+    budget_bytes: float,
+    *,
+    pool: PoolCrowd | None = None,
+) -> FloatArray:
+    """The share of the offered offloads refused, per row (kinds that never fit included)."""
+    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
+    refused = link_refusal(rate, mix, wait_s, gbps, budget_bytes, pool=pool)
+    return np.asarray((weights * refused).sum(axis=1))
+
+
+def link_admissible_rate(
+    mix: OffloadMix,
+    wait_s: ArrayLike,
+    gbps: float,
+    budget_bytes: float,
+    refusal_target: ArrayLike,
+    *,
+    pool: PoolCrowd | None = None,
+    points: int = 18,
+    units: int = BUDGET_UNITS,
+) -> FloatArray:
+    """Per row, the largest offload rate (req/s) at which the share of offloads the link
+    refuses stays within ``refusal_target`` (the mix must hold only kinds that fit: the ones
+    that never fit are a fixed share the caller accounts for). 0 when even a trickle is
+    refused too often; infinite for an empty row."""
+    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
+    rows = weights.shape[0]
+    target = np.broadcast_to(np.asarray(refusal_target, dtype=float), (rows,))
+    wait = np.broadcast_to(np.asarray(wait_s, dtype=float), (rows,)).astype(float)
+    kv = np.asarray(mix.kv_bytes, dtype=float)
+    mean_kv = weights @ kv
+    out = np.full(rows, math.inf)
+    live = (weights.sum(axis=1) > 0) & (mean_kv > 0)
+    if gbps <= 0 or budget_bytes <= 0:
+        return np.where(live, 0.0, math.inf)
+    if not np.any(live):
+        return out
+    idx = np.flatnonzero(live)
+    sub = OffloadMix(weights[idx], kv, mix.prefill_s, mix.hold_s)
+    prep = _prepare(sub, wait[idx], gbps, budget_bytes, units)
+    # Rates on a geometric grid up to the line rate's worth of these requests, all at once.
+    top = gbps * GBPS / 8 / mean_kv[idx]
+    grid = top[:, None] * np.geomspace(1e-5, 1.0, points)[None, :]  # live rows x points
+    flat = grid.reshape(-1, 1)
+    held, streams = _dispersions(
+        flat[:, 0],
+        None if pool is None else pool.take(idx, points),
+        np.repeat(prep.after_s, points),
+        np.repeat(prep.streaming_after_s, points),
+    )
+    law, _ = _recursion(flat * np.repeat(prep.budget_loads, points, axis=0), held)
+    _, saturated = _recursion(flat * np.repeat(prep.stream_loads, points, axis=0), streams)
+    block = (_class_block(law) * np.repeat(prep.budget_weights, points, axis=0)).sum(axis=1)
+    share = np.repeat(prep.budget_weights.sum(axis=1), points)
+    block = block / np.where(share > 0, share, 1.0)
+    refused = (1.0 - (1.0 - block) * (1.0 - saturated)).reshape(len(idx), points)
+    for row, k in enumerate(idx):
+        r = refused[row]
+        ok = r <= target[k]
+        if not ok[0]:
+            out[k] = 0.0
+            continue
+        if ok.all():
+            out[k] = grid[row, -1]
+            continue
+        j = int(np.argmin(ok)) - 1  # last rate within the target before the first beyond it
+        # Interpolate log(refusal) against log(rate) between the bracketing grid points.
+        lo_r, hi_r = max(r[j], 1e-300), max(r[j + 1], 1e-300)
+        lo_x, hi_x = math.log(grid[row, j]), math.log(grid[row, j + 1])
+        want = math.log(max(target[k], 1e-300))
+        frac = (want - math.log(lo_r)) / (math.log(hi_r) - math.log(lo_r)) if hi_r > lo_r else 0
+        out[k] = math.exp(lo_x + min(1.0, max(0.0, frac)) * (hi_x - lo_x))
+    return out

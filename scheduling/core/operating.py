@@ -1,0 +1,391 @@
+"""The fleet at an operating point: queue-aware prediction of TTFT (mean, P90), station
+utilisations and waits, link utilisation and refusals, for a setting and an arrival rate.
+
+Pure Python and numpy: no Django. The model of each piece:
+
+* a PD cluster's local prefill (PD-P) and each PrfaaS pool are M/G/c stations
+  (:func:`scheduling.core.queueing.mgc_wait`, Allen-Cunneen) fed by Poisson arrivals (a
+  threshold split of a Poisson stream is Poisson); service = the prefill-time law of the
+  lengths each receives;
+* each link admits or refuses offloads as :func:`scheduling.core.link.link_refusal` says (budget
+  knapsack, saturation), refused ones prefill locally (a fixed point, iterated);
+* a transfer outlasts its prefill by :func:`scheduling.core.link.transfer_excess_s` at the
+  link's utilisation, and the KV lands one RTT after its last byte;
+* decode admission of a PD cluster is one M/G/c station whose servers are its batch slots
+  (n_d x max_batch), service = output tokens x step time: the router balances decode
+  instances by their load, which counts the requests already routed there;
+* a request's TTFT = its prefill wait + prefill + (offloaded: transfer excess + RTT) + its
+  decode wait, the waits independent (:mod:`scheduling.core.queueing`).
+
+Limits: the M/G/c shape is an approximation (see :mod:`scheduling.core.queueing`); prefix-cache
+hits are not modelled here (lengths are the uncached ones, and cache transfers are ignored);
+bursty arrivals can be given as their squared coefficient of variation ``arrival_scv``
+(1 = Poisson) and enter the prefill stations' waits only; with several PrfaaS pools linked to
+one PD cluster, its offloads are split between them in proportion to their instances.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scheduling.core.fleet import FleetLink, FleetSpec, Lengths, PrfaasPool, lengths_of
+from scheduling.core.link import OffloadMix, PoolCrowd, link_refusal, transfer_excess_s
+from scheduling.core.offload import coarse_nodes, linked_pools
+from scheduling.core.performance import FloatArray, kv_bytes, prefill_seconds
+from scheduling.core.queueing import (
+    NO_WAIT,
+    Crowd,
+    TtftPart,
+    Wait,
+    mgc_crowd,
+    mgc_wait,
+    moments,
+    ttft_mean,
+    ttft_quantile,
+)
+
+GBPS = 1e9
+#: Rounds of the refusal fixed point (refusals shift load to local prefill and back).
+FIXED_POINT_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class StationAt:
+    """One queueing station at the operating point (``kind``: pd_prefill, prfaas, decode)."""
+
+    kind: str
+    name: str
+    rate_rps: float
+    utilisation: float
+    wait_mean_s: float
+    wait_probability: float
+
+
+@dataclass(frozen=True)
+class LinkAt:
+    """One link at the operating point: mean egress and its share of the line rate, the
+    offloads offered to it and the share it refuses (budget full or saturated), and the mean
+    bytes reserved on it."""
+
+    source: str
+    target: str
+    gbps: float
+    egress_gbps: float
+    utilisation: float
+    offered_rps: float
+    refusal: float
+    reserved_mean_bytes: float
+    budget_bytes: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+@dataclass(frozen=True)
+class ClusterAt:
+    """One PD cluster at the operating point: its arrivals, the share offloaded (carried by a
+    link) and the share of its decisions the links refuse, and its TTFT."""
+
+    name: str
+    rate_rps: float
+    offload_fraction: float
+    refused_fraction: float
+    ttft_mean_s: float
+    ttft_p90_s: float
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """The fleet at ``rate_rps`` total arrivals under one setting."""
+
+    rate_rps: float
+    ttft_mean_s: float
+    ttft_p90_s: float
+    link_utilisation: float  # the busiest link's mean egress share
+    refused_fraction: float  # share of all decisions refused by a link (link_congested)
+    stable: bool  # every station below utilisation 1
+    clusters: tuple[ClusterAt, ...]
+    links: tuple[LinkAt, ...]
+    stations: tuple[StationAt, ...]
+
+    def cluster(self, name: str) -> ClusterAt:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass
+class _Route:
+    """Offloads of one PD cluster over one link (mutable scratch of the fixed point)."""
+
+    link: FleetLink
+    pool: PrfaasPool
+    share: FloatArray  # per node: share of the cluster's wanting requests sent this way
+    fits: FloatArray  # per node: 1 where the KV fits this link's budget
+    refusal: FloatArray  # per node, current estimate
+    excess: FloatArray
+    offered_rps: float = 0.0
+    utilisation: float = 0.0
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def operating_point(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    thresholds: Mapping[str, float],
+    splits: Mapping[str, int],
+    rate_rps: float,
+    *,
+    output_scv: float = 0.0,
+    arrival_scv: float = 1.0,
+    quantile: float = 0.9,
+) -> OperatingPoint:
+    """Predict the fleet at ``rate_rps`` total arrivals (shared out by each PD cluster's
+    ``share``) with ``thresholds`` and ``splits`` (prefill instances) per PD cluster."""
+    if not (rate_rps >= 0 and math.isfinite(rate_rps)):
+        raise ValueError(f"the rate must be a finite number >= 0, got {rate_rps!r}")
+    nodes: dict[str, tuple[FloatArray, FloatArray]] = {}
+    routes: dict[str, list[_Route]] = {}
+    for c in fleet.pd:
+        x, w = coarse_nodes(lengths_of(lengths, c.name))
+        nodes[c.name] = (x, w)
+        kv = kv_bytes(fleet.kv_mib, x)
+        linked = linked_pools(fleet, c.name)
+        total = sum(j.instances for _, j in linked)
+        routes[c.name] = [
+            _Route(
+                link,
+                j,
+                np.full(len(x), j.instances / total),
+                (kv <= link.budget).astype(float),
+                np.zeros(len(x)),
+                np.zeros(len(x)),
+            )
+            for link, j in linked
+        ]
+    kv_of = {name: kv_bytes(fleet.kv_mib, x) for name, (x, _) in nodes.items()}
+    prfaas_wait: dict[str, Wait] = {p.name: NO_WAIT for p in fleet.prfaas}
+    prfaas_rate: dict[str, float] = {p.name: 0.0 for p in fleet.prfaas}
+    prfaas_crowd: dict[str, Crowd] = {p.name: Crowd(0.0, 0.0, 0.0, 0.0) for p in fleet.prfaas}
+
+    def wanting(name: str) -> FloatArray:
+        x, w = nodes[name]
+        return np.where(x > thresholds[name], w, 0.0)
+
+    for _ in range(FIXED_POINT_ROUNDS):
+        moved = 0.0
+        # PrfaaS pools: the offloads every cluster's links carry now.
+        load: dict[str, tuple[list[FloatArray], list[FloatArray]]] = {
+            p.name: ([], []) for p in fleet.prfaas
+        }
+        for c in fleet.pd:
+            lam = rate_rps * c.share
+            x, _ = nodes[c.name]
+            for r in routes[c.name]:
+                carried = lam * wanting(c.name) * r.share * r.fits * (1.0 - r.refusal)
+                load[r.pool.name][0].append(prefill_seconds(r.pool.prefill, x))
+                load[r.pool.name][1].append(carried)
+        for pool in fleet.prfaas:
+            services, weight = load[pool.name]
+            if not weight:
+                continue
+            s = np.concatenate(services)
+            lam_w = np.concatenate(weight)
+            mean, scv = moments(s, lam_w)
+            prfaas_rate[pool.name] = float(lam_w.sum())
+            prfaas_wait[pool.name] = mgc_wait(
+                prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
+            )
+            prfaas_crowd[pool.name] = mgc_crowd(
+                prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
+            )
+        # Links: what each is offered, how busy it is, what it refuses.
+        for c in fleet.pd:
+            lam = rate_rps * c.share
+            x, _ = nodes[c.name]
+            kv = kv_of[c.name]
+            for r in routes[c.name]:
+                offered = lam * wanting(c.name) * r.share * r.fits
+                r.offered_rps = float(offered.sum())
+                line = r.link.gbps * GBPS / 8
+                carried_bytes = float(np.dot(offered * (1.0 - r.refusal), kv))
+                r.utilisation = min(1.0, carried_bytes / line) if line > 0 else 1.0
+                service = prefill_seconds(r.pool.prefill, x)
+                r.excess = transfer_excess_s(kv, service, r.link.gbps, r.utilisation)
+                if r.offered_rps <= 0:
+                    continue
+                wait = prfaas_wait[r.pool.name]
+                mix = OffloadMix(
+                    (offered / r.offered_rps)[None, :],
+                    kv,
+                    service,
+                    service + np.minimum(r.excess, 1e9) + r.link.rtt_ms / 1000.0,
+                )
+                wait_s = wait.mean_s if wait.stable else 1e9
+                crowd = prfaas_crowd[r.pool.name]
+                queued = PoolCrowd(
+                    np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
+                    np.array([crowd.in_system_mean]),
+                    np.array([crowd.in_system_var]),
+                    np.array([crowd.busy_mean]),
+                    np.array([crowd.busy_var]),
+                )
+                new = link_refusal(
+                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=queued
+                )[0]
+                updated = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
+                moved = max(moved, float(np.max(np.abs(updated - r.refusal), initial=0.0)))
+                r.refusal = updated
+        if moved < 1e-4:
+            break  # the refusals have settled (at once when the links refuse nothing)
+
+    stations: list[StationAt] = []
+    clusters: list[ClusterAt] = []
+    link_rows: list[LinkAt] = []
+    parts_all: list[TtftPart] = []
+    for pool in fleet.prfaas:
+        wait = prfaas_wait[pool.name]
+        stations.append(
+            StationAt(
+                "prfaas",
+                pool.name,
+                prfaas_rate[pool.name],
+                wait.rho,
+                wait.mean_s,
+                wait.p_wait,
+            )
+        )
+    refused_total = 0.0
+    for c in fleet.pd:
+        lam = rate_rps * c.share
+        x, w = nodes[c.name]
+        want = wanting(c.name)
+        away = np.zeros(len(x))
+        refused = np.zeros(len(x))
+        for r in routes[c.name]:
+            away += want * r.share * r.fits * (1.0 - r.refusal)
+            refused += want * r.share * (1.0 - r.fits * (1.0 - r.refusal))
+        # No link at all: kept local as prfaas_unavailable, not refused by a link.
+        refused_here = float(refused.sum()) if routes[c.name] else 0.0
+        local_w = w - away
+        n_p = int(splits[c.name])
+        n_d = c.instances - n_p
+        local_s = prefill_seconds(c.prefill, x)
+        mean, scv = moments(local_s, local_w)
+        local_wait = mgc_wait(lam * float(local_w.sum()), mean, scv, n_p, scv_arrival=arrival_scv)
+        decode_s = output_tokens * c.step_seconds
+        decode_wait = mgc_wait(lam, decode_s, output_scv, n_d * c.max_batch)
+        stations.append(
+            StationAt(
+                "pd_prefill",
+                c.name,
+                lam * float(local_w.sum()),
+                local_wait.rho,
+                local_wait.mean_s,
+                local_wait.p_wait,
+            )
+        )
+        stations.append(
+            StationAt(
+                "decode", c.name, lam, decode_wait.rho, decode_wait.mean_s, decode_wait.p_wait
+            )
+        )
+        parts = [TtftPart(local_w, local_s, local_wait, decode_wait)]
+        for r in routes[c.name]:
+            weights = want * r.share * r.fits * (1.0 - r.refusal)
+            fixed = prefill_seconds(r.pool.prefill, x) + r.excess + r.link.rtt_ms / 1000.0
+            parts.append(TtftPart(weights, fixed, prfaas_wait[r.pool.name], decode_wait))
+            kv = kv_of[c.name]
+            carried = lam * weights
+            hold = prfaas_wait[r.pool.name].mean_s + fixed
+            link_rows.append(
+                LinkAt(
+                    r.link.source,
+                    r.link.target,
+                    r.link.gbps,
+                    float(np.dot(carried, kv)) * 8 / GBPS,
+                    r.utilisation,
+                    r.offered_rps,
+                    float(
+                        np.dot(want * r.share * r.fits, r.refusal)
+                        / max(float(np.dot(want * r.share, r.fits)), 1e-300)
+                    ),
+                    float(np.dot(carried, kv * hold)),
+                    r.link.budget,
+                )
+            )
+        mean_c = ttft_mean(parts)
+        p90_c = ttft_quantile(parts, quantile)
+        clusters.append(ClusterAt(c.name, lam, float(away.sum()), refused_here, mean_c, p90_c))
+        refused_total += c.share * refused_here
+        parts_all.extend(
+            TtftPart(p.weights * c.share, p.fixed_s, p.prefill_wait, p.decode_wait) for p in parts
+        )
+    shares = sum(c.share for c in fleet.pd)
+    return OperatingPoint(
+        rate_rps=rate_rps,
+        ttft_mean_s=ttft_mean(parts_all),
+        ttft_p90_s=ttft_quantile(parts_all, quantile),
+        link_utilisation=max((lk.utilisation for lk in link_rows), default=0.0),
+        refused_fraction=refused_total / shares if shares > 0 else 0.0,
+        stable=all(s.utilisation < 1.0 for s in stations if s.rate_rps > 0),
+        clusters=tuple(clusters),
+        links=tuple(link_rows),
+        stations=tuple(stations),
+    )
+
+
+def operating_point_to_dict(op: OperatingPoint) -> dict[str, Any]:
+    """JSON-ready (infinite values as null): the four headline figures first."""
+    return {
+        "rate_rps": op.rate_rps,
+        "ttft_mean_s": _finite(op.ttft_mean_s),
+        "ttft_p90_s": _finite(op.ttft_p90_s),
+        "link_utilisation": op.link_utilisation,
+        "link_congested_fraction": op.refused_fraction,
+        "stable": op.stable,
+        "clusters": {
+            c.name: {
+                "rate_rps": c.rate_rps,
+                "offload_fraction": c.offload_fraction,
+                "link_congested_fraction": c.refused_fraction,
+                "ttft_mean_s": _finite(c.ttft_mean_s),
+                "ttft_p90_s": _finite(c.ttft_p90_s),
+            }
+            for c in op.clusters
+        },
+        "links": {
+            lk.key: {
+                "gbps": lk.gbps,
+                "egress_gbps": lk.egress_gbps,
+                "utilisation": lk.utilisation,
+                "offered_rps": lk.offered_rps,
+                "refusal": lk.refusal,
+                "reserved_mean_bytes": lk.reserved_mean_bytes,
+                "budget_bytes": lk.budget_bytes,
+            }
+            for lk in op.links
+        },
+        "stations": [
+            {
+                "kind": s.kind,
+                "name": s.name,
+                "rate_rps": s.rate_rps,
+                "utilisation": _finite(s.utilisation),
+                "wait_mean_s": _finite(s.wait_mean_s),
+                "wait_probability": s.wait_probability,
+            }
+            for s in op.stations
+        ],
+    }

@@ -1,0 +1,130 @@
+"""The one link model: the router's admission rule and defaults, and the planner's prediction
+of refusals (stochastic knapsack, saturation, crowding behind a queued PrfaaS pool)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scheduling.core import routing
+from scheduling.core.link import (
+    DEFAULT_LINK_BUDGET_SECONDS,
+    DEFAULT_TARGET_UTILISATION,
+    OffloadMix,
+    PoolCrowd,
+    link_admissible_rate,
+    link_admits,
+    link_budget_bytes,
+    link_mean_refusal,
+    link_never_fits,
+    link_refusal,
+    link_target_utilisation,
+    transfer_excess_s,
+)
+
+
+def erlang_b(servers: int, offered: float) -> float:
+    terms = [offered**k / math.factorial(k) for k in range(servers + 1)]
+    return terms[-1] / sum(terms)
+
+
+def one_kind(kv: float, hold_s: float, prefill_s: float | None = None) -> OffloadMix:
+    return OffloadMix(
+        np.array([[1.0]]),
+        np.array([kv]),
+        np.array([hold_s if prefill_s is None else prefill_s]),
+        np.array([hold_s]),
+    )
+
+
+def test_the_defaults_are_the_routers() -> None:
+    assert link_budget_bytes(10.0) == int(10e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS)
+    assert link_budget_bytes(10.0, 123) == 123
+    assert link_budget_bytes(0.0) == 0
+    assert (
+        link_target_utilisation()
+        == DEFAULT_TARGET_UTILISATION
+        == routing.RouteGuards().scarce_utilisation
+    )
+    assert link_target_utilisation(0.5) == 0.5
+    with pytest.raises(ValueError, match="within"):
+        link_target_utilisation(1.5)
+    # The router reads its budget from the same place.
+    assert routing.LinkSpec("a", "b", 10.0).budget_bytes == link_budget_bytes(10.0)
+    assert routing.LinkSpec("a", "b", 10.0, inflight_budget_bytes=7).budget_bytes == 7
+
+
+def test_admission_needs_room_in_the_budget_and_a_link_below_saturation() -> None:
+    assert link_admits(0.5, 1_000, 500, 2_000)
+    assert link_admits(0.5, 1_500, 500, 2_000)  # exactly full is still within
+    assert not link_admits(0.5, 1_600, 500, 2_000)
+    assert not link_admits(1.0, 0, 1, 2_000)
+    assert link_never_fits([1.0, 3.0], 2.0).tolist() == [False, True]
+
+
+def test_one_kind_of_request_is_refused_as_erlangs_loss_formula_says() -> None:
+    # Two fit in the budget (2.5 GB of 1 GB requests), each held 3 s: Erlang B with 2 servers.
+    for rate in (0.01, 0.05, 0.1):
+        refused = float(link_refusal(rate, one_kind(1e9, 3.0), 0.0, 100.0, 2.5e9)[0, 0])
+        assert refused == pytest.approx(erlang_b(2, 3.0 * rate), rel=0.02)
+
+
+def test_a_request_larger_than_the_budget_is_always_refused() -> None:
+    mix = OffloadMix(
+        np.array([[0.5, 0.5]]), np.array([1e9, 3e9]), np.array([2.0, 2.0]), np.array([2.0, 2.0])
+    )
+    refused = link_refusal(0.01, mix, 0.0, 100.0, 2.5e9)[0]
+    assert refused[1] == 1.0 and refused[0] < 0.05
+
+
+def test_a_link_that_one_transfer_saturates_refuses_while_it_streams() -> None:
+    # 8 GB streamed over 2 s on a 10 Gbps (1.25 GB/s) link takes 6.4 s at full rate: the router
+    # sees it saturated for that long, whatever the budget.
+    mix = one_kind(8e9, 6.4, prefill_s=2.0)
+    rate = 0.01
+    refused = float(link_refusal(rate, mix, 0.0, 10.0, 1e12)[0, 0])
+    assert refused == pytest.approx(1 - math.exp(-rate * 6.4), rel=0.05)
+
+
+def test_queueing_behind_a_busy_pool_bunches_reservations_and_refuses_more() -> None:
+    mix = one_kind(1e9, 3.0)
+    alone = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9)[0, 0])
+    crowd = PoolCrowd(
+        rate=np.array([0.4]),
+        in_system_mean=np.array([4.0]),
+        in_system_var=np.array([16.0]),
+        busy_mean=np.array([3.0]),
+        busy_var=np.array([1.0]),
+    )
+    bunched = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9, pool=crowd)[0, 0])
+    assert bunched > alone > 0
+
+
+def test_the_admissible_rate_is_where_the_refusals_reach_the_target() -> None:
+    mix = OffloadMix(
+        np.array([[0.3, 0.5, 0.2]]),
+        np.array([0.4e9, 0.9e9, 1.8e9]),
+        np.array([1.0, 2.5, 6.0]),
+        np.array([1.0, 2.5, 6.0]),
+    )
+    for target in (0.01, 0.05, 0.2):
+        rate = float(link_admissible_rate(mix, 0.5, 10.0, 2.5e9, target)[0])
+        assert rate > 0
+        at = float(link_mean_refusal(rate, mix, 0.5, 10.0, 2.5e9)[0])
+        assert at == pytest.approx(target, rel=0.08)
+    # More budget (and line rate) admits more.
+    thin = float(link_admissible_rate(mix, 0.5, 10.0, 2.5e9, 0.05)[0])
+    wide = float(link_admissible_rate(mix, 0.5, 20.0, 5e9, 0.05)[0])
+    assert wide > thin
+    assert link_admissible_rate(mix, 0.5, 0.0, 0.0, 0.05)[0] == 0.0
+
+
+def test_a_transfer_outlasts_its_prefill_only_when_the_link_is_slower_than_it() -> None:
+    # 1 GB over 2 s streams at 4 Gbps: hidden on an idle 10 Gbps link, 2 s late on a 2 Gbps one.
+    assert transfer_excess_s(1e9, 2.0, 10.0, 0.0)[()] == 0.0
+    assert transfer_excess_s(1e9, 2.0, 2.0, 0.0)[()] == pytest.approx(2.0)
+    # Sharing the link fairly at 50% utilisation halves what this transfer gets.
+    assert transfer_excess_s(1e9, 2.0, 2.0, 0.5)[()] == pytest.approx(6.0)
+    assert math.isinf(transfer_excess_s(1e9, 2.0, 0.0, 0.0)[()])

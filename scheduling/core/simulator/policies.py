@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from scheduling.core.performance import MIB
 from scheduling.core.planner import Evaluation, PlanResult
-from scheduling.core.scenario import ScenarioLink, Scenario
+from scheduling.core.scenario import Scenario, ScenarioLink
 from scheduling.core.simulator.routing import ClusterPlan, FleetPlan, LinkPlan
 
 POLICIES = ("homogeneous", "naive", "prfaas", "prfaas-dual")

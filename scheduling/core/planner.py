@@ -27,14 +27,16 @@ cluster's decisions, reservations held from the decision to the transfer's end
 
 Lambda_max is the smallest bound (Eq. 6), and the smallest bound names the bottleneck. The
 search is :mod:`scheduling.core.search`; :func:`plan` also predicts the optimum at F x
-Lambda_max with queueing (``at_load``, :mod:`scheduling.core.operating`).
+Lambda_max with queueing (``at_load``, :mod:`scheduling.core.operating`). The Figure 5 sweeps and
+the JSON reports are :mod:`scheduling.core.plan_report`; a scenario becomes a fleet in
+:mod:`scheduling.core.scenario_fleet` (re-exported here).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,20 +52,21 @@ from scheduling.core.fleet import (
 from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import OffloadSplit, fit_limit_tokens, linked_pools, offload_split
-from scheduling.core.operating import OperatingPoint, operating_point, operating_point_to_dict
+from scheduling.core.operating import OperatingPoint, operating_point
 from scheduling.core.performance import (
-    MIB,
     FloatArray,
     LengthDistribution,
-    Table,
     decode_rate_per_instance,
     kv_bytes,
-    length_distribution,
     prefill_seconds,
     weighted_quantile,
 )
-from scheduling.core.queueing import moments
-from scheduling.core.scenario import Scenario, ScenarioError, workload_length_distributions
+from scheduling.core.scenario import Scenario
+from scheduling.core.scenario_fleet import (
+    fleet_from_scenario,
+    workload_lengths,
+    workload_output_scv,
+)
 from scheduling.core.search import (
     Grid,
     fleet_threshold_grid,
@@ -86,22 +89,17 @@ __all__ = [
     "PdPool",
     "PlanResult",
     "PrfaasPool",
-    "SplitSweep",
-    "ThresholdSweep",
-    "cluster_to_dict",
     "evaluate",
-    "evaluation_to_dict",
+    "evaluation_settings",
     "fleet_from_scenario",
     "homogeneous_fleet",
     "plan",
     "plan_fleet",
     "plan_for_ttft",
     "plan_scenario",
-    "plan_to_dict",
-    "sweep_split",
-    "sweep_threshold",
     "threshold_grid",
     "workload_lengths",
+    "workload_output_scv",
 ]
 
 INF = math.inf
@@ -178,110 +176,6 @@ class PlanResult:
     mean_input_tokens: float
     #: the optimum's queue-aware prediction at ``load`` x its Lambda_max
     at_load: OperatingPoint | None = None
-
-
-@dataclass(frozen=True)
-class ThresholdSweep:
-    """Figure 5(b): the bounds on Lambda of one PD cluster as t moves, split fixed."""
-
-    cluster: str
-    n_p: int
-    n_d: int
-    thresholds: tuple[float, ...]
-    offload_fraction: tuple[float, ...]
-    bound_prfaas: tuple[float, ...]
-    bound_pd_p: tuple[float, ...]
-    bound_pd_d: tuple[float, ...]
-    throughput: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class SplitSweep:
-    """Figure 5(a): the bounds on Lambda of one PD cluster as its split moves, t fixed."""
-
-    cluster: str
-    threshold_tokens: float
-    n_p: tuple[int, ...]
-    bound_prfaas: tuple[float, ...]
-    bound_pd_p: tuple[float, ...]
-    bound_pd_d: tuple[float, ...]
-    throughput: tuple[float, ...]
-
-
-# --------------------------------------------------------------------------------------------
-# From a scenario
-
-
-def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
-    """The fleet a scenario describes, with each PD cluster's traffic share."""
-    origins = scenario.workload.origins if scenario.workload is not None else {}
-
-    def cost(acc: str) -> float:
-        return scenario.accelerator(acc).gpu_hour_cost
-
-    prfaas = []
-    pd = []
-    for c in scenario.clusters:
-        prof = scenario.profile_for(c.accelerator)
-        table = Table.from_points(prof.prefill_seconds)
-        if c.kind == "prfaas":
-            prfaas.append(
-                PrfaasPool(
-                    c.name, c.prefill_instances, table, prof.gpus_per_instance, cost(c.accelerator)
-                )
-            )
-        else:
-            assert prof.decode is not None  # the reader guarantees it for pd clusters
-            share = origins.get(c.name, 1.0 if len(scenario.pd_clusters) == 1 else 0.0)
-            pd.append(
-                PdPool(
-                    c.name,
-                    c.instances,
-                    table,
-                    prof.decode.max_batch,
-                    prof.decode.step_seconds,
-                    share,
-                    prof.gpus_per_instance,
-                    cost(c.accelerator),
-                )
-            )
-    links = tuple(
-        FleetLink(
-            link.source,
-            link.target,
-            link.gbps,
-            link.rtt_ms,
-            None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
-            link.target_utilisation,
-        )
-        for link in scenario.links
-    )
-    return FleetSpec(
-        Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), links
-    )
-
-
-def workload_lengths(scenario: Scenario) -> tuple[LengthDistribution, float]:
-    """The uncached input-length distribution and the mean output length of a scenario's
-    workload (a prefix-hit fraction h shrinks every length to (1 - h) of it)."""
-    if scenario.workload is None:
-        raise ScenarioError("workload", "required key is missing (the planner needs the traffic)")
-    inp, out = workload_length_distributions(scenario.workload, bin_tokens=16)
-    hit = scenario.workload.prefix_hit_fraction or 0.0
-    if hit >= 1.0:
-        raise ScenarioError(
-            "workload.prefix_hit_fraction", "every token cached leaves nothing to plan"
-        )
-    return length_distribution(inp, scale=1.0 - hit), length_distribution(out).mean
-
-
-def workload_output_scv(scenario: Scenario) -> float:
-    """Squared coefficient of variation of the output lengths (decode times vary with them)."""
-    if scenario.workload is None:
-        return 0.0
-    _, out = workload_length_distributions(scenario.workload, bin_tokens=16)
-    x, w = length_distribution(out).nodes()
-    return moments(x, w)[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,6 +372,11 @@ def evaluate(
     )
 
 
+def evaluation_settings(ev: Evaluation) -> tuple[dict[str, float], dict[str, int]]:
+    """The setting an evaluation was made at: threshold and prefill instances per PD cluster."""
+    return {c.name: c.threshold_tokens for c in ev.clusters}, {c.name: c.n_p for c in ev.clusters}
+
+
 # --------------------------------------------------------------------------------------------
 # Search
 
@@ -623,26 +522,6 @@ def plan_for_ttft(
     return slo, chosen
 
 
-def slo_plan_to_dict(slo: SloPlan, ev: Evaluation) -> dict[str, Any]:
-    """JSON-ready: the goodput rate, the setting per PD cluster and the prediction there."""
-    return {
-        "ttft_slo_s": slo.slo_s,
-        "quantile": slo.quantile,
-        "rate_rps": slo.rate_rps,
-        "clusters": {
-            c.name: {
-                "threshold_tokens": c.threshold_tokens,
-                "n_p": c.n_p,
-                "n_d": c.n_d,
-                "offload_fraction": c.offload_fraction,
-            }
-            for c in ev.clusters
-        },
-        "throughput_rps": ev.throughput_rps,
-        "at_rate": None if slo.at_rate is None else operating_point_to_dict(slo.at_rate),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # Baselines and the whole plan
 
@@ -691,7 +570,7 @@ def plan(
       cost buys (floor: a fractional instance cannot serve), optimal split.
     """
     best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
-    ts, ns = _settings(best)
+    ts, ns = evaluation_settings(best)
     at_load = operating_point(
         fleet,
         lengths,
@@ -748,180 +627,3 @@ def plan_scenario(
         load=load,
         output_scv=workload_output_scv(scenario),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Sweeps (paper Figure 5)
-
-
-def _settings(ev: Evaluation) -> tuple[dict[str, float], dict[str, int]]:
-    return {c.name: c.threshold_tokens for c in ev.clusters}, {c.name: c.n_p for c in ev.clusters}
-
-
-def _bounds_of(ev: Evaluation, cluster: str) -> tuple[float, float, float]:
-    prf = min(
-        (
-            v
-            for k, v in ev.stage_bounds.items()
-            if k.split(":")[0] in ("prfaas", "prfaas_compute", "link")
-        ),
-        default=INF,
-    )
-    return (
-        prf,
-        ev.stage_bounds.get(f"pd_prefill:{cluster}", INF),
-        ev.stage_bounds.get(f"pd_decode:{cluster}", INF),
-    )
-
-
-def astuple_shallow(split: OffloadSplit) -> tuple[FloatArray, ...]:
-    """The split's arrays in field order (``dataclasses.astuple`` would copy deeply)."""
-    return tuple(getattr(split, f.name) for f in fields(split))
-
-
-def sweep_threshold(
-    fleet: FleetSpec,
-    lengths: LengthDistribution,
-    output_tokens: float,
-    at: Evaluation,
-    *,
-    cluster: str | None = None,
-    threshold_step: float = 100,
-) -> ThresholdSweep:
-    """Move one cluster's threshold over the grid, every other setting as in ``at``."""
-    name = cluster or at.clusters[0].name
-    ts, ns = _settings(at)
-    grid = threshold_grid(lengths, threshold_step)
-    # The links' treatment of the swept cluster at every threshold, at once (as the search).
-    split = offload_split(fleet, fleet.pd_pool(name), lengths_of(lengths, name), grid, load=at.load)
-    rows = []
-    for k, t in enumerate(grid):
-        one = OffloadSplit(*(np.asarray(v)[k : k + 1] for v in astuple_shallow(split)))
-        ev = evaluate(
-            fleet,
-            lengths,
-            output_tokens,
-            {**ts, name: float(t)},
-            ns,
-            with_ttft=False,
-            load=at.load,
-            offloads={name: one},
-        )
-        rows.append(
-            (float(t), ev.cluster(name).offload_fraction, *_bounds_of(ev, name), ev.throughput_rps)
-        )
-    return ThresholdSweep(
-        cluster=name,
-        n_p=ns[name],
-        n_d=fleet.pd_pool(name).instances - ns[name],
-        thresholds=tuple(r[0] for r in rows),
-        offload_fraction=tuple(r[1] for r in rows),
-        bound_prfaas=tuple(r[2] for r in rows),
-        bound_pd_p=tuple(r[3] for r in rows),
-        bound_pd_d=tuple(r[4] for r in rows),
-        throughput=tuple(r[5] for r in rows),
-    )
-
-
-def sweep_split(
-    fleet: FleetSpec,
-    lengths: LengthDistribution,
-    output_tokens: float,
-    at: Evaluation,
-    *,
-    cluster: str | None = None,
-) -> SplitSweep:
-    """Move one cluster's prefill/decode split over every value, thresholds as in ``at``."""
-    name = cluster or at.clusters[0].name
-    ts, ns = _settings(at)
-    rows = []
-    for n in range(fleet.pd_pool(name).instances + 1):
-        ev = evaluate(fleet, lengths, output_tokens, ts, {**ns, name: n}, with_ttft=False)
-        rows.append((n, *_bounds_of(ev, name), ev.throughput_rps))
-    return SplitSweep(
-        cluster=name,
-        threshold_tokens=ts[name],
-        n_p=tuple(int(r[0]) for r in rows),
-        bound_prfaas=tuple(r[1] for r in rows),
-        bound_pd_p=tuple(r[2] for r in rows),
-        bound_pd_d=tuple(r[3] for r in rows),
-        throughput=tuple(r[4] for r in rows),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Reports
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def cluster_to_dict(c: ClusterResult, n_prfaas: int) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "share": c.share,
-        "threshold_tokens": c.threshold_tokens,
-        "offload_fraction": c.offload_fraction,
-        "l_long": _finite(c.l_long),
-        "l_short": _finite(c.l_short),
-        "n_prfaas": n_prfaas,
-        "n_p": c.n_p,
-        "n_d": c.n_d,
-        "theta_prfaas": _finite(c.theta_prfaas),
-        "theta_pd_p": _finite(c.theta_pd_p),
-        "theta_pd_d": _finite(c.theta_pd_d),
-        "throughput_rps": c.throughput_rps,
-        "egress_gbps": c.egress_gbps,
-        "link_gbps": c.link_gbps,
-        "ttft_mean_s": c.ttft_mean_s,
-        "ttft_p90_s": c.ttft_p90_s,
-        "link_congested_fraction": c.refused_fraction,
-    }
-
-
-def evaluation_to_dict(ev: Evaluation) -> dict[str, Any]:
-    """A JSON-ready summary. With one PD cluster its fields sit at the top level; with several
-    the top level carries the totals and each cluster is under ``clusters``."""
-    out: dict[str, Any] = {}
-    if len(ev.clusters) == 1:
-        out.update(cluster_to_dict(ev.clusters[0], ev.n_prfaas))
-        del out["name"], out["share"]
-    else:
-        out["n_prfaas"] = ev.n_prfaas
-        out["clusters"] = {c.name: cluster_to_dict(c, ev.n_prfaas) for c in ev.clusters}
-    out.update(
-        {
-            "throughput_rps": ev.throughput_rps,
-            "bottleneck": ev.bottleneck,
-            "bottleneck_at": ev.bottleneck_at,
-            "egress_gbps": ev.egress_gbps,
-            "ttft_mean_s": ev.ttft_mean_s,
-            "ttft_p90_s": ev.ttft_p90_s,
-            "stage_bounds": {k: _finite(v) for k, v in ev.stage_bounds.items()},
-        }
-    )
-    return out
-
-
-def plan_to_dict(result: PlanResult) -> dict[str, Any]:
-    homog = evaluation_to_dict(result.homogeneous)
-    homog["instances"] = result.homogeneous_instances
-    equal = evaluation_to_dict(result.equal_cost_homogeneous)
-    equal["instances"] = result.equal_cost_instances
-    naive = evaluation_to_dict(result.naive_heterogeneous)
-    prfaas = evaluation_to_dict(result.prfaas)
-    if result.at_load is not None:
-        prfaas["at_load"] = {"load": result.prfaas.load, **operating_point_to_dict(result.at_load)}
-    return {
-        "prfaas": prfaas,
-        "baselines": {
-            "homogeneous": homog,
-            "naive_heterogeneous": naive,
-            "equal_cost_homogeneous": equal,
-        },
-        "gains": dict(result.gains),
-        "threshold_step": result.threshold_step,
-        "mean_input_tokens": result.mean_input_tokens,
-        "output_tokens": result.output_tokens,
-    }

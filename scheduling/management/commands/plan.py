@@ -16,21 +16,23 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduling.core.goodput import Advice, advice_to_dict, sizing_advice
+from scheduling.core.plan_report import (
+    SplitSweep,
+    ThresholdSweep,
+    plan_to_dict,
+    slo_plan_to_dict,
+    sweep_split,
+    sweep_threshold,
+)
 from scheduling.core.planner import (
     DEFAULT_LOAD,
     Evaluation,
     FleetSpec,
     PlanResult,
-    SplitSweep,
-    ThresholdSweep,
     fleet_from_scenario,
     plan,
     plan_fleet,
     plan_for_ttft,
-    plan_to_dict,
-    slo_plan_to_dict,
-    sweep_split,
-    sweep_threshold,
     workload_lengths,
     workload_output_scv,
 )

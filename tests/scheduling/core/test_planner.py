@@ -16,6 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.core.performance import DiscreteLengths, Table, TruncatedLognormal
+from scheduling.core.plan_report import (
+    plan_to_dict,
+    sweep_split,
+    sweep_threshold,
+)
 from scheduling.core.planner import (
     Evaluation,
     FleetLink,
@@ -27,9 +32,6 @@ from scheduling.core.planner import (
     fleet_from_scenario,
     plan_fleet,
     plan_scenario,
-    plan_to_dict,
-    sweep_split,
-    sweep_threshold,
     threshold_grid,
     workload_lengths,
 )

@@ -115,9 +115,11 @@ def health(request: HttpRequest) -> dict[str, str]:
 # App routers are added here, one per app (see each app's api.py).
 from clusters.api import router as clusters_router  # noqa: E402
 from controlplane.audit_api import router as audit_router  # noqa: E402
+from controlplane.tokens_api import router as tokens_router  # noqa: E402
 
 api.add_router("", clusters_router)
 api.add_router("", audit_router)
+api.add_router("", tokens_router)
 
 from scheduling.api import router as scheduling_router  # noqa: E402
 

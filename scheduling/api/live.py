@@ -17,10 +17,10 @@ from pydantic import StringConstraints
 
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
-from controlplane.auth import require_scope
+from controlplane.auth import binding_check, require_scope
 from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
-from scheduling.snapshot import snapshot_refresh
+from scheduling.snapshot import link_key, snapshot_refresh
 
 router = Router(tags=["live"])
 
@@ -106,7 +106,14 @@ KV_ERRORS: dict[int, Any] = {**ERRORS, 503: ErrorOut}
 
 @router.post("/telemetry", auth=AGENT, response={200: TelemetryOut, **ERRORS})
 async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.TelemetryResult:
-    """A batch of instance samples (load) and link samples (bytes sent in an interval)."""
+    """A batch of instance samples (load) and link samples (bytes sent in an interval).
+
+    A bound agent token gets 403 for a sample of any instance or link outside its binding."""
+    binding_check(
+        request.auth,
+        instances=[s.instance for s in payload.instances],
+        links=[link_key(s.source, s.target) for s in payload.links],
+    )
     return await ingest.telemetry_ingest_async(
         payload.idempotency_key,
         [InstanceSample(**s.dict()) for s in payload.instances],
@@ -120,6 +127,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
 @router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **KV_ERRORS})
 async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
     """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
+    binding_check(request.auth, instances=[payload.instance])
     return await ingest.kv_events_ingest_async(
         payload.instance, [(b.seq, b.batch) for b in payload.batches]
     )
@@ -182,6 +190,7 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
         raise Invalid("instance: 1 to 150 characters", code="invalid")
     if not 1 <= len(body.batches) <= MAX_FRAME_BATCHES:
         raise Invalid(f"batches: 1 to {MAX_FRAME_BATCHES} batches", code="invalid")
+    binding_check(request.auth, instances=[body.instance])
     for i, (seq, _) in enumerate(body.batches):
         if seq is not None and not 0 <= seq < 1 << 64:
             raise Invalid(f"batches[{i}].seq: must be in [0, 2^64)", code="invalid")
@@ -196,6 +205,7 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
 def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.InstanceIndexState:
     """Where the index stands for one instance (``last_seq``): an agent that (re)starts
     replays from the engine what came after it, instead of leaving a gap."""
+    binding_check(request.auth, instances=[instance])
     snap = snapshot_refresh()
     if instance not in snap.known_instances:
         raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from scheduling.core import bounds
+from scheduling.core.bounds import Bound
 from scheduling.core.routing import KV_CONNECTORS
 
 ROOT = "<scenario>"
@@ -475,6 +477,30 @@ def _number(
     return number
 
 
+def _within(value: Any, loc: Loc, bound: Bound) -> float:
+    """A number within a physical bound (scheduling.core.bounds)."""
+    number = _number(value, loc, minimum=None)
+    problem = bound.error(number)
+    if problem is not None:
+        raise _err(loc, f"{problem}, got {value}")
+    return number
+
+
+def _int_within(value: Any, loc: Loc, bound: Bound) -> int:
+    number = _int(value, loc, minimum=int(bound.low))
+    if number > bound.high:
+        raise _err(loc, f"must be at most {bound.high:g} {bound.unit}, got {value}")
+    return number
+
+
+def _bounded_table(value: Any, loc: Loc, values: Bound) -> TableT:
+    table = _table(value, loc)
+    for i, (tokens, val) in enumerate(table):
+        _within(tokens, (*loc, i, 0), bounds.TABLE_TOKENS)
+        _within(val, (*loc, i, 1), values)
+    return table
+
+
 def _int(value: Any, loc: Loc, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _err(loc, f"expected an integer, got {_kind(value)}")
@@ -556,9 +582,15 @@ def _model(value: Any) -> ScenarioModel:
     return ScenarioModel(
         name=_str(body["name"], (*loc, "name")),
         attention=dict(attention),
-        block_tokens=_int(body["block_tokens"], (*loc, "block_tokens"), minimum=1),
-        kv_cache_mib=_table(body["kv_cache_mib"], (*loc, "kv_cache_mib")),
-        linear_state_mib=None if linear is None else _number(linear, (*loc, "linear_state_mib")),
+        block_tokens=_int_within(body["block_tokens"], (*loc, "block_tokens"), bounds.BLOCK_TOKENS),
+        kv_cache_mib=_bounded_table(
+            body["kv_cache_mib"], (*loc, "kv_cache_mib"), bounds.KV_CACHE_MIB
+        ),
+        linear_state_mib=(
+            None
+            if linear is None
+            else _within(linear, (*loc, "linear_state_mib"), bounds.LINEAR_STATE_MIB)
+        ),
     )
 
 
@@ -578,8 +610,8 @@ def _accelerators(value: Any) -> tuple[AcceleratorSpec, ...]:
         out.append(
             AcceleratorSpec(
                 name=_str(body["name"], (*loc, "name")),
-                gpu_hour_cost=_number(
-                    body["gpu_hour_cost"], (*loc, "gpu_hour_cost"), positive=True
+                gpu_hour_cost=_within(
+                    body["gpu_hour_cost"], (*loc, "gpu_hour_cost"), bounds.GPU_HOUR_COST
                 ),
             )
         )
@@ -600,7 +632,9 @@ def _profiles(value: Any, accelerators: set[str]) -> tuple[ProfileSpec, ...]:
         acc = _str(body["accelerator"], (*loc, "accelerator"))
         if acc not in accelerators:
             raise _err((*loc, "accelerator"), f"unknown accelerator {acc!r}")
-        table = _table(body["prefill_seconds"], (*loc, "prefill_seconds"))
+        table = _bounded_table(
+            body["prefill_seconds"], (*loc, "prefill_seconds"), bounds.PREFILL_SECONDS
+        )
         for j, (_, seconds) in enumerate(table):
             if seconds <= 0:
                 raise _err((*loc, "prefill_seconds", j, 1), "prefill time must be positive")
@@ -609,14 +643,18 @@ def _profiles(value: Any, accelerators: set[str]) -> tuple[ProfileSpec, ...]:
             dloc: Loc = (*loc, "decode")
             d = _mapping(body["decode"], dloc, required=("max_batch", "step_seconds"))
             decode = DecodeSpec(
-                max_batch=_int(d["max_batch"], (*dloc, "max_batch"), minimum=1),
-                step_seconds=_number(d["step_seconds"], (*dloc, "step_seconds"), positive=True),
+                max_batch=_int_within(
+                    d["max_batch"], (*dloc, "max_batch"), bounds.DECODE_MAX_BATCH
+                ),
+                step_seconds=_within(
+                    d["step_seconds"], (*dloc, "step_seconds"), bounds.DECODE_STEP_SECONDS
+                ),
             )
         out.append(
             ProfileSpec(
                 accelerator=acc,
-                gpus_per_instance=_int(
-                    body["gpus_per_instance"], (*loc, "gpus_per_instance"), minimum=1
+                gpus_per_instance=_int_within(
+                    body["gpus_per_instance"], (*loc, "gpus_per_instance"), bounds.GPUS_PER_INSTANCE
                 ),
                 prefill_seconds=table,
                 decode=decode,
@@ -664,9 +702,15 @@ def _clusters(
                 kind=kind,  # type: ignore[arg-type]
                 site=_str(body["site"], (*loc, "site")),
                 accelerator=acc,
-                prefill_instances=_int(body["prefill_instances"], (*loc, "prefill_instances")),
+                prefill_instances=_int_within(
+                    body["prefill_instances"], (*loc, "prefill_instances"), bounds.CLUSTER_INSTANCES
+                ),
                 decode_instances=(
-                    _int(body["decode_instances"], (*loc, "decode_instances"))
+                    _int_within(
+                        body["decode_instances"],
+                        (*loc, "decode_instances"),
+                        bounds.CLUSTER_INSTANCES,
+                    )
                     if kind == "pd"
                     else 0
                 ),
@@ -707,12 +751,14 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Scenari
             ScenarioLink(
                 source=ends["source"],
                 target=ends["target"],
-                gbps=_number(body["gbps"], (*loc, "gbps")),
-                rtt_ms=_number(body.get("rtt_ms", 0.0), (*loc, "rtt_ms")),
+                gbps=_within(body["gbps"], (*loc, "gbps"), bounds.LINK_GBPS),
+                rtt_ms=_within(body.get("rtt_ms", 0.0), (*loc, "rtt_ms"), bounds.LINK_RTT_MS),
                 kv_budget_mib=(
                     None
                     if body.get("kv_budget_mib") is None
-                    else _number(body["kv_budget_mib"], (*loc, "kv_budget_mib"), positive=True)
+                    else _within(
+                        body["kv_budget_mib"], (*loc, "kv_budget_mib"), bounds.LINK_KV_BUDGET_MIB
+                    )
                 ),
                 target_utilisation=(
                     None
@@ -875,7 +921,7 @@ def _events(
                     at_s=_number(body["at_s"], (*loc, "at_s")),
                     source=source,
                     target=target,
-                    gbps=_number(body["gbps"], (*loc, "gbps")),
+                    gbps=_within(body["gbps"], (*loc, "gbps"), bounds.LINK_GBPS),
                 )
             )
         elif "state" in item:

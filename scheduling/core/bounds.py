@@ -36,6 +36,8 @@ class Bound:
             return "must be a finite number"
         if self.low_open and value <= self.low:
             return f"must be greater than {self.low:g} {self.unit}".rstrip()
+        if value < self.low and self.low == 0:
+            return "must not be negative"
         if value < self.low:
             return f"must be at least {self.low:g} {self.unit}".rstrip()
         if value > self.high:

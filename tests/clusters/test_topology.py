@@ -507,3 +507,33 @@ def test_a_target_utilisation_outside_zero_one_is_refused_by_the_api(
     )
     assert ok.status_code == 200, ok.content
     assert ok.json()["target_utilisation"] == 0.7
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"),
+    [
+        (("links", 0, "gbps"), 1e308, "links[0].gbps"),
+        (("links", 0, "rtt_ms"), 1e6, "links[0].rtt_ms"),
+        (("model", "block_tokens"), 10**9, "model.block_tokens"),
+        (("accelerators", 0, "gpu_hour_cost"), 1e300, "accelerators[0].gpu_hour_cost"),
+        (("clusters", 0, "prefill_instances"), 10**7, "clusters[0].prefill_instances"),
+    ],
+)
+def test_a_scenario_beyond_physical_bounds_is_refused_and_writes_nothing(
+    admin_client: Client,
+    case_study_data: dict[str, Any],
+    path: tuple[Any, ...],
+    value: Any,
+    where: str,
+) -> None:
+    node: Any = case_study_data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    before = database_state()
+    response = admin_client.post(
+        "/api/v1/topology", data=json.dumps(case_study_data), content_type="application/json"
+    )
+    assert response.status_code == 422, response.content
+    assert response.json()["code"] == "invalid_scenario" and where in response.json()["detail"]
+    assert database_state() == before

@@ -34,6 +34,8 @@ class Bound:
             return "must be a number"
         if not math.isfinite(value):
             return "must be a finite number"
+        if self.low_open and value <= self.low and self.low == 0:
+            return "must be positive"
         if self.low_open and value <= self.low:
             return f"must be greater than {self.low:g} {self.unit}".rstrip()
         if value < self.low and self.low == 0:

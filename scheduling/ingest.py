@@ -81,7 +81,12 @@ async def telemetry_ingest_async(
             await control_tick_async()
         except Exception as exc:  # stored already; the route path advances control too
             log.warning("control tick after telemetry failed: %s", exc)
-        await telemetry_frames_apublish(instances, links)
+        # Screens show the latest point of each instance and link: a batch of many samples of
+        # one link is one point, not a frame as large as the post.
+        await telemetry_frames_apublish(
+            list({s.instance: s for s in instances}.values()),
+            list({ls.link: ls for ls in links}.values()),
+        )
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
 
 

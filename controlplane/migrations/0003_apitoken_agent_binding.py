@@ -7,30 +7,40 @@ def agent_tokens_keep_fleet_wide(apps, schema_editor):  # type: ignore[no-untype
     """Tokens made before bindings existed keep reporting for the whole fleet (documented in
     docs/agent.md); an operator binds them with ``manage.py token bind``."""
     ApiToken = apps.get_model("controlplane", "ApiToken")
-    ApiToken.objects.filter(scopes__contains=["agent"]).update(fleet_wide=True)
+    # Filtered in Python: SQLite (the benches' database) has no JSON containment lookup.
+    agents = [t.pk for t in ApiToken.objects.only("scopes") if "agent" in (t.scopes or [])]
+    ApiToken.objects.filter(pk__in=agents).update(fleet_wide=True)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0002_access_groups'),
+        ("controlplane", "0002_access_groups"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='fleet_wide',
-            field=models.BooleanField(default=False, help_text='an agent token that may report for every instance and link'),
+            model_name="apitoken",
+            name="fleet_wide",
+            field=models.BooleanField(
+                default=False,
+                help_text="an agent token that may report for every instance and link",
+            ),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='instances',
-            field=models.JSONField(blank=True, default=list, help_text='instance names an agent token reports for'),
+            model_name="apitoken",
+            name="instances",
+            field=models.JSONField(
+                blank=True, default=list, help_text="instance names an agent token reports for"
+            ),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='links',
-            field=models.JSONField(blank=True, default=list, help_text='links (source>target) an agent token reports for'),
+            model_name="apitoken",
+            name="links",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="links (source>target) an agent token reports for",
+            ),
         ),
         migrations.RunPython(agent_tokens_keep_fleet_wide, migrations.RunPython.noop),
     ]

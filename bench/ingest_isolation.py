@@ -7,8 +7,8 @@ In one run it:
 2. serves the real app (uvicorn, 2 workers, as deployed);
 3. **unloaded**: drives ``POST /api/v1/route`` open-loop at ``--rate`` calls/s (single
    requests of the Mooncake conversation trace's shape) and records p50/p99;
-4. **loaded**: the same, while ``--posters`` threads post back to back the largest bodies the
-   limits allow (``API_MAX_BODY_BYTES``, at most 1,000 link samples of ``interval_s`` 3600 plus
+4. **loaded**: the same, while ``--posters`` agents each post, every ``--post-interval``
+   seconds (an agent's period; 0: back to back), the largest bodies the limits allow (``API_MAX_BODY_BYTES``, at most 1,000 link samples of ``interval_s`` 3600 plus
    instance samples up to the body limit; ``/kv-events/msgpack`` bodies of BlockStored batches
    up to the body limit), alternating telemetry and KV events;
 5. prints both p99s, their ratio (target, issue 13: loaded p99 <= 2x unloaded), the ingest
@@ -116,6 +116,7 @@ def poster(
     limit: int,
     stop: threading.Event,
     seen: list[tuple[str, int, float]],
+    period_s: float,
 ) -> None:
     instance = policy["instances"][0]["name"]
     block_tokens = int(policy["model"]["block_tokens"])
@@ -134,7 +135,9 @@ def poster(
                 ctype, path = "application/msgpack", "/api/v1/kv-events/msgpack"
             began = time.perf_counter()
             r = client.post(path, content=body, headers={"Content-Type": ctype})
-            seen.append((kind, r.status_code, time.perf_counter() - began))
+            took = time.perf_counter() - began
+            seen.append((kind, r.status_code, took))
+            stop.wait(max(0.0, period_s - took))
 
 
 def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> dict[str, Any]:
@@ -160,7 +163,10 @@ def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> dict[str,
         stop = threading.Event()
         seen: list[tuple[str, int, float]] = []
         threads = [
-            threading.Thread(target=poster, args=(base, headers, policy, limit, stop, seen))
+            threading.Thread(
+                target=poster,
+                args=(base, headers, policy, limit, stop, seen, args.post_interval),
+            )
             for _ in range(args.posters)
         ]
         for t in threads:
@@ -186,7 +192,10 @@ def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> dict[str,
         }
         for kind in statuses
     }
-    print(f"body limit {limit} bytes; /route open loop at {args.rate}/s, {args.requests} calls")
+    print(
+        f"body limit {limit} bytes; /route open loop at {args.rate}/s, {args.requests} calls; "
+        f"{args.posters} agents posting every {args.post_interval} s"
+    )
     for label, r in (("unloaded", unloaded), ("loaded", loaded)):
         print(
             f"  {label:9} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
@@ -211,10 +220,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=200.0, help="/route calls per second")
     parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--posters", type=int, default=2, help="threads posting largest bodies")
+    parser.add_argument("--posters", type=int, default=2, help="agents posting largest bodies")
+    parser.add_argument(
+        "--post-interval", type=float, default=1.0, help="seconds between an agent's posts"
+    )
     args = parser.parse_args()
-    if args.rate <= 0 or args.requests < 100 or args.posters < 1:
-        parser.error("--rate > 0, --requests >= 100, --posters >= 1")
+    if args.rate <= 0 or args.requests < 100 or args.posters < 1 or args.post_interval < 0:
+        parser.error("--rate > 0, --requests >= 100, --posters >= 1, --post-interval >= 0")
     with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
         env = dict(os.environ)
         env["DATABASE_URL"] = f"sqlite:///{tmp}/bench.sqlite3"

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import msgspec
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
-from pydantic import StringConstraints
+from pydantic import BaseModel, StringConstraints
 
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
@@ -33,7 +33,9 @@ Count = Annotated[int, Field(ge=0, le=10**9)]
 UnixTime = Annotated[float, Field(ge=0, allow_inf_nan=False, description="unix seconds")]
 
 
-class InstanceSampleIn(Schema):
+# Samples are plain pydantic models, not ninja Schemas: a Schema validates through Django's
+# attribute getter (for ORM objects), which made parsing the largest post 3x slower.
+class InstanceSampleIn(BaseModel):
     instance: Name
     ts: UnixTime
     queue_depth: Count = 0
@@ -43,7 +45,7 @@ class InstanceSampleIn(Schema):
     queued_prefill_tokens: Annotated[int, Field(ge=0, le=10**12)] = 0
 
 
-class LinkSampleIn(Schema):
+class LinkSampleIn(BaseModel):
     source: Name = Field(description="prfaas cluster")
     target: Name = Field(description="pd cluster")
     ts: UnixTime
@@ -116,7 +118,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
     )
     return await ingest.telemetry_ingest_async(
         payload.idempotency_key,
-        [InstanceSample(**s.dict()) for s in payload.instances],
+        [InstanceSample(**s.model_dump()) for s in payload.instances],
         [
             ingest.link_sample(s.source, s.target, s.ts, s.bytes_sent, s.interval_s, s.retransmits)
             for s in payload.links

@@ -12,6 +12,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from controlplane.errors import ApiError, PayloadTooLarge
+from controlplane.parser import json_body_check
 
 
 def _request_id(request: HttpRequest) -> str:
@@ -118,6 +119,45 @@ class NulRefusalMiddleware:
             refused = ApiError("a NUL character in the path or query", code="http_400", status=400)
             return JsonResponse(refused.payload(), status=400)
         return HttpResponseBadRequest("a NUL character in the path or query")
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)  # type: ignore[attr-defined]
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
+        return response
+
+
+class StrictJsonMiddleware:
+    """API bodies are strict JSON (controlplane.parser), checked before ninja so that each
+    refusal keeps its status and the error shape."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def _refused(request: HttpRequest) -> HttpResponse | None:
+        if not request.path.startswith("/api/"):
+            return None
+        try:
+            json_body_check(request)
+        except ApiError as exc:
+            return JsonResponse(exc.payload(), status=exc.status)
+        return None
 
     def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
         if iscoroutinefunction(self):

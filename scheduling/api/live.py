@@ -20,6 +20,7 @@ from clusters.live.telemetry import InstanceSample
 from controlplane.auth import binding_check, require_scope
 from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
+from scheduling.core import kv_events as kv_wire
 from scheduling.snapshot import link_key, snapshot_refresh
 
 router = Router(tags=["live"])
@@ -69,7 +70,9 @@ class TelemetryOut(Schema):
 
 
 class KvBatchIn(Schema):
-    seq: int | None = Field(None, ge=0, le=(1 << 64) - 1, description="publisher sequence")
+    seq: int | None = Field(
+        None, ge=0, le=kv_wire.MAX_SEQ, strict=True, description="publisher sequence"
+    )
     batch: list[Any] | dict[str, Any] = Field(
         description="vLLM KVEventBatch, array [ts, events] or map {ts, events}"
     )
@@ -194,8 +197,8 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
         raise Invalid(f"batches: 1 to {MAX_FRAME_BATCHES} batches", code="invalid")
     binding_check(request.auth, instances=[body.instance])
     for i, (seq, _) in enumerate(body.batches):
-        if seq is not None and not 0 <= seq < 1 << 64:
-            raise Invalid(f"batches[{i}].seq: must be in [0, 2^64)", code="invalid")
+        if seq is not None and not 0 <= seq <= kv_wire.MAX_SEQ:
+            raise Invalid(f"batches[{i}].seq: must be in [0, 2^53)", code="invalid")
     return await ingest.kv_events_ingest_async(body.instance, body.batches)
 
 

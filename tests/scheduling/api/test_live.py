@@ -14,6 +14,7 @@ from django.test import Client
 
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
+from scheduling.core import kv_events as wire
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,
@@ -336,8 +337,6 @@ def largest_telemetry(limit: int, key: str) -> bytes:
 
 def largest_kv_frames(limit: int) -> tuple[bytes, int]:
     """``/kv-events/msgpack`` batches of one BlockStored of 16 blocks, up to the body limit."""
-    from scheduling.core import kv_events as wire
-
     batches: list[tuple[int, bytes]] = []
     block = 0
     while True:
@@ -405,3 +404,29 @@ def test_the_largest_kv_events_body_allowed_is_applied_and_one_byte_more_is_413(
         headers=agent,
     )
     assert refused.status_code == 413 and refused.json()["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize("seq", [2**53, 2**63, 2**64 - 1])
+def test_a_sequence_number_beyond_2_53_is_refused_in_both_encodings_and_nothing_degrades(
+    agent: dict[str, str], seq: int
+) -> None:
+    as_json = {"instance": "pd-a-p0", "batches": [{"seq": seq, "batch": [0, []]}]}
+    refused = post("/kv-events", as_json, agent)
+    assert refused.status_code == 422 and "seq" in refused.json()["detail"]
+    frames = {"instance": "pd-a-p0", "batches": [[seq, wire.batch_encode([], 0.0)]]}
+    refused = post_msgpack(frames, agent)
+    assert refused.status_code == 422 and "seq" in refused.json()["detail"]
+    state = prefix_index.prefix_index_states(["pd-a-p0"])[0]
+    assert (state.state, state.last_seq) == ("exact", None)
+    largest = {"instance": "pd-a-p0", "batches": [{"seq": 2**53 - 1, "batch": [0, []]}]}
+    assert post("/kv-events", largest, agent).status_code == 200
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].last_seq == 2**53 - 1
+
+
+def test_telemetry_while_redis_is_away_is_a_json_503(agent: dict[str, str], settings: Any) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    body = {"idempotency_key": "away", "instances": [{"instance": "pd-a-p0", "ts": time.time()}]}
+    response = post("/telemetry", body, agent)
+    assert response.status_code == 503, response.content
+    assert set(response.json()) == {"detail", "code"}
+    assert response.json()["code"] == "live_store_unavailable"

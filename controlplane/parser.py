@@ -24,8 +24,16 @@ from ninja.types import DictStrAny
 from controlplane.errors import ApiError, Invalid
 
 JSON_TYPES = ("application/json",)
-# Bodies another parser reads (the KV-event frames endpoint checks its own).
-OTHER_BODY_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+# Bodies another parser reads: the KV-event frames endpoint checks its own, and forms (a page's
+# htmx post of an operation without a body) are no JSON to check; an operation that wants JSON
+# refuses them when it parses.
+OTHER_BODY_TYPES = (
+    "application/msgpack",
+    "application/x-msgpack",
+    "application/vnd.msgpack",
+    "multipart/form-data",
+    "application/x-www-form-urlencoded",
+)
 _PARSED = "_strict_json_body"
 
 
@@ -64,7 +72,7 @@ def json_body_check(request: HttpRequest) -> None:
     """Check an API request's JSON body (raises the 4xx) and keep it parsed on the request."""
     if request.method not in ("POST", "PUT", "PATCH") or not request.body:
         return
-    ctype = (request.content_type or "").lower()
+    ctype = (request.content_type or "").split(";")[0].strip().lower()
     if ctype in OTHER_BODY_TYPES:
         return
     json_content_type_check(ctype)

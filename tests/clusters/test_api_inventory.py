@@ -533,10 +533,14 @@ def test_a_physical_quantity_beyond_its_bound_is_a_422_on_create_and_patch(
     assert obj.version == 1
 
 
-@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e400"])
-def test_non_finite_numbers_are_a_422_not_a_500(admin_client: Client, number: str) -> None:
+@pytest.mark.parametrize(
+    ("number", "status"), [("Infinity", 400), ("-Infinity", 400), ("NaN", 400), ("1e400", 422)]
+)
+def test_non_finite_numbers_are_refused_not_a_500(
+    admin_client: Client, number: str, status: int
+) -> None:
     body = json.dumps({**RESOURCES["links"].create(), "gbps": 0}).replace(
         '"gbps": 0', f'"gbps": {number}'
     )
     response = admin_client.post("/api/v1/links", data=body, content_type="application/json")
-    assert_error(response, 422, "gbps")
+    assert_error(response, status)

@@ -401,7 +401,7 @@ def test_api_apply_with_prune_deletes_the_rest(
 
 @pytest.mark.parametrize(
     ("body", "words"),
-    [("[1, 2]", "dictionary"), ("{not json", "parse"), ('{"version": 1}', "required key")],
+    [("[1, 2]", "JSON object"), ("{not json", "parse"), ('{"version": 1}', "required key")],
 )
 def test_api_apply_refuses_a_body_that_is_not_a_scenario(
     admin_client: Client, body: str, words: str

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup system-deps demo test test-engines engines-env lint fmt bench clean
+.PHONY: setup system-deps demo test test-fuzz test-engines engines-env lint fmt bench clean
 
 # Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
@@ -64,6 +64,12 @@ engines-env: setup
 
 test-engines: engines-env
 	$(PY) -m pytest -m engine tests/engines $(PYTEST_ARGS)
+
+# Schemathesis at full size: every check, FUZZ_EXAMPLES examples per operation (300) and the
+# stateful phase (tests marked `fuzz`). Slow: its own CI stage, not part of `make test`.
+FUZZ_EXAMPLES ?= 300
+test-fuzz: setup system-deps
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -m "fuzz or not engine" tests/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

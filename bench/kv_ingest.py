@@ -257,7 +257,16 @@ def main() -> None:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
             token = manage(
-                env, "token", "create", "--name", "bench", "--scope", "agent", "--scope", "router"
+                env,
+                "token",
+                "create",
+                "--name",
+                "bench",
+                "--scope",
+                "agent",
+                "--scope",
+                "router",
+                "--fleet-wide",
             )
             app = subprocess.Popen(
                 [

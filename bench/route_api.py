@@ -322,7 +322,16 @@ def main() -> None:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
             secret = manage(
-                env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
+                env,
+                "token",
+                "create",
+                "--name",
+                "bench",
+                "--scope",
+                "router",
+                "--scope",
+                "agent",
+                "--fleet-wide",
             )
             print(f"topology: {SCENARIO.name}; Redis: {'embedded' if server else env['REDIS_URL']}")
             asyncio.run(run(args, env, secret))

@@ -12,11 +12,16 @@ propagates the new kind in the same transaction, so the copies never go stale.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.db.models import Q
+
+from scheduling.core import bounds
+from scheduling.core.bounds import Bound
 
 
 class ClusterKind(models.TextChoices):
@@ -90,10 +95,40 @@ def _fraction(value: Any) -> None:
         raise ValidationError("must be within (0, 1]")
 
 
+def _finite(value: Any) -> None:
+    # A NaN passes every comparison validator; infinity is caught by the upper bounds.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError("must be a finite number")
+
+
+def _at_most(bound: Bound) -> list[Any]:
+    """Validators of ``bound``'s upper end (the lower end has its own, older validators)."""
+    return [_finite, MaxValueValidator(bound.high)]
+
+
 def _table_check(value: Any) -> None:
     errors = table_errors(value)
     if errors:
         raise ValidationError("; ".join(errors))
+
+
+def _kv_table_check(value: Any) -> None:
+    errors = table_errors(value) or bounds.table_bound_errors(value, bounds.KV_CACHE_MIB)
+    if errors:
+        raise ValidationError("; ".join(errors))
+
+
+def _prefill_table_check(value: Any) -> None:
+    errors = table_errors(value) or bounds.table_bound_errors(value, bounds.PREFILL_SECONDS)
+    if errors:
+        raise ValidationError("; ".join(errors))
+
+
+def _at_most_q(field: str, bound: Bound, *, nullable: bool = False) -> Q:
+    """``field <= bound.high`` for a CHECK constraint (PostgreSQL orders NaN and infinity
+    above every number, so this refuses them too)."""
+    q = Q(**{f"{field}__lte": bound.high})
+    return Q(**{f"{field}__isnull": True}) | q if nullable else q
 
 
 class Versioned(models.Model):
@@ -133,7 +168,8 @@ class Accelerator(Versioned):
 
     name = models.CharField(max_length=100, unique=True)
     gpu_hour_cost = models.FloatField(
-        help_text="relative price per GPU-hour (> 0)", validators=[_positive]
+        help_text="relative price per GPU-hour (> 0)",
+        validators=[_positive, *_at_most(bounds.GPU_HOUR_COST)],
     )
 
     class Meta:
@@ -143,6 +179,10 @@ class Accelerator(Versioned):
             models.CheckConstraint(condition=~Q(name=""), name="accelerator_name_not_empty"),
             models.CheckConstraint(
                 condition=Q(gpu_hour_cost__gt=0), name="accelerator_gpu_hour_cost_positive"
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("gpu_hour_cost", bounds.GPU_HOUR_COST),
+                name="accelerator_gpu_hour_cost_bounded",
             ),
         ]
 
@@ -159,15 +199,16 @@ class ModelProfile(Versioned):
         null=True, blank=True, help_text="descriptive layout, e.g. {linear: KDA, full: MLA}"
     )
     block_tokens = models.PositiveIntegerField(
-        help_text="prefix-cache block size in tokens", validators=[_positive]
+        help_text="prefix-cache block size in tokens",
+        validators=[_positive, *_at_most(bounds.BLOCK_TOKENS)],
     )
     kv_cache_mib = models.JSONField(
-        help_text="[[input_tokens, MiB], ...] sorted by tokens", validators=[_table_check]
+        help_text="[[input_tokens, MiB], ...] sorted by tokens", validators=[_kv_table_check]
     )
     linear_state_mib = models.FloatField(
         null=True,
         blank=True,
-        validators=[_non_negative],
+        validators=[_non_negative, *_at_most(bounds.LINEAR_STATE_MIB)],
         help_text="request-level linear/SWA state; empty = table extrapolated to 0 tokens",
     )
 
@@ -182,6 +223,14 @@ class ModelProfile(Versioned):
             models.CheckConstraint(
                 condition=Q(linear_state_mib__isnull=True) | Q(linear_state_mib__gte=0),
                 name="modelprofile_linear_state_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("block_tokens", bounds.BLOCK_TOKENS),
+                name="modelprofile_block_tokens_bounded",
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("linear_state_mib", bounds.LINEAR_STATE_MIB, nullable=True),
+                name="modelprofile_linear_state_bounded",
             ),
         ]
 
@@ -199,12 +248,19 @@ class PerformanceProfile(Versioned):
     model = models.ForeignKey(
         ModelProfile, on_delete=models.PROTECT, related_name="performance_profiles"
     )
-    gpus_per_instance = models.PositiveIntegerField(validators=[_positive])
-    prefill_seconds = models.JSONField(
-        help_text="[[input_tokens, seconds], ...] sorted by tokens", validators=[_table_check]
+    gpus_per_instance = models.PositiveIntegerField(
+        validators=[_positive, *_at_most(bounds.GPUS_PER_INSTANCE)]
     )
-    decode_max_batch = models.PositiveIntegerField(null=True, blank=True, validators=[_positive])
-    decode_step_seconds = models.FloatField(null=True, blank=True, validators=[_positive])
+    prefill_seconds = models.JSONField(
+        help_text="[[input_tokens, seconds], ...] sorted by tokens",
+        validators=[_prefill_table_check],
+    )
+    decode_max_batch = models.PositiveIntegerField(
+        null=True, blank=True, validators=[_positive, *_at_most(bounds.DECODE_MAX_BATCH)]
+    )
+    decode_step_seconds = models.FloatField(
+        null=True, blank=True, validators=[_positive, *_at_most(bounds.DECODE_STEP_SECONDS)]
+    )
 
     class Meta:
         ordering = ["accelerator__name", "model__name", "id"]
@@ -229,6 +285,15 @@ class PerformanceProfile(Versioned):
                     )
                 ),
                 name="performanceprofile_decode_complete_and_positive",
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("gpus_per_instance", bounds.GPUS_PER_INSTANCE),
+                name="performanceprofile_gpus_bounded",
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("decode_max_batch", bounds.DECODE_MAX_BATCH, nullable=True)
+                & _at_most_q("decode_step_seconds", bounds.DECODE_STEP_SECONDS, nullable=True),
+                name="performanceprofile_decode_bounded",
             ),
         ]
 
@@ -348,21 +413,23 @@ class Link(Versioned):
     source_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
     target_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
     gbps = models.FloatField(
-        help_text="capacity in Gbps (10^9 bit/s); 0 means down", validators=[_non_negative]
+        help_text="capacity in Gbps (10^9 bit/s); 0 means down",
+        validators=[_non_negative, *_at_most(bounds.LINK_GBPS)],
     )
     rtt_ms = models.FloatField(
-        help_text="round-trip time in milliseconds", validators=[_non_negative]
+        help_text="round-trip time in milliseconds",
+        validators=[_non_negative, *_at_most(bounds.LINK_RTT_MS)],
     )
     kv_budget_bytes = models.BigIntegerField(
         null=True,
         blank=True,
-        validators=[_positive],
+        validators=[_positive, *_at_most(bounds.LINK_KV_BUDGET_BYTES)],
         help_text="in-flight KVCache budget; empty = derived",
     )
     target_utilisation = models.FloatField(
         null=True,
         blank=True,
-        validators=[_fraction],
+        validators=[_finite, _fraction],
         help_text="mean egress share planned at most, in (0, 1]; empty = the router's guard",
     )
 
@@ -387,6 +454,12 @@ class Link(Versioned):
                 condition=Q(target_utilisation__isnull=True)
                 | (Q(target_utilisation__gt=0) & Q(target_utilisation__lte=1)),
                 name="link_target_utilisation_fraction",
+            ),
+            models.CheckConstraint(
+                condition=_at_most_q("gbps", bounds.LINK_GBPS)
+                & _at_most_q("rtt_ms", bounds.LINK_RTT_MS)
+                & _at_most_q("kv_budget_bytes", bounds.LINK_KV_BUDGET_BYTES, nullable=True),
+                name="link_physically_bounded",
             ),
         ]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from clusters import services
 from clusters.models import (
@@ -44,7 +44,7 @@ from clusters.models import (
     Versioned,
 )
 from controlplane.audit import Actor
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, Conflict
 from scheduling.core.performance import MIB
 from scheduling.core.scenario import (
     AcceleratorSpec,
@@ -94,6 +94,8 @@ def _at(path: str) -> Iterator[None]:
     """Report a service refusal as a scenario error at ``path``."""
     try:
         yield
+    except Conflict:
+        raise  # a concurrent write won (409), not a problem of the scenario
     except ApiError as exc:
         raise ScenarioError(path, exc.detail) from None
 
@@ -361,11 +363,25 @@ class _Applier:
         return self.result
 
 
+# pg_advisory_xact_lock key of topology applies ("topo" in ASCII).
+TOPOLOGY_LOCK_KEY = 0x746F706F
+
+
+def _applies_serialise() -> None:
+    """One apply at a time: a second waits for the first to commit and then applies against
+    its result (the same file twice: the second changes nothing) instead of losing a race on
+    a unique name."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [TOPOLOGY_LOCK_KEY])
+
+
 def topology_apply(
     scenario: Scenario, *, actor: Actor, dry_run: bool = False, prune: bool = False
 ) -> ApplyResult:
     """Make the inventory match ``scenario`` in one transaction (rolled back when dry)."""
     with transaction.atomic():
+        _applies_serialise()
         result = _Applier(scenario, actor=actor, prune=prune).run()
         if dry_run:
             transaction.set_rollback(True)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.db import DataError, IntegrityError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, validation_detail
+from controlplane.parser import StrictJsonParser
+
+log = logging.getLogger(__name__)
 
 api = NinjaAPI(
     title="PrfaaS control plane",
@@ -18,6 +24,7 @@ api = NinjaAPI(
     description="Inventory, routing decisions, telemetry and plans for PrfaaS-PD serving.",
     urls_namespace="api-v1",
     docs_url="/docs",
+    parser=StrictJsonParser(),
 )
 
 
@@ -60,8 +67,44 @@ def on_permission_denied(request: HttpRequest, exc: PermissionDenied) -> HttpRes
     return _error(request, 403, str(exc) or "permission denied", "forbidden")
 
 
+@api.exception_handler(DataError)
+def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
+    # What PostgreSQL refuses to store (a NUL in a query string, a number out of its range):
+    # bad input, not a server fault.
+    return _error(
+        request, 422, "a value cannot be stored (NUL character or out of range)", "invalid"
+    )
+
+
+@api.exception_handler(IntegrityError)
+def on_integrity_error(request: HttpRequest, exc: IntegrityError) -> HttpResponse:
+    # A write that lost a race with another (the services name the usual conflicts first).
+    return _error(request, 409, "the change conflicts with a concurrent one; retry", "conflict")
+
+
+@api.exception_handler(OperationalError)
+def on_database_unavailable(request: HttpRequest, exc: OperationalError) -> HttpResponse:
+    log.warning("database unavailable on %s: %s", request.path, exc)
+    return _error(request, 503, "the database is unavailable; retry later", "database_unavailable")
+
+
+@api.exception_handler(redis.exceptions.RedisError)
+def on_live_store_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    log.warning("live store unavailable on %s: %s", request.path, exc)
+    return _error(
+        request, 503, "the live store is unavailable; retry later", "live_store_unavailable"
+    )
+
+
+@api.exception_handler(Exception)
+def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """Every other failure answers in the one error shape too (never an HTML page)."""
+    log.exception("unexpected error on %s %s", request.method, request.path)
+    return _error(request, 500, "internal error; it was logged", "internal_error")
+
+
 _ERROR_RESPONSES = {
-    "400": "the body is not JSON",
+    "400": "the body is not UTF-8 JSON",
     "401": "missing, invalid, expired or revoked credentials",
     "403": "the credentials lack the operation's scope",
     "404": "no such object (in the path, query or body)",
@@ -115,9 +158,11 @@ def health(request: HttpRequest) -> dict[str, str]:
 # App routers are added here, one per app (see each app's api.py).
 from clusters.api import router as clusters_router  # noqa: E402
 from controlplane.audit_api import router as audit_router  # noqa: E402
+from controlplane.tokens_api import router as tokens_router  # noqa: E402
 
 api.add_router("", clusters_router)
 api.add_router("", audit_router)
+api.add_router("", tokens_router)
 
 from scheduling.api import router as scheduling_router  # noqa: E402
 

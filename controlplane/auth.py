@@ -9,6 +9,10 @@ Scopes: a token holds the scopes it was created with, and ``admin`` implies all 
 session user gets them from the user's groups: ``viewer`` -> read; ``operator`` -> read and
 operate; ``admin`` (and superusers) -> everything.
 
+Agent tokens are bound to the instances and links they report for (``ApiToken``: a bound
+token gets 403 ``outside_binding`` for anything else, :func:`binding_check`); users, admin
+tokens and tokens marked ``fleet_wide`` are not bound.
+
 Hot path: validated tokens are cached in process for ``API_TOKEN_CACHE_S`` seconds (default 5),
 so a busy router costs no database query per request. Consequence: revoking a token takes
 effect immediately in the process that revoked it and within that TTL everywhere else. Expiry
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -44,16 +49,42 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 
 @dataclass(frozen=True)
+class Binding:
+    """What an agent token may report for (``ApiToken`` instances and links)."""
+
+    instances: frozenset[str] = frozenset()
+    links: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Principal:
-    """The authenticated caller, set as ``request.auth`` by the auth classes."""
+    """The authenticated caller, set as ``request.auth`` by the auth classes. ``binding``:
+    None for a caller that may report for the whole fleet (users, admin and fleet-wide
+    tokens)."""
 
     name: str
     scopes: frozenset[str]
     token_id: int | None = None
     user_id: int | None = None
+    binding: Binding | None = None
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes
+
+
+def binding_check(
+    principal: Any, *, instances: Iterable[str] = (), links: Iterable[str] = ()
+) -> None:
+    """Forbidden (403) naming the first instance or link outside the caller's binding."""
+    binding = principal.binding if isinstance(principal, Principal) else None
+    if binding is None:
+        return
+    for name in instances:
+        if name not in binding.instances:
+            raise Forbidden(f"this token is not bound to instance {name!r}", code="outside_binding")
+    for key in links:
+        if key not in binding.links:
+            raise Forbidden(f"this token is not bound to link {key!r}", code="outside_binding")
 
 
 @dataclass(frozen=True)
@@ -62,6 +93,7 @@ class _CachedToken:
     name: str
     scopes: frozenset[str]
     expires_at: datetime | None
+    binding: Binding | None = None
 
 
 def _cache_ttl() -> float:
@@ -104,16 +136,21 @@ def _cache_put(digest: str, cached: _CachedToken | None) -> None:
 def _token_fetch(digest: str) -> _CachedToken | None:
     row = (
         ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
-        .values("id", "name", "scopes", "expires_at")
+        .values("id", "name", "scopes", "expires_at", "instances", "links", "fleet_wide")
         .first()
     )
     if row is None:
         return None
+    scopes = frozenset(row["scopes"])
+    fleet_wide = row["fleet_wide"] or Scope.ADMIN in scopes
     return _CachedToken(
         token_id=row["id"],
         name=row["name"],
-        scopes=frozenset(row["scopes"]),
+        scopes=scopes,
         expires_at=row["expires_at"],
+        binding=None
+        if fleet_wide
+        else Binding(instances=frozenset(row["instances"]), links=frozenset(row["links"])),
     )
 
 
@@ -135,7 +172,9 @@ def _principal(cached: _CachedToken | None) -> Principal | None:
         return None
     if cached.expires_at is not None and cached.expires_at <= timezone.now():
         return None
-    return Principal(name=cached.name, scopes=cached.scopes, token_id=cached.token_id)
+    return Principal(
+        name=cached.name, scopes=cached.scopes, token_id=cached.token_id, binding=cached.binding
+    )
 
 
 def _bearer(request: HttpRequest) -> str | None:

@@ -18,8 +18,46 @@ def service_error_add(form: forms.Form, exc: ApiError) -> None:
         form.add_error(None, exc.detail)
 
 
-class TokenForm(forms.Form):
-    """A new API token: its name, scopes and optional lifetime."""
+def names_split(text: str) -> list[str]:
+    """Names typed one per line or separated by commas."""
+    return [n.strip() for n in text.replace(",", "\n").splitlines() if n.strip()]
+
+
+class BindingFields(forms.Form):
+    """What an agent token reports for: the fields shared by creating and re-binding."""
+
+    instances = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="agent tokens: instance names, one per line or comma-separated",
+    )
+    links = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="agent tokens: links as source>target (cluster names)",
+    )
+    fleet_wide = forms.BooleanField(
+        required=False,
+        label="Fleet-wide",
+        help_text="an agent token that may report for every instance and link",
+    )
+
+    def clean_instances(self) -> list[str]:
+        return names_split(self.cleaned_data["instances"])
+
+    def clean_links(self) -> list[str]:
+        return names_split(self.cleaned_data["links"])
+
+
+class TokenBindingForm(BindingFields):
+    """A token's new binding (it replaces the old one)."""
+
+    name = forms.CharField(max_length=100, label="Token", help_text="the token's name")
+    field_order = ["name", "instances", "links", "fleet_wide"]
+
+
+class TokenForm(BindingFields):
+    """A new API token: its name, scopes, optional lifetime and (agents) binding."""
 
     name = forms.CharField(max_length=100, help_text="e.g. router-eu-1; unique")
     scopes = forms.MultipleChoiceField(
@@ -28,6 +66,8 @@ class TokenForm(forms.Form):
     expires_in_days = forms.FloatField(
         required=False, min_value=0.01, label="Expires in (days)", help_text="empty: never"
     )
+
+    field_order = ["name", "scopes", "expires_in_days", "instances", "links", "fleet_wide"]
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"].strip()

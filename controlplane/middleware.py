@@ -9,9 +9,10 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from controlplane.errors import PayloadTooLarge
+from controlplane.errors import ApiError, PayloadTooLarge
+from controlplane.parser import json_body_check
 
 
 def _request_id(request: HttpRequest) -> str:
@@ -90,6 +91,85 @@ class BodySizeLimitMiddleware:
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         refused = self._too_large(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
+        return response
+
+
+class NulRefusalMiddleware:
+    """Refuse a NUL character in the path or the query string with 400 before any view: the
+    database cannot store one, and a query reaching it failed with an HTML 500. API paths get
+    the API's error shape."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def _refused(request: HttpRequest) -> HttpResponse | None:
+        query = request.META.get("QUERY_STRING", "")
+        if "\x00" not in request.path and "%00" not in query and "\x00" not in query:
+            return None
+        if request.path.startswith("/api/"):
+            refused = ApiError("a NUL character in the path or query", code="http_400", status=400)
+            return JsonResponse(refused.payload(), status=400)
+        return HttpResponseBadRequest("a NUL character in the path or query")
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)  # type: ignore[attr-defined]
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
+        return response
+
+
+class StrictJsonMiddleware:
+    """API bodies are strict JSON (controlplane.parser), checked before ninja so that each
+    refusal keeps its status and the error shape."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(self.get_response):
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def _refused(request: HttpRequest) -> HttpResponse | None:
+        if not request.path.startswith("/api/"):
+            return None
+        try:
+            json_body_check(request)
+        except ApiError as exc:
+            return JsonResponse(exc.payload(), status=exc.status)
+        return None
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)  # type: ignore[attr-defined]
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._refused(request)
         if refused is not None:
             return refused
         response: HttpResponse = await self.get_response(request)

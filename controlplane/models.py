@@ -24,6 +24,13 @@ class ApiToken(models.Model):
 
     Only the sha256 of the secret is stored; the secret is shown once, at creation. ``prefix``
     is the first characters of the token: not secret, enough to tell tokens apart in lists.
+
+    The binding confines what an ``agent`` token reports for: ``instances`` (instance names)
+    and ``links`` (``source>target``, cluster names), the hosts the agent runs beside. Samples,
+    KV events and clears for anything else get 403. ``fleet_wide`` lifts the binding (an
+    emulator, a central scraper; tokens made before bindings existed were migrated
+    fleet-wide); a new agent token is either bound or explicitly fleet-wide. ``admin`` tokens
+    are fleet-wide by their scope.
     """
 
     name = models.CharField(max_length=100, unique=True)
@@ -37,6 +44,15 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    instances = models.JSONField(
+        default=list, blank=True, help_text="instance names an agent token reports for"
+    )
+    links = models.JSONField(
+        default=list, blank=True, help_text="links (source>target) an agent token reports for"
+    )
+    fleet_wide = models.BooleanField(
+        default=False, help_text="an agent token that may report for every instance and link"
+    )
 
     class Meta:
         ordering = ["name", "id"]

@@ -1,8 +1,10 @@
-"""Writes for access control: API tokens (created, revoked), each one recorded in the audit."""
+"""Writes for access control: API tokens (created, bound, revoked), each one recorded in the
+audit."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -39,6 +41,38 @@ def scopes_validate(scopes: list[str] | tuple[str, ...]) -> list[str]:
     return sorted(set(scopes))
 
 
+# Names of the inventory (instance names, link ``source>target``) as a binding holds them.
+MAX_BOUND_NAMES = 10_000
+MAX_NAME_CHARS = 301
+
+
+def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str]:
+    if len(names) > MAX_BOUND_NAMES:
+        raise Invalid(f"{field}: at most {MAX_BOUND_NAMES} names")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
+            raise Invalid(f"{field}: [{i}] must be a name of 1 to {MAX_NAME_CHARS} characters")
+        if link and name.count(">") != 1:
+            raise Invalid(f"{field}: [{i}] must be source>target (cluster names), got {name!r}")
+    return sorted({name.strip() for name in names})
+
+
+def binding_validate(
+    scopes: list[str], instances: Sequence[str], links: Sequence[str], fleet_wide: bool
+) -> tuple[list[str], list[str]]:
+    """The binding's names, cleaned; an agent token must be bound or explicitly fleet-wide."""
+    clean_instances = _names_validate("instances", instances, link=False)
+    clean_links = _names_validate("links", links, link=True)
+    agent = Scope.AGENT in scopes and Scope.ADMIN not in scopes
+    if agent and not fleet_wide and not clean_instances and not clean_links:
+        raise Invalid(
+            "instances: an agent token must be bound to its instances or links, "
+            "or be marked fleet-wide",
+            code="binding_required",
+        )
+    return clean_instances, clean_links
+
+
 def token_create(
     *,
     name: str,
@@ -46,12 +80,17 @@ def token_create(
     actor: Actor,
     expires_in_days: float | None = None,
     created_by: User | None = None,
+    instances: Sequence[str] = (),
+    links: Sequence[str] = (),
+    fleet_wide: bool = False,
 ) -> IssuedToken:
-    """Create a named token with the given scopes; return it with its one-time secret."""
+    """Create a named token with the given scopes (and, for an agent, its binding); return it
+    with its one-time secret."""
     name = name.strip()
     if not name:
         raise Invalid("name: must not be empty")
     clean_scopes = scopes_validate(scopes)
+    clean_instances, clean_links = binding_validate(clean_scopes, instances, links, fleet_wide)
     if expires_in_days is not None and expires_in_days <= 0:
         raise Invalid("expires: must be a positive number of days")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -67,6 +106,9 @@ def token_create(
                 scopes=clean_scopes,
                 expires_at=expires_at,
                 created_by=created_by,
+                instances=clean_instances,
+                links=clean_links,
+                fleet_wide=fleet_wide,
             )
             change_record_create(
                 actor=actor, action="create", obj=token, before=None, after=token_audit_view(token)
@@ -93,6 +135,33 @@ def token_revoke(*, name: str, actor: Actor) -> ApiToken:
                 before=before,
                 after=token_audit_view(token),
             )
+    token_cache_clear()
+    return token
+
+
+def token_bind(
+    *,
+    name: str,
+    instances: Sequence[str],
+    links: Sequence[str],
+    fleet_wide: bool,
+    actor: Actor,
+) -> ApiToken:
+    """Set what a token reports for (replacing its binding). Other processes notice within
+    the auth cache TTL, as for a revocation."""
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update().filter(name=name).first()
+        if token is None:
+            raise NotFound(f"no token named {name!r}")
+        clean_instances, clean_links = binding_validate(
+            list(token.scopes), instances, links, fleet_wide
+        )
+        before = token_audit_view(token)
+        token.instances, token.links, token.fleet_wide = clean_instances, clean_links, fleet_wide
+        token.save(update_fields=["instances", "links", "fleet_wide"])
+        change_record_create(
+            actor=actor, action="update", obj=token, before=before, after=token_audit_view(token)
+        )
     token_cache_clear()
     return token
 

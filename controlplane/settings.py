@@ -94,6 +94,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "controlplane.middleware.BodySizeLimitMiddleware",
+    "controlplane.middleware.NulRefusalMiddleware",
+    "controlplane.middleware.StrictJsonMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -18,6 +18,7 @@ urlpatterns = [
     path("audit/", pages.audit_list, name="audit-list"),
     path("tokens/", pages.token_list_page, name="token-list"),
     path("tokens/new/", pages.token_create_page, name="token-create"),
+    path("tokens/bind/", pages.token_bind_page, name="token-bind"),
     path("tokens/<str:name>/revoke/", pages.token_revoke_page, name="token-revoke"),
     path("", include("scheduling.urls")),
 ]

@@ -10,13 +10,15 @@ from django.views.decorators.http import require_POST
 
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError
-from controlplane.forms import AuditFilterForm, TokenForm, service_error_add
+from controlplane.forms import AuditFilterForm, TokenBindingForm, TokenForm, service_error_add
 from controlplane.models import Scope
 from controlplane.roles import scope_required
 from controlplane.selectors import change_record_list, token_list
-from controlplane.services import IssuedToken, token_create, token_revoke
+from controlplane.services import IssuedToken, token_bind, token_create, token_revoke
 
 AUDIT_PAGE_SIZE = 50
+# The binding form shares field names with the token form on one page: its ids differ.
+BIND_PREFIX = "bind"
 
 
 @scope_required(Scope.READ)
@@ -63,8 +65,32 @@ def token_revoke_page(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("token-list")
 
 
+@scope_required(Scope.ADMIN)
+@require_POST
+def token_bind_page(request: HttpRequest) -> HttpResponse:
+    form = TokenBindingForm(request.POST, prefix=BIND_PREFIX)
+    if form.is_valid():
+        try:
+            token_bind(**form.cleaned_data, actor=actor_from_request(request, source="ui"))
+        except ApiError as exc:
+            service_error_add(form, exc)
+        else:
+            messages.success(request, f"Token {form.cleaned_data['name']} bound.")
+            return redirect("token-list")
+    return _tokens_render(request, TokenForm(), bind_form=form, status=422)
+
+
 def _tokens_render(
-    request: HttpRequest, form: TokenForm, issued: IssuedToken | None = None, status: int = 200
+    request: HttpRequest,
+    form: TokenForm,
+    issued: IssuedToken | None = None,
+    status: int = 200,
+    bind_form: TokenBindingForm | None = None,
 ) -> HttpResponse:
-    context = {"form": form, "tokens": token_list(), "issued": issued}
+    context = {
+        "form": form,
+        "tokens": token_list(),
+        "issued": issued,
+        "bind_form": bind_form or TokenBindingForm(prefix=BIND_PREFIX),
+    }
     return render(request, "controlplane/token_list.html", context, status=status)

@@ -31,6 +31,8 @@ from controlplane.roles import user_has_scope
 from scheduling.overview import live_snapshot
 
 logger = logging.getLogger(__name__)
+# Longest client message read (the only one, {"type": "resync"}, is 18 characters).
+MAX_CLIENT_MESSAGE_CHARS = 4096
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -132,9 +134,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     @classmethod
     async def decode_json(cls, text_data: str) -> Any:
+        # The only client message is {"type": "resync"}: anything longer is not one, and is
+        # not parsed (a message nested 200,000 deep crashed the consumer in the parser).
+        if len(text_data) > MAX_CLIENT_MESSAGE_CHARS:
+            return None
         try:
             return json.loads(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None  # answered as an unknown message, the socket stays open
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

@@ -14,6 +14,7 @@ to Django unchanged.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -24,7 +25,10 @@ from django.conf import settings
 
 from controlplane.auth import abearer_authorize
 from controlplane.errors import ApiError, Invalid, PayloadTooLarge, error_json, validation_detail
+from controlplane.parser import json_content_type_check
 from scheduling.api.route import RouteBatchIn, RouteIn, route_answer
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -87,10 +91,14 @@ async def _route(
 ) -> bytes:
     body = await _read_body(scope, receive, int(settings.API_MAX_BODY_BYTES))
     await abearer_authorize(token, "router")
+    json_content_type_check(_header(scope, b"content-type"))
     try:
+        # orjson reads strict UTF-8 JSON: no NaN or Infinity, no UTF-16.
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise ApiError("Cannot parse request body", code="http_400") from None
+    if not isinstance(data, dict):
+        raise Invalid(f"the body must be a JSON object, got {type(data).__name__}")
     try:
         payload = schema.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -113,6 +121,11 @@ def route_fast_path(app: ASGIApp) -> ASGIApp:
                     status, out = 200, await _route(scope, receive, token, schema)
                 except ApiError as exc:
                     status, out = exc.status, error_json(exc.detail, exc.code)
+                except Exception:
+                    # The one error shape for every answer, a fault included.
+                    log.exception("unexpected error on the route fast path")
+                    status = 500
+                    out = error_json("internal error; it was logged", "internal_error")
                 await _send_json(send, status, out, request_id)
                 return
         await app(scope, receive, send)

@@ -6,6 +6,7 @@ No ORM query: instance and link names are checked against the in-process routing
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -81,7 +82,12 @@ async def telemetry_ingest_async(
             await control_tick_async()
         except Exception as exc:  # stored already; the route path advances control too
             log.warning("control tick after telemetry failed: %s", exc)
-        await telemetry_frames_apublish(instances, links)
+        # Screens show the latest point of each instance and link: a batch of many samples of
+        # one link is one point, not a frame as large as the post.
+        await telemetry_frames_apublish(
+            list({s.instance: s for s in instances}.values()),
+            list({ls.link: ls for ls in links}.values()),
+        )
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
 
 
@@ -103,6 +109,21 @@ class KvIngestResult:
     state: str
 
 
+def _batches_decode(
+    batches: Sequence[tuple[int | None, Any]], block_tokens: int, model: str
+) -> list[tuple[int | None, Any]]:
+    decoded = []
+    for i, (seq, batch) in enumerate(batches):
+        try:
+            events = kv_events.payload_events(batch, block_tokens, model, f"batches[{i}].batch")
+        except kv_events.KvEventFormatError as exc:
+            raise Invalid(str(exc), code="invalid_kv_event") from None
+        except kv_events.KvBlockSizeError as exc:
+            raise Invalid(str(exc), code="block_size_mismatch") from None
+        decoded.append((seq, events))
+    return decoded
+
+
 async def kv_events_ingest_async(
     instance: str, batches: Sequence[tuple[int | None, Any]]
 ) -> KvIngestResult:
@@ -117,18 +138,11 @@ async def kv_events_ingest_async(
         snap = await snapshot_refresh_async()
         if instance not in snap.known_instances:
             raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
-    model = snap.topology.model.name
-    decoded = []
-    for i, (seq, batch) in enumerate(batches):
-        try:
-            events = kv_events.payload_events(
-                batch, snap.block_tokens, model, f"batches[{i}].batch"
-            )
-        except kv_events.KvEventFormatError as exc:
-            raise Invalid(str(exc), code="invalid_kv_event") from None
-        except kv_events.KvBlockSizeError as exc:
-            raise Invalid(str(exc), code="block_size_mismatch") from None
-        decoded.append((seq, events))
+    # Decoding is pure CPU, linear in the body (tens of ms for the largest one): off the event
+    # loop, so the route calls this worker serves meanwhile are not held behind it.
+    decoded = await asyncio.to_thread(
+        _batches_decode, batches, snap.block_tokens, snap.topology.model.name
+    )
     applied = duplicates = restarts = missed = evicted = 0
     state = "exact"
     try:

@@ -192,6 +192,12 @@ class Plan(models.Model):
                 condition=Q(status__in=["approved", "applying", "rolling_back"]),
                 name="plan_one_in_flight_per_cluster",
             ),
+            # ... and at most one waits for an operator: a newer proposal supersedes it.
+            models.UniqueConstraint(
+                fields=["cluster"],
+                condition=Q(status="proposed"),
+                name="plan_one_proposed_per_cluster",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -41,9 +41,10 @@ from clusters.models import (
     ModelProfile,
     PerformanceProfile,
     Site,
+    table_errors,
 )
 from controlplane.redis_connection import redis_async, redis_sync
-from scheduling.core import routing
+from scheduling.core import bounds, routing
 from scheduling.models import Policy
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,59 @@ def _model_spec(model: ModelProfile) -> routing.ModelSpec:
     )
 
 
+def _out_of_bounds(checks: Iterable[tuple[str, bounds.Bound, Any]]) -> str | None:
+    """The first ``field: problem`` of ``(field, bound, value)`` checks (None values are
+    "not set" and pass), or None: a row written past the API (SQL, an old migration) must be
+    left out of the snapshot, not overflow the router."""
+    for name, bound, value in checks:
+        if value is None:
+            continue
+        problem = bound.error(value)
+        if problem is not None:
+            return f"{name} {problem}"
+    return None
+
+
+def _table_problem(name: str, table: Any, values: bounds.Bound) -> str | None:
+    errors = table_errors(table) or bounds.table_bound_errors(table, values)
+    return f"{name}{errors[0]}" if errors else None
+
+
+def _model_problem(m: ModelProfile) -> str | None:
+    return _out_of_bounds(
+        [
+            ("block_tokens", bounds.BLOCK_TOKENS, m.block_tokens),
+            ("linear_state_mib", bounds.LINEAR_STATE_MIB, m.linear_state_mib),
+        ]
+    ) or _table_problem("kv_cache_mib", m.kv_cache_mib, bounds.KV_CACHE_MIB)
+
+
+def _profile_problem(p: PerformanceProfile) -> str | None:
+    return _out_of_bounds(
+        [
+            ("gpus_per_instance", bounds.GPUS_PER_INSTANCE, p.gpus_per_instance),
+            ("decode_max_batch", bounds.DECODE_MAX_BATCH, p.decode_max_batch),
+            ("decode_step_seconds", bounds.DECODE_STEP_SECONDS, p.decode_step_seconds),
+        ]
+    ) or _table_problem("prefill_seconds", p.prefill_seconds, bounds.PREFILL_SECONDS)
+
+
+def _link_problem(lk: Link) -> str | None:
+    return _out_of_bounds(
+        [
+            ("gbps", bounds.LINK_GBPS, lk.gbps),
+            ("rtt_ms", bounds.LINK_RTT_MS, lk.rtt_ms),
+            ("kv_budget_bytes", bounds.LINK_KV_BUDGET_BYTES, lk.kv_budget_bytes),
+            ("target_utilisation", bounds.LINK_TARGET_UTILISATION, lk.target_utilisation),
+        ]
+    )
+
+
+def _leave_out(skipped: list[str], reason: str) -> None:
+    log.error("routing snapshot leaves out %s (outside its physical bounds)", reason)
+    skipped.append(reason)
+
+
 def _choose_model(clusters: list[Cluster]) -> ModelProfile | None:
     """The served model: the one most PD clusters serve (one model per deployment)."""
     counts: dict[int, tuple[int, ModelProfile]] = {}
@@ -113,12 +167,18 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
 
     Parts the pure router cannot use are left out and listed in ``skipped`` (a cluster with
     no performance profile for its accelerator and model, a cluster serving another model, a
-    link of 0 Gbps, which is down: requests then stay local).
+    link of 0 Gbps, which is down: requests then stay local). A row outside the physical
+    bounds (scheduling.core.bounds; written past the API's checks) is left out the same way,
+    and logged: routing keeps answering without it.
     """
     clusters = list(Cluster.objects.select_related("model", "accelerator", "site"))
     profiles = {(p.accelerator_id, p.model_id): p for p in PerformanceProfile.objects.all()}
     model = _choose_model(clusters)
     skipped: list[str] = []
+    model_problem = None if model is None else _model_problem(model)
+    if model is not None and model_problem is not None:
+        _leave_out(skipped, f"model {model.name}: {model_problem}")
+        model = None
     specs: list[routing.ClusterSpec] = []
     for c in clusters:
         if model is None or c.model_id != model.pk:
@@ -127,6 +187,10 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
         prof = profiles.get((c.accelerator_id, c.model_id))
         if prof is None:
             skipped.append(f"cluster {c.name}: no performance profile")
+            continue
+        problem = _profile_problem(prof)
+        if problem is not None:
+            _leave_out(skipped, f"cluster {c.name}: performance profile {problem}")
             continue
         decode = None
         if prof.decode_max_batch is not None and prof.decode_step_seconds is not None:
@@ -155,6 +219,10 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
     all_links = list(Link.objects.select_related("source", "target"))
     for lk in all_links:
         if lk.source.name not in kept or lk.target.name not in kept:
+            continue
+        problem = _link_problem(lk)
+        if problem is not None:
+            _leave_out(skipped, f"link {lk.source.name}->{lk.target.name}: {problem}")
             continue
         if lk.gbps <= 0:
             skipped.append(f"link {lk.source.name}->{lk.target.name}: 0 Gbps (down)")

@@ -182,10 +182,18 @@ def api_token(
     name: str | None = None,
     expired: bool = False,
     revoked: bool = False,
+    instances: tuple[str, ...] = (),
+    links: tuple[str, ...] = (),
 ) -> tuple[ApiToken, str]:
-    """A real token with ``scopes`` (created through the service) and its secret."""
+    """A real token with ``scopes`` (created through the service) and its secret. An agent
+    token is bound to ``instances`` and ``links`` when given, else fleet-wide."""
     issued = token_create(
-        name=name or f"test-token-{next(_token_names)}", scopes=list(scopes), actor=CLI_ACTOR
+        name=name or f"test-token-{next(_token_names)}",
+        scopes=list(scopes),
+        actor=CLI_ACTOR,
+        instances=instances,
+        links=links,
+        fleet_wide=not instances and not links,
     )
     token = issued.token
     if expired:

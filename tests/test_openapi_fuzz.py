@@ -1,12 +1,17 @@
 """Schemathesis against the whole OpenAPI schema: every operation, every check, with an admin
 token, on a small real fleet (PostgreSQL and Redis). No 5xx, no response outside the schema.
 
-Bounded: ``FUZZ_EXAMPLES`` examples per operation (hypothesis, derandomised so CI is stable).
+Bounded: ``FUZZ_EXAMPLES`` examples per operation (hypothesis, derandomised so CI is stable),
+12 in the default run. Every check schemathesis has runs (its checks are all enabled by
+default: the CLI's ``--checks all``). The stateful phase (sequences of calls linked by the
+schema's inferred dependencies) and the large runs are marked ``fuzz``: ``make test-fuzz``
+(``FUZZ_EXAMPLES=300``), a CI stage of its own.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +24,7 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from clusters.models import InstanceRole
 from tests.factories import (
@@ -33,7 +39,10 @@ from tests.factories import (
     bearer,
 )
 
-FUZZ_EXAMPLES = 12
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
+# Scenarios (call sequences) of the stateful phase, each up to STATEFUL_STEPS calls.
+FUZZ_STATEFUL_EXAMPLES = int(os.environ.get("FUZZ_STATEFUL_EXAMPLES", "50"))
+STATEFUL_STEPS = 8
 
 
 def _wire_ints(value: Any) -> Any:
@@ -153,3 +162,25 @@ def test_api_answers_every_generated_request_within_its_schema(
     case: Any, admin_headers: dict[str, str]
 ) -> None:
     case.call_and_validate(headers=admin_headers)
+
+
+@pytest.mark.fuzz
+@pytest.mark.timeout(1200)
+def test_api_workflows_answer_every_step_within_the_schema(admin_headers: dict[str, str]) -> None:
+    """The stateful phase: chains of calls (create, then read, update, delete what was made)
+    along the links schemathesis infers from the schema, every response checked."""
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"headers": admin_headers}
+
+    run_state_machine_as_test(
+        Workflow,
+        settings=settings(
+            max_examples=FUZZ_STATEFUL_EXAMPLES,
+            stateful_step_count=STATEFUL_STEPS,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

@@ -13,6 +13,8 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
+from scheduling.core import bounds
+from scheduling.core.bounds import Bound
 
 # A table as read back: [[tokens, value], ...]. Pairs are fixed-length arrays rather than tuples
 # because some OpenAPI tools (schemathesis among them) mis-read ``prefixItems`` in responses.
@@ -22,14 +24,45 @@ Table = list[Annotated[list[int | float], Field(min_length=2, max_length=2)]]
 # What a request may send as a table: at least two points (interpolation needs a segment) of a
 # positive token count and a positive value, no point twice. That tokens increase, which JSON
 # Schema cannot say, is checked by the model (422).
-TableIn = Annotated[
-    list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]],
-    Field(
-        min_length=2,
-        description="[[tokens, value], ...] with tokens strictly increasing",
-        json_schema_extra={"uniqueItems": True},
-    ),
-]
+def _table_in(values: Bound) -> Any:
+    return Annotated[
+        list[
+            tuple[
+                Annotated[int, Field(**bounds.TABLE_TOKENS.schema)],
+                Annotated[float, Field(allow_inf_nan=False, **values.schema)],
+            ]
+        ],
+        Field(
+            min_length=2,
+            max_length=1_000,
+            description="[[tokens, value], ...] with tokens strictly increasing",
+            json_schema_extra={"uniqueItems": True},
+        ),
+    ]
+
+
+def _bounded(bound: Bound, **extra: Any) -> Any:
+    """A finite number within ``bound`` (scheduling.core.bounds), as the schema says."""
+    kind = int if isinstance(bound.low, int) and isinstance(bound.high, int) else float
+    if kind is int:
+        return Annotated[int, Field(**bound.schema, **extra)]
+    return Annotated[float, Field(allow_inf_nan=False, **bound.schema, **extra)]
+
+
+KvTableIn = _table_in(bounds.KV_CACHE_MIB)
+PrefillTableIn = _table_in(bounds.PREFILL_SECONDS)
+Gbps = _bounded(bounds.LINK_GBPS, description="0 means the link is down")
+RttMs = _bounded(bounds.LINK_RTT_MS)
+KvBudgetBytes = Annotated[int, Field(gt=0, le=int(bounds.LINK_KV_BUDGET_BYTES.high))]
+TargetUtilisation = _bounded(
+    bounds.LINK_TARGET_UTILISATION, description="mean egress share planned at most"
+)
+GpuHourCost = _bounded(bounds.GPU_HOUR_COST)
+BlockTokens = _bounded(bounds.BLOCK_TOKENS)
+LinearStateMib = _bounded(bounds.LINEAR_STATE_MIB)
+GpusPerInstance = _bounded(bounds.GPUS_PER_INSTANCE)
+DecodeMaxBatch = _bounded(bounds.DECODE_MAX_BATCH)
+DecodeStepSeconds = _bounded(bounds.DECODE_STEP_SECONDS)
 # PostgreSQL integer columns: a larger number is a bad request, not a database error.
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
@@ -120,12 +153,12 @@ class SiteOut(VersionedOut):
 
 class AcceleratorIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
-    gpu_hour_cost: float = Field(gt=0)
+    gpu_hour_cost: GpuHourCost
 
 
 class AcceleratorPatch(PatchIn):
     name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
-    gpu_hour_cost: Annotated[float, Field(gt=0)] | Omitted = None
+    gpu_hour_cost: GpuHourCost | Omitted = None
 
 
 class AcceleratorOut(VersionedOut):
@@ -136,17 +169,17 @@ class AcceleratorOut(VersionedOut):
 class ModelProfileIn(StrictIn):
     name: str = Field(min_length=1, max_length=200)
     attention: dict[str, Any] | None = None
-    block_tokens: int = Field(gt=0, le=MAX_INT)
-    kv_cache_mib: TableIn
-    linear_state_mib: float | None = Field(None, ge=0)
+    block_tokens: BlockTokens
+    kv_cache_mib: KvTableIn
+    linear_state_mib: LinearStateMib | None = None
 
 
 class ModelProfilePatch(PatchIn):
     name: Annotated[str, Field(min_length=1, max_length=200)] | Omitted = None
     attention: dict[str, Any] | None = None
-    block_tokens: Annotated[int, Field(gt=0, le=MAX_INT)] | Omitted = None
-    kv_cache_mib: TableIn | Omitted = None
-    linear_state_mib: float | None = Field(None, ge=0)
+    block_tokens: BlockTokens | Omitted = None
+    kv_cache_mib: KvTableIn | Omitted = None
+    linear_state_mib: LinearStateMib | None = None
 
 
 class ModelProfileOut(VersionedOut):
@@ -160,19 +193,19 @@ class ModelProfileOut(VersionedOut):
 class PerformanceProfileIn(StrictIn):
     accelerator_id: int
     model_id: int
-    gpus_per_instance: int = Field(gt=0, le=MAX_INT)
-    prefill_seconds: TableIn
-    decode_max_batch: int | None = Field(None, gt=0, le=MAX_INT)
-    decode_step_seconds: float | None = Field(None, gt=0)
+    gpus_per_instance: GpusPerInstance
+    prefill_seconds: PrefillTableIn
+    decode_max_batch: DecodeMaxBatch | None = None
+    decode_step_seconds: DecodeStepSeconds | None = None
 
 
 class PerformanceProfilePatch(PatchIn):
     accelerator_id: int | Omitted = None
     model_id: int | Omitted = None
-    gpus_per_instance: Annotated[int, Field(gt=0, le=MAX_INT)] | Omitted = None
-    prefill_seconds: TableIn | Omitted = None
-    decode_max_batch: int | None = Field(None, gt=0, le=MAX_INT)
-    decode_step_seconds: float | None = Field(None, gt=0)
+    gpus_per_instance: GpusPerInstance | Omitted = None
+    prefill_seconds: PrefillTableIn | Omitted = None
+    decode_max_batch: DecodeMaxBatch | None = None
+    decode_step_seconds: DecodeStepSeconds | None = None
 
 
 class PerformanceProfileOut(VersionedOut):
@@ -261,21 +294,21 @@ class InstanceOut(VersionedOut):
 class LinkIn(StrictIn):
     source_id: int
     target_id: int
-    gbps: float = Field(ge=0, description="0 means the link is down")
-    rtt_ms: float = Field(ge=0)
-    kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
-    target_utilisation: float | None = Field(
-        None, gt=0, le=1, description="mean egress share planned at most; null: router's guard"
+    gbps: Gbps
+    rtt_ms: RttMs
+    kv_budget_bytes: KvBudgetBytes | None = None
+    target_utilisation: TargetUtilisation | None = Field(
+        None, description="mean egress share planned at most; null: router's guard"
     )
 
 
 class LinkPatch(PatchIn):
     source_id: int | Omitted = None
     target_id: int | Omitted = None
-    gbps: Annotated[float, Field(ge=0)] | Omitted = None
-    rtt_ms: Annotated[float, Field(ge=0)] | Omitted = None
-    kv_budget_bytes: int | None = Field(None, gt=0, le=MAX_BIGINT)
-    target_utilisation: float | None = Field(None, gt=0, le=1)
+    gbps: Gbps | Omitted = None
+    rtt_ms: RttMs | Omitted = None
+    kv_budget_bytes: KvBudgetBytes | None = None
+    target_utilisation: TargetUtilisation | None = None
 
 
 class LinkOut(VersionedOut):

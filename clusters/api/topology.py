@@ -69,14 +69,23 @@ def topology_post(
 ) -> dict[str, int]:
     """Make the inventory match the scenario, in one transaction; 422 names the key path.
 
-    ``extends`` resolves in the shared scenarios folder and may not leave it: a posted body
-    must not make the server read arbitrary files.
+    ``extends`` resolves in the shared scenarios folder and may not leave it, and a posted
+    workload may not name a trace file: a posted body must not make the server read, or tell
+    whether there is, any other file.
     """
     base_dir = scenarios_dir().resolve()
     extends = scenario.get("extends")
     if isinstance(extends, str) and not (base_dir / extends).resolve().is_relative_to(base_dir):
         raise Invalid(
             f"extends: must name a file in the scenarios folder, got {extends!r}",
+            code="invalid_scenario",
+        )
+    workload = scenario.get("workload")
+    if isinstance(workload, dict) and "trace" in workload:
+        # Reading it would tell the caller whether a server path exists (/etc/shadow).
+        raise Invalid(
+            "workload.trace: a posted scenario may not name a server file; "
+            "topology apply reads only the deployment (drop the workload's trace)",
             code="invalid_scenario",
         )
     try:

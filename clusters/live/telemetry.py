@@ -9,10 +9,16 @@ Key layout (all under ``live:``; ids are the inventory's instance and link ids a
                                           from the inventory are pruned by
                                           :func:`telemetry_prune`.
 ``live:links``                      HASH  link -> ``ts,gbps,bytes,interval_s,retransmits``.
-``live:linkbw:{link}:{minute}``     HASH  second (unix s) -> bytes sent in that second.
-                                          One key per minute, expiring after
-                                          ``BANDWIDTH_RETENTION_S``: at most 60 fields a key and
-                                          retention/60 keys a link, so memory is bounded.
+``live:linkbw:{link}``               ZSET  one member per link sample,
+                                          ``end|seconds|bytes_per_second|nonce``, scored by its
+                                          end (unix s). A sample costs one ZADD whatever its
+                                          interval (spreading it over 1 s buckets at write time
+                                          cost one command per second: 0.2 s of worker time for
+                                          an hour-long interval); readers spread it over the
+                                          seconds they ask for. Members older than
+                                          ``BANDWIDTH_RETENTION_S`` are trimmed on each write and
+                                          at most ``BANDWIDTH_MAX_SAMPLES`` are kept a link, so
+                                          memory is bounded.
 ``live:idem:{key}``                 STRING set NX with ``IDEMPOTENCY_TTL_S``: a telemetry
                                           batch whose key is present was already stored.
 ``live:resv:{link}``                ZSET  reservation id -> predicted transfer end (unix s).
@@ -28,6 +34,8 @@ workers) can never reserve more than the budget together.
 from __future__ import annotations
 
 import json
+import math
+import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +48,8 @@ from clusters.live.scripts import lua_script
 from controlplane.redis_connection import redis_async, redis_sync
 
 BANDWIDTH_RETENTION_S = 3900
+# Samples kept a link: an hour of 1 s samples, twice over (two agents reporting one link).
+BANDWIDTH_MAX_SAMPLES = 8192
 IDEMPOTENCY_TTL_S = 24 * 3600
 RESERVATION_KEY_TTL_S = 3600
 # Expired reservations swept per call, so a script never runs long.
@@ -89,8 +99,8 @@ INSTANCES_KEY = "live:insts"
 LINKS_KEY = "live:links"
 
 
-def _bw_key(link: str, minute: int) -> str:
-    return f"live:linkbw:{link}:{minute}"
+def _bw_key(link: str) -> str:
+    return f"live:linkbw:{link}"
 
 
 def _idem_key(key: str) -> str:
@@ -104,40 +114,52 @@ def reservation_keys(link: str) -> list[str]:
 # --- writes -------------------------------------------------------------------------------
 
 
-def _queue_instance_sample(pipe: Any, s: InstanceSample) -> None:
-    packed = (
+def _instance_packed(s: InstanceSample) -> str:
+    return (
         f"{float(s.ts)!r},{int(s.queue_depth)},{int(s.running)},{int(s.waiting)},"
         f"{float(s.kv_usage)!r},{int(s.queued_prefill_tokens)}"
     )
-    pipe.hset(INSTANCES_KEY, s.instance, packed)
 
 
-def _queue_link_sample(pipe: Any, s: LinkSample) -> None:
-    packed = (
+def _link_packed(s: LinkSample) -> str:
+    return (
         f"{float(s.ts)!r},{s.gbps!r},{int(s.bytes_sent)},{float(s.interval_s)!r},"
         f"{int(s.retransmits)}"
     )
-    pipe.hset(LINKS_KEY, s.link, packed)
-    # Spread the interval's bytes evenly over the 1 s buckets it covers.
+
+
+def _bandwidth_member(s: LinkSample) -> tuple[str, int]:
+    """The sample as one bandwidth member and its score (end); the reader spreads its bytes
+    evenly over the 1 s buckets it covers."""
     seconds = max(1, round(s.interval_s))
-    per_second = s.bytes_sent / seconds
     end = int(s.ts)
-    touched: set[int] = set()
-    for sec in range(end - seconds + 1, end + 1):
-        minute = sec // 60
-        pipe.hincrbyfloat(_bw_key(s.link, minute), str(sec), per_second)
-        touched.add(minute)
-    for minute in touched:
-        pipe.expire(_bw_key(s.link, minute), BANDWIDTH_RETENTION_S)
+    return f"{end}|{seconds}|{s.bytes_sent / seconds!r}|{secrets.token_hex(4)}", end
 
 
 def _queue_batch(
     pipe: Any, instances: Iterable[InstanceSample], links: Iterable[LinkSample]
 ) -> None:
-    for s in instances:
-        _queue_instance_sample(pipe, s)
+    """A batch as a few commands whatever its size: one HSET for every instance, one for
+    every link (the latest sample of each wins, as one HSET after another would), and per
+    link one ZADD of its samples and its trims. Command count is what costs the web worker
+    (and Redis) most: a command per sample made a 1,000-sample post 7,000 commands."""
+    latest_instances = {s.instance: _instance_packed(s) for s in instances}
+    if latest_instances:
+        pipe.hset(INSTANCES_KEY, mapping=latest_instances)
+    by_link: dict[str, list[LinkSample]] = {}
     for ls in links:
-        _queue_link_sample(pipe, ls)
+        by_link.setdefault(ls.link, []).append(ls)
+    if not by_link:
+        return
+    pipe.hset(LINKS_KEY, mapping={link: _link_packed(ss[-1]) for link, ss in by_link.items()})
+    for link, samples in by_link.items():
+        key = _bw_key(link)
+        members = dict(_bandwidth_member(ls) for ls in samples)
+        newest = max(members.values())
+        pipe.zadd(key, members)
+        pipe.zremrangebyscore(key, "-inf", f"({newest - BANDWIDTH_RETENTION_S}")
+        pipe.zremrangebyrank(key, 0, -BANDWIDTH_MAX_SAMPLES - 1)
+        pipe.expire(key, BANDWIDTH_RETENTION_S)
 
 
 def telemetry_batch_store(
@@ -301,17 +323,32 @@ def link_bandwidth_series(
 ) -> list[tuple[int, float]]:
     """``(second, Gbps)`` for every 1 s bucket in ``[start, end]`` that saw traffic."""
     r = client or redis_sync()
-    minutes = list(range(int(start) // 60, int(end) // 60 + 1))
-    pipe = r.pipeline(transaction=False)
-    for m in minutes:
-        pipe.hgetall(_bw_key(link, m))
+    first, last = math.ceil(start), math.floor(end)
+    if last < first:
+        return []
+    # Samples ending in the window or after it (a later sample may reach back into it).
+    members = r.zrangebyscore(_bw_key(link), first, "+inf")
+    # Difference arrays over the window: O(window + samples), whatever the intervals.
+    width = last - first + 1
+    rate = [0.0] * (width + 1)
+    covered = [0] * (width + 1)
+    for raw in members:
+        end_s, seconds, per_second, _ = (raw.decode() if isinstance(raw, bytes) else raw).split("|")
+        hi = min(int(end_s), last) - first
+        lo = max(int(end_s) - int(seconds) + 1, first) - first
+        if hi < lo:
+            continue
+        rate[lo] += float(per_second)
+        rate[hi + 1] -= float(per_second)
+        covered[lo] += 1
+        covered[hi + 1] -= 1
     series: list[tuple[int, float]] = []
-    for h in pipe.execute():
-        for sec_raw, bytes_raw in h.items():
-            sec = int(sec_raw)
-            if start <= sec <= end:
-                series.append((sec, float(bytes_raw) * 8 / 1e9))
-    series.sort()
+    level, count = 0.0, 0
+    for i in range(width):
+        level += rate[i]
+        count += covered[i]
+        if count > 0:
+            series.append((first + i, max(0.0, level) * 8 / 1e9))
     return series
 
 

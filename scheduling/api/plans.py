@@ -305,6 +305,8 @@ def rebalance_settings_patch(
     cluster's rebalancer. The webhook secret is write-only."""
     found = _pd_cluster(cluster)
     changes = payload.model_dump(exclude_unset=True)
+    if not changes:
+        raise Invalid("the body names no setting to change")
     for name, value in changes.items():
         if value is None:
             raise Invalid(f"{name}: must not be null (leave it out to keep the current value)")

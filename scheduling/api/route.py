@@ -33,18 +33,19 @@ MAX_BLOCK_HASHES = 20_000
 MAX_BATCH = 1000
 
 BlockHash = (
-    Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1)]
+    Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1, strict=True)]
     | Annotated[str, StringConstraints(pattern=r"^(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{64})$")]
 )
 ClusterName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
-TokenCount = Annotated[int, Field(ge=0, le=MAX_PROMPT_TOKENS)]
+# Counts are strict integers: pydantic's lax mode read true as 1 and 5.0 as 5.
+TokenCount = Annotated[int, Field(ge=0, le=MAX_PROMPT_TOKENS, strict=True)]
 
 
 class RouteIn(Schema):
     """One LLM request, described by token counts and its prefix-block chain."""
 
     origin: ClusterName = Field(description="PD cluster where the request arrived")
-    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS)
+    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, strict=True)
     block_hashes: list[BlockHash] = Field(
         default_factory=list,
         max_length=MAX_BLOCK_HASHES,
@@ -56,7 +57,7 @@ class RouteIn(Schema):
         description="router-known cached prefix tokens per cluster (capped at prompt_tokens)",
     )
     request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
-    expected_output_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS)
+    expected_output_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS, strict=True)
 
     @field_validator("block_hashes", mode="after")
     @classmethod

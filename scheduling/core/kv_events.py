@@ -30,6 +30,11 @@ from typing import Any
 
 import msgspec
 
+#: The largest publisher sequence number the index keeps exactly: the index's scripts count in
+#: doubles (Lua), exact to 2^53. vLLM counts batches from 0 per publisher; at a million
+#: batches a second it would take 285 years to get here. A larger seq is refused (422).
+MAX_SEQ = (1 << 53) - 1
+
 BlockHash = int | bytes
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from scheduling.core import bounds
 from scheduling.core.routing import KV_CONNECTORS
 from scheduling.core.scenario_fields import (
     Loc,
@@ -32,12 +33,14 @@ from scheduling.core.scenario_fields import (
     distribution_read,
     error_at,
     int_read,
+    int_within,
     kind_name,
     list_read,
     mapping_read,
     number_read,
+    number_within,
     str_read,
-    table_read,
+    table_within,
 )
 from scheduling.core.scenario_lengths import (
     empirical_from_lengths,
@@ -233,11 +236,15 @@ def _model(value: Any) -> ScenarioModel:
     return ScenarioModel(
         name=str_read(body["name"], (*loc, "name")),
         attention=dict(attention),
-        block_tokens=int_read(body["block_tokens"], (*loc, "block_tokens"), minimum=1),
-        kv_cache_mib=table_read(body["kv_cache_mib"], (*loc, "kv_cache_mib")),
-        linear_state_mib=None
-        if linear is None
-        else number_read(linear, (*loc, "linear_state_mib")),
+        block_tokens=int_within(body["block_tokens"], (*loc, "block_tokens"), bounds.BLOCK_TOKENS),
+        kv_cache_mib=table_within(
+            body["kv_cache_mib"], (*loc, "kv_cache_mib"), bounds.KV_CACHE_MIB
+        ),
+        linear_state_mib=(
+            None
+            if linear is None
+            else number_within(linear, (*loc, "linear_state_mib"), bounds.LINEAR_STATE_MIB)
+        ),
     )
 
 
@@ -257,8 +264,8 @@ def _accelerators(value: Any) -> tuple[AcceleratorSpec, ...]:
         out.append(
             AcceleratorSpec(
                 name=str_read(body["name"], (*loc, "name")),
-                gpu_hour_cost=number_read(
-                    body["gpu_hour_cost"], (*loc, "gpu_hour_cost"), positive=True
+                gpu_hour_cost=number_within(
+                    body["gpu_hour_cost"], (*loc, "gpu_hour_cost"), bounds.GPU_HOUR_COST
                 ),
             )
         )
@@ -279,7 +286,9 @@ def _profiles(value: Any, accelerators: set[str]) -> tuple[ProfileSpec, ...]:
         acc = str_read(body["accelerator"], (*loc, "accelerator"))
         if acc not in accelerators:
             raise error_at((*loc, "accelerator"), f"unknown accelerator {acc!r}")
-        table = table_read(body["prefill_seconds"], (*loc, "prefill_seconds"))
+        table = table_within(
+            body["prefill_seconds"], (*loc, "prefill_seconds"), bounds.PREFILL_SECONDS
+        )
         for j, (_, seconds) in enumerate(table):
             if seconds <= 0:
                 raise error_at((*loc, "prefill_seconds", j, 1), "prefill time must be positive")
@@ -288,14 +297,16 @@ def _profiles(value: Any, accelerators: set[str]) -> tuple[ProfileSpec, ...]:
             dloc: Loc = (*loc, "decode")
             d = mapping_read(body["decode"], dloc, required=("max_batch", "step_seconds"))
             decode = DecodeSpec(
-                max_batch=int_read(d["max_batch"], (*dloc, "max_batch"), minimum=1),
-                step_seconds=number_read(d["step_seconds"], (*dloc, "step_seconds"), positive=True),
+                max_batch=int_within(d["max_batch"], (*dloc, "max_batch"), bounds.DECODE_MAX_BATCH),
+                step_seconds=number_within(
+                    d["step_seconds"], (*dloc, "step_seconds"), bounds.DECODE_STEP_SECONDS
+                ),
             )
         out.append(
             ProfileSpec(
                 accelerator=acc,
-                gpus_per_instance=int_read(
-                    body["gpus_per_instance"], (*loc, "gpus_per_instance"), minimum=1
+                gpus_per_instance=int_within(
+                    body["gpus_per_instance"], (*loc, "gpus_per_instance"), bounds.GPUS_PER_INSTANCE
                 ),
                 prefill_seconds=table,
                 decode=decode,
@@ -345,9 +356,15 @@ def _clusters(
                 kind=kind,  # type: ignore[arg-type]
                 site=str_read(body["site"], (*loc, "site")),
                 accelerator=acc,
-                prefill_instances=int_read(body["prefill_instances"], (*loc, "prefill_instances")),
+                prefill_instances=int_within(
+                    body["prefill_instances"], (*loc, "prefill_instances"), bounds.CLUSTER_INSTANCES
+                ),
                 decode_instances=(
-                    int_read(body["decode_instances"], (*loc, "decode_instances"))
+                    int_within(
+                        body["decode_instances"],
+                        (*loc, "decode_instances"),
+                        bounds.CLUSTER_INSTANCES,
+                    )
                     if kind == "pd"
                     else 0
                 ),
@@ -388,12 +405,14 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Scenari
             ScenarioLink(
                 source=ends["source"],
                 target=ends["target"],
-                gbps=number_read(body["gbps"], (*loc, "gbps")),
-                rtt_ms=number_read(body.get("rtt_ms", 0.0), (*loc, "rtt_ms")),
+                gbps=number_within(body["gbps"], (*loc, "gbps"), bounds.LINK_GBPS),
+                rtt_ms=number_within(body.get("rtt_ms", 0.0), (*loc, "rtt_ms"), bounds.LINK_RTT_MS),
                 kv_budget_mib=(
                     None
                     if body.get("kv_budget_mib") is None
-                    else number_read(body["kv_budget_mib"], (*loc, "kv_budget_mib"), positive=True)
+                    else number_within(
+                        body["kv_budget_mib"], (*loc, "kv_budget_mib"), bounds.LINK_KV_BUDGET_MIB
+                    )
                 ),
                 target_utilisation=(
                     None
@@ -560,7 +579,7 @@ def _events(
                     at_s=number_read(body["at_s"], (*loc, "at_s")),
                     source=source,
                     target=target,
-                    gbps=number_read(body["gbps"], (*loc, "gbps")),
+                    gbps=number_within(body["gbps"], (*loc, "gbps"), bounds.LINK_GBPS),
                 )
             )
         elif "state" in item:

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.core import bounds
+from scheduling.core.bounds import Bound
 from scheduling.core.scenario_types import (
     Distribution,
     EmpiricalDist,
@@ -98,6 +100,30 @@ def number_read(
     if maximum is not None and number > maximum:
         raise error_at(loc, f"must be at most {maximum}, got {value}")
     return number
+
+
+def number_within(value: Any, loc: Loc, bound: Bound) -> float:
+    """A number within a physical bound (scheduling.core.bounds)."""
+    number = number_read(value, loc, minimum=None)
+    problem = bound.error(number)
+    if problem is not None:
+        raise error_at(loc, f"{problem}, got {value}")
+    return number
+
+
+def int_within(value: Any, loc: Loc, bound: Bound) -> int:
+    number = int_read(value, loc, minimum=int(bound.low))
+    if number > bound.high:
+        raise error_at(loc, f"must be at most {bound.high:g} {bound.unit}, got {value}")
+    return number
+
+
+def table_within(value: Any, loc: Loc, values: Bound) -> TableT:
+    table = table_read(value, loc)
+    for i, (tokens, val) in enumerate(table):
+        number_within(tokens, (*loc, i, 0), bounds.TABLE_TOKENS)
+        number_within(val, (*loc, i, 1), values)
+    return table
 
 
 def int_read(value: Any, loc: Loc, *, minimum: int = 0) -> int:

@@ -16,7 +16,7 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.models import Instance, InstanceState
+from clusters.models import Cluster, Instance, InstanceState
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Conflict, NotFound
 from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
@@ -72,6 +72,14 @@ def plan_locked(plan_id: int) -> Plan:
     return plan
 
 
+def cluster_plans_lock(cluster_id: int) -> None:
+    """Serialise the plan writes of one cluster (proposals, approvals) on its row: without it,
+    two concurrent ticks each saw no proposed plan and both proposed, and two approvals each
+    saw no plan in flight and the second failed on the database constraint (500). Always
+    taken before any plan row, so the order cluster -> plan never deadlocks."""
+    Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+
+
 def _illegal(plan: Plan, what: str) -> Conflict:
     return Conflict(
         f"plan {plan.pk} is {plan.status}: it cannot be {what}", code="illegal_transition"
@@ -88,6 +96,9 @@ def _check_version(plan: Plan, version: int | None) -> None:
 def plan_approve(*, plan_id: int, actor: Actor, version: int | None = None) -> Plan:
     """An operator approves a proposed plan; applying it starts right away."""
     with transaction.atomic():
+        cluster_id = Plan.objects.filter(pk=plan_id).values_list("cluster_id", flat=True).first()
+        if cluster_id is not None:
+            cluster_plans_lock(cluster_id)
         plan = plan_locked(plan_id)
         _check_version(plan, version)
         if plan.status != PlanStatus.PROPOSED:

@@ -49,6 +49,7 @@ from scheduling.rebalance.inputs import (
     window_from_traffic,
 )
 from scheduling.rebalance.lifecycle import (
+    cluster_plans_lock,
     plan_approve_locked,
     plan_event_publish,
     plan_state,
@@ -244,6 +245,7 @@ def _plan_from_decision(
     actor: Actor,
 ) -> Plan | None:
     assert decision.current is not None and decision.proposed is not None
+    cluster_plans_lock(cluster.pk)
     if Plan.objects.select_for_update().filter(cluster=cluster, status__in=IN_FLIGHT).exists():
         tick.action = "hold"
         tick.reason = HOLD_PLAN_IN_PROGRESS

@@ -490,3 +490,57 @@ def test_the_request_id_of_a_write_is_in_its_change_record(admin_client: Client)
     )
     assert record.request_id == "req-123"
     assert record.source == "api"
+
+
+# Physical bounds (issue 13: ``gbps: 1e308`` was accepted and overflowed the router).
+OUT_OF_BOUNDS = [
+    ("links", {"gbps": 1e308}, "gbps"),
+    ("links", {"gbps": 100_001}, "gbps"),
+    ("links", {"rtt_ms": 1e9}, "rtt_ms"),
+    ("links", {"kv_budget_bytes": 2**62}, "kv_budget_bytes"),
+    ("links", {"target_utilisation": 1.5}, "target_utilisation"),
+    ("accelerators", {"gpu_hour_cost": 1e300}, "gpu_hour_cost"),
+    ("model-profiles", {"block_tokens": 2**31 - 1}, "block_tokens"),
+    ("model-profiles", {"kv_cache_mib": [[1024, 1e300], [2048, 1e301]]}, "kv_cache_mib"),
+    ("model-profiles", {"kv_cache_mib": [[1, 1.0], [10**12, 2.0]]}, "kv_cache_mib"),
+    ("model-profiles", {"linear_state_mib": 1e300}, "linear_state_mib"),
+    ("performance-profiles", {"gpus_per_instance": 10**6}, "gpus_per_instance"),
+    ("performance-profiles", {"prefill_seconds": [[1, 1.0], [2, 1e200]]}, "prefill_seconds"),
+    (
+        "performance-profiles",
+        {"decode_max_batch": 10**9, "decode_step_seconds": 0.05},
+        "decode_max_batch",
+    ),
+    (
+        "performance-profiles",
+        {"decode_max_batch": 64, "decode_step_seconds": 3600.0},
+        "decode_step_seconds",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "fields", "field"), OUT_OF_BOUNDS)
+def test_a_physical_quantity_beyond_its_bound_is_a_422_on_create_and_patch(
+    admin_client: Client, name: str, fields: dict[str, Any], field: str
+) -> None:
+    r = RESOURCES[name]
+    created = _send(admin_client, "post", r.path, {**r.create(), **fields})
+    assert_error(created, 422, field)
+    obj = r.factory()
+    patched = _send(admin_client, "patch", f"{r.path}/{obj.pk}", {"version": obj.version, **fields})
+    assert_error(patched, 422, field)
+    obj.refresh_from_db()
+    assert obj.version == 1
+
+
+@pytest.mark.parametrize(
+    ("number", "status"), [("Infinity", 400), ("-Infinity", 400), ("NaN", 400), ("1e400", 422)]
+)
+def test_non_finite_numbers_are_refused_not_a_500(
+    admin_client: Client, number: str, status: int
+) -> None:
+    body = json.dumps({**RESOURCES["links"].create(), "gbps": 0}).replace(
+        '"gbps": 0', f'"gbps": {number}'
+    )
+    response = admin_client.post("/api/v1/links", data=body, content_type="application/json")
+    assert_error(response, status)

@@ -135,3 +135,13 @@ def test_table_errors_name_the_bad_entry(table: Any, problem: str) -> None:
 
 def test_a_sorted_positive_table_has_no_errors() -> None:
     assert table_errors([[1024, 0.44], [8192, 0.72]]) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("gbps", 1e308), ("gbps", float("inf")), ("gbps", float("nan")), ("rtt_ms", 1e7)],
+)
+def test_the_database_refuses_a_link_beyond_its_physical_bounds(field: str, value: float) -> None:
+    link = LinkFactory()
+    with pytest.raises(IntegrityError, match="link_physically_bounded"), transaction.atomic():
+        Link.objects.filter(pk=link.pk).update(**{field: value})

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import Client
 
 from clusters.models import (
@@ -399,7 +401,7 @@ def test_api_apply_with_prune_deletes_the_rest(
 
 @pytest.mark.parametrize(
     ("body", "words"),
-    [("[1, 2]", "dictionary"), ("{not json", "parse"), ('{"version": 1}', "required key")],
+    [("[1, 2]", "JSON object"), ("{not json", "parse"), ('{"version": 1}', "required key")],
 )
 def test_api_apply_refuses_a_body_that_is_not_a_scenario(
     admin_client: Client, body: str, words: str
@@ -507,3 +509,79 @@ def test_a_target_utilisation_outside_zero_one_is_refused_by_the_api(
     )
     assert ok.status_code == 200, ok.content
     assert ok.json()["target_utilisation"] == 0.7
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"),
+    [
+        (("links", 0, "gbps"), 1e308, "links[0].gbps"),
+        (("links", 0, "rtt_ms"), 1e6, "links[0].rtt_ms"),
+        (("model", "block_tokens"), 10**9, "model.block_tokens"),
+        (("accelerators", 0, "gpu_hour_cost"), 1e300, "accelerators[0].gpu_hour_cost"),
+        (("clusters", 0, "prefill_instances"), 10**7, "clusters[0].prefill_instances"),
+    ],
+)
+def test_a_scenario_beyond_physical_bounds_is_refused_and_writes_nothing(
+    admin_client: Client,
+    case_study_data: dict[str, Any],
+    path: tuple[Any, ...],
+    value: Any,
+    where: str,
+) -> None:
+    node: Any = case_study_data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    before = database_state()
+    response = admin_client.post(
+        "/api/v1/topology", data=json.dumps(case_study_data), content_type="application/json"
+    )
+    assert response.status_code == 422, response.content
+    assert response.json()["code"] == "invalid_scenario" and where in response.json()["detail"]
+    assert database_state() == before
+
+
+@pytest.mark.parametrize("path", ["/etc/shadow", "/no/such/file"])
+def test_a_posted_scenario_naming_a_server_file_is_refused_alike_whether_it_exists(
+    admin_client: Client, case_study_data: dict[str, Any], path: str
+) -> None:
+    case_study_data.setdefault("workload", {})["trace"] = {"path": path, "format": "mooncake"}
+    response = admin_client.post(
+        "/api/v1/topology?dry_run=true",
+        data=json.dumps(case_study_data),
+        content_type="application/json",
+    )
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "workload.trace: a posted scenario may not name a server file; "
+        "topology apply reads only the deployment (drop the workload's trace)",
+        "code": "invalid_scenario",
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_applies_of_one_file_all_succeed_and_apply_it_once(
+    case_study_data: dict[str, Any],
+) -> None:
+    admin = bearer(api_token("admin")[1])
+    body = json.dumps(case_study_data)
+    barrier = threading.Barrier(4)
+    statuses: list[int] = []
+
+    def apply() -> None:
+        try:
+            barrier.wait()
+            r = Client().post(
+                "/api/v1/topology", data=body, content_type="application/json", headers=admin
+            )
+            statuses.append(r.status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=apply) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200] * 4
+    assert Cluster.objects.count() == 2 and Link.objects.count() == 1

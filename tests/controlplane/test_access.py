@@ -65,6 +65,9 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/topology"): "admin",
     # audit
     ("GET", "/api/v1/audit"): "read",
+    # tokens (a binding decides what an agent may report for the whole fleet)
+    ("GET", "/api/v1/tokens"): "admin",
+    ("PUT", "/api/v1/tokens/{name}/binding"): "admin",
     # routing (hot path) and the policy snapshot routers cache
     ("POST", "/api/v1/route"): "router",
     ("POST", "/api/v1/route/batch"): "router",

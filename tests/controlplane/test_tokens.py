@@ -58,7 +58,7 @@ def test_create_with_several_scopes_and_an_expiry() -> None:
 
 
 def test_create_records_the_change_without_the_secret() -> None:
-    token_command("create", "--name", "agent-1", "--scope", "agent")
+    token_command("create", "--name", "agent-1", "--scope", "agent", "--instance", "pd-p0")
     record = ChangeRecord.objects.get(object_type="controlplane.apitoken", action="create")
     after = record.after or {}
     assert after["name"] == "agent-1"
@@ -75,6 +75,9 @@ def test_create_records_the_change_without_the_secret() -> None:
         (["create", "--name", "x", "--scope", "read", "--expires", "-1"], "positive"),
         (["create", "--name", " ", "--scope", "read"], "name"),
         (["revoke", "nobody"], "no token named"),
+        (["create", "--name", "x", "--scope", "agent"], "must be bound"),
+        (["create", "--name", "x", "--scope", "agent", "--link", "a-b"], "source>target"),
+        (["bind", "nobody", "--fleet-wide"], "no token named"),
     ],
 )
 def test_bad_token_commands_are_refused_with_a_clear_message(args: list[str], words: str) -> None:

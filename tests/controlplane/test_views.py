@@ -102,7 +102,8 @@ def test_an_operator_cannot_revoke_a_token(client_as) -> None:
 def test_creating_a_token_shows_the_secret_once(client_as) -> None:
     client = client_as("admin")
     response = client.post(
-        reverse("token-create"), {"name": "agent-1", "scopes": ["agent"], "expires_in_days": ""}
+        reverse("token-create"),
+        {"name": "agent-1", "scopes": ["agent"], "expires_in_days": "", "fleet_wide": "on"},
     )
     assert response.status_code == 201
     secret = response.context["issued"].secret

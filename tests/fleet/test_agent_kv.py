@@ -75,7 +75,8 @@ def held(*blocks: int) -> int:
 
 def test_gaps_are_replayed_restarts_reset_and_lost_batches_show_as_degraded(plane: str) -> None:
     metrics = AgentMetrics()
-    uplink = Uplink(plane, api_token("agent")[1], metrics)
+    # The agent's token is bound to the one instance it runs beside (issue 13).
+    uplink = Uplink(plane, api_token("agent", instances=(INSTANCE,))[1], metrics)
     stream = KvStream(INSTANCE, uplink.kv_batch_put, metrics, last_seq=uplink.kv_last_seq(INSTANCE))
     assert stream.state.last_seq is None  # the index knows nothing of this instance yet
     engine = Engine(stream, buffer=4)

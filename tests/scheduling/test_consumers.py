@@ -99,6 +99,22 @@ async def test_a_message_that_is_not_json_gets_an_error_and_the_socket_stays_ope
     await comm.disconnect()
 
 
+@pytest.mark.parametrize(
+    "message",
+    ["[" * 200_000 + "]" * 200_000, '{"type": "resync", "pad": "' + "x" * 10_000 + '"}'],
+    ids=["nested 200k deep", "10 KB"],
+)
+async def test_a_deeply_nested_or_huge_message_is_not_parsed_and_the_socket_stays_open(
+    message: str,
+) -> None:
+    comm, _ = await _connected()
+    await comm.send_to(text_data=message)
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["type"] == "error"
+    await comm.send_json_to({"type": "resync"})
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["type"] == "snapshot"
+    await comm.disconnect()
+
+
 async def test_an_unknown_group_is_closed_with_4404() -> None:
     cookie = await sync_to_async(_session_cookie)()
     comm = await _communicator("secrets", cookie)

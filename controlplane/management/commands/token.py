@@ -1,4 +1,7 @@
-"""``manage.py token create|list|revoke``: API tokens for routers, agents and scripts."""
+"""``manage.py token create|list|bind|revoke``: API tokens for routers, agents and scripts.
+
+An agent token is bound to the instances and links it reports for (``--instance``,
+``--link source>target``, repeatable) or made ``--fleet-wide``."""
 
 from __future__ import annotations
 
@@ -9,9 +12,27 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit import CLI_ACTOR
 from controlplane.errors import ApiError
-from controlplane.models import Scope
+from controlplane.models import ApiToken, Scope
 from controlplane.selectors import token_list
-from controlplane.services import token_create, token_revoke
+from controlplane.services import token_bind, token_create, token_revoke
+
+
+def _binding_arguments(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--instance", action="append", default=[], help="an instance it reports for (repeat)"
+    )
+    parser.add_argument(
+        "--link", action="append", default=[], help="a link source>target it reports for (repeat)"
+    )
+    parser.add_argument(
+        "--fleet-wide", action="store_true", help="may report for every instance and link"
+    )
+
+
+def _reports_for(token: ApiToken) -> str:
+    if token.fleet_wide or Scope.ADMIN in token.scopes:
+        return "fleet-wide"
+    return ",".join([*token.instances, *token.links]) or "nothing"
 
 
 class Command(BaseCommand):
@@ -29,7 +50,11 @@ class Command(BaseCommand):
             help="repeat for several scopes",
         )
         create.add_argument("--expires", type=float, metavar="DAYS", help="lifetime in days")
+        _binding_arguments(create)
         sub.add_parser("list", help="list tokens (never their secrets)")
+        bind = sub.add_parser("bind", help="replace what an agent token reports for")
+        bind.add_argument("name")
+        _binding_arguments(bind)
         revoke = sub.add_parser("revoke", help="revoke a token by name")
         revoke.add_argument("name")
 
@@ -41,6 +66,9 @@ class Command(BaseCommand):
                     scopes=options["scope"],
                     expires_in_days=options["expires"],
                     actor=CLI_ACTOR,
+                    instances=options["instance"],
+                    links=options["link"],
+                    fleet_wide=options["fleet_wide"],
                 )
                 self.stderr.write(
                     f"token {issued.token.name!r} with scopes {', '.join(issued.token.scopes)}"
@@ -54,7 +82,17 @@ class Command(BaseCommand):
                         f"{token.name}\t{token.prefix}...\t{','.join(token.scopes)}\t{status}"
                         f"\texpires={token.expires_at or 'never'}"
                         f"\tlast_used={token.last_used_at or 'never'}"
+                        f"\treports_for={_reports_for(token)}"
                     )
+            elif options["action"] == "bind":
+                token = token_bind(
+                    name=options["name"],
+                    instances=options["instance"],
+                    links=options["link"],
+                    fleet_wide=options["fleet_wide"],
+                    actor=CLI_ACTOR,
+                )
+                self.stdout.write(f"bound {token.name} to {_reports_for(token)}")
             else:
                 token_revoke(name=options["name"], actor=CLI_ACTOR)
                 self.stdout.write(f"revoked {options['name']}")

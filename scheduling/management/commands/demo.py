@@ -273,7 +273,10 @@ class Command(BaseCommand):
                 fresh = name if name not in taken else f"{name}-{len(taken) + 1}"
                 while fresh in taken:
                     fresh += "x"
-                secret = token_create(name=fresh, scopes=scopes, actor=CLI_ACTOR).secret
+                # The emulator's agent reports for the whole demo fleet.
+                secret = token_create(
+                    name=fresh, scopes=scopes, actor=CLI_ACTOR, fleet_wide="agent" in scopes
+                ).secret
             out[env_name] = secret
         if out != kept:
             self._credentials_save({**self._credentials(), "tokens": out})

@@ -14,6 +14,7 @@ from django.test import Client
 
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
+from scheduling.core import kv_events as wire
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,
@@ -307,4 +308,125 @@ def test_kv_events_while_redis_is_away_get_503_to_retry(
     batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 32}]]
     response = post("/kv-events", {"instance": "pd-a-p0", "batches": [{"batch": batch}]}, agent)
     assert response.status_code == 503, response.content
+    assert response.json()["code"] == "live_store_unavailable"
+
+
+# --- the largest bodies the limits allow (issue 13: ingest cost linear in the post) ----------
+
+
+def largest_telemetry(limit: int, key: str) -> bytes:
+    """1,000 link samples of an hour each (the limits' worst case, once 0.2 s apiece), then
+    instance samples up to the body limit."""
+    now = time.time()
+    links = [
+        {
+            "source": "prfaas-x",
+            "target": "pd-a",
+            "ts": now - 3600 * i,
+            "bytes_sent": 450 * 10**9,
+            "interval_s": 3600,
+        }
+        for i in range(1_000)
+    ]
+    body: dict[str, Any] = {"idempotency_key": key, "links": links, "instances": []}
+    sample = {"instance": "pd-a-p0", "ts": now, "queue_depth": 7}
+    room = limit - len(json.dumps(body, separators=(",", ":")))
+    body["instances"] = [sample] * (room // (len(json.dumps(sample, separators=(",", ":"))) + 1))
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def largest_kv_frames(limit: int) -> tuple[bytes, int]:
+    """``/kv-events/msgpack`` batches of one BlockStored of 16 blocks, up to the body limit."""
+    batches: list[tuple[int, bytes]] = []
+    block = 0
+    while True:
+        event = wire.BlockStored(list(range(block, block + 16)), None, [], 32, None, "GPU", None)
+        batches.append((len(batches), wire.batch_encode([event], time.time())))
+        body = msgspec.msgpack.encode({"instance": "pd-a-p0", "batches": batches})
+        if len(body) > limit:
+            batches.pop()
+            return msgspec.msgpack.encode({"instance": "pd-a-p0", "batches": batches}), block
+        block += 16
+
+
+def test_the_largest_telemetry_body_allowed_is_applied_and_one_byte_more_is_413(
+    agent: dict[str, str], settings: Any
+) -> None:
+    limit = settings.API_MAX_BODY_BYTES
+    body = largest_telemetry(limit, "big-1")
+    assert limit - 200 < len(body) <= limit
+    response = Client().post(
+        "/api/v1/telemetry", data=body, content_type="application/json", headers=agent
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["links"] == 1_000 and response.json()["stored"] is True
+    assert telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].queue_depth == 7
+    # the newest sample's hour is there, at 1 Gbps (450 GB over 3600 s)
+    now = time.time()
+    series = telemetry.link_bandwidth_series("prfaas-x>pd-a", now - 600, now)
+    assert series and all(g == pytest.approx(1.0) for _, g in series)
+
+    too_big = body[:-1] + b" " * (limit - len(body) + 1) + b"}"
+    refused = Client().post(
+        "/api/v1/telemetry", data=too_big, content_type="application/json", headers=agent
+    )
+    assert refused.status_code == 413
+    assert set(refused.json()) == {"detail", "code"}
+    assert refused.json()["code"] == "payload_too_large"
+
+
+def test_more_samples_or_a_longer_interval_than_the_limits_is_a_422(agent: dict[str, str]) -> None:
+    link = {"source": "prfaas-x", "target": "pd-a", "ts": 1.0, "bytes_sent": 1, "interval_s": 1}
+    many = post("/telemetry", {"idempotency_key": "m", "links": [link] * 1_001}, agent)
+    assert many.status_code == 422 and set(many.json()) == {"detail", "code"}
+    long = post(
+        "/telemetry", {"idempotency_key": "l", "links": [{**link, "interval_s": 3601}]}, agent
+    )
+    assert long.status_code == 422 and "interval_s" in long.json()["detail"]
+    assert telemetry.link_states_read(["prfaas-x>pd-a"]) == {}
+
+
+def test_the_largest_kv_events_body_allowed_is_applied_and_one_byte_more_is_413(
+    agent: dict[str, str], settings: Any
+) -> None:
+    limit = settings.API_MAX_BODY_BYTES
+    body, blocks = largest_kv_frames(limit)
+    response = Client().post(
+        "/api/v1/kv-events/msgpack", data=body, content_type="application/msgpack", headers=agent
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["applied"] == blocks // 16
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].blocks == blocks
+    refused = Client().post(
+        "/api/v1/kv-events/msgpack",
+        data=body + b"\x00" * (limit - len(body) + 1),
+        content_type="application/msgpack",
+        headers=agent,
+    )
+    assert refused.status_code == 413 and refused.json()["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize("seq", [2**53, 2**63, 2**64 - 1])
+def test_a_sequence_number_beyond_2_53_is_refused_in_both_encodings_and_nothing_degrades(
+    agent: dict[str, str], seq: int
+) -> None:
+    as_json = {"instance": "pd-a-p0", "batches": [{"seq": seq, "batch": [0, []]}]}
+    refused = post("/kv-events", as_json, agent)
+    assert refused.status_code == 422 and "seq" in refused.json()["detail"]
+    frames = {"instance": "pd-a-p0", "batches": [[seq, wire.batch_encode([], 0.0)]]}
+    refused = post_msgpack(frames, agent)
+    assert refused.status_code == 422 and "seq" in refused.json()["detail"]
+    state = prefix_index.prefix_index_states(["pd-a-p0"])[0]
+    assert (state.state, state.last_seq) == ("exact", None)
+    largest = {"instance": "pd-a-p0", "batches": [{"seq": 2**53 - 1, "batch": [0, []]}]}
+    assert post("/kv-events", largest, agent).status_code == 200
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].last_seq == 2**53 - 1
+
+
+def test_telemetry_while_redis_is_away_is_a_json_503(agent: dict[str, str], settings: Any) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    body = {"idempotency_key": "away", "instances": [{"instance": "pd-a-p0", "ts": time.time()}]}
+    response = post("/telemetry", body, agent)
+    assert response.status_code == 503, response.content
+    assert set(response.json()) == {"detail", "code"}
     assert response.json()["code"] == "live_store_unavailable"

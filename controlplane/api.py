@@ -11,6 +11,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, validation_detail
+from controlplane.health import dependencies_check
 
 api = NinjaAPI(
     title="PrfaaS control plane",
@@ -106,10 +107,28 @@ _openapi_base = api.get_openapi_schema
 api.get_openapi_schema = _openapi_with_error_shape  # type: ignore[method-assign]
 
 
-@api.get("/health", auth=None, tags=["meta"])
-def health(request: HttpRequest) -> dict[str, str]:
-    """Liveness: the process answers. No database or Redis call."""
+@api.get("/health/live", auth=None, tags=["meta"])
+def health_live(request: HttpRequest) -> dict[str, str]:
+    """Liveness: the process answers. No database or Redis call (restart it when this fails)."""
     return {"status": "ok"}
+
+
+@api.get("/health", auth=None, tags=["meta"], response={200: dict[str, Any], 503: dict[str, Any]})
+def health(request: HttpRequest) -> tuple[int, dict[str, Any]]:
+    """Readiness, per dependency: 200 when the database, Redis and the Celery broker answer,
+    503 naming the ones that do not. ``routing`` says how old this process's routing snapshot
+    is: ``/route`` keeps answering from it (and from cached credentials) through an outage."""
+    checks = dependencies_check()
+    snap = snapshot_cached()
+    ready = all(c.up for c in checks)
+    return (200 if ready else 503), {
+        "status": "ok" if ready else "degraded",
+        "dependencies": {c.name: c.as_dict() for c in checks},
+        "routing": {
+            "snapshot_age_s": None if snap is None else round(snapshot_age_s(snap), 3),
+            "snapshot_stale": snap is not None and snapshot_stale(snap),
+        },
+    }
 
 
 # App routers are added here, one per app (see each app's api.py).
@@ -120,5 +139,6 @@ api.add_router("", clusters_router)
 api.add_router("", audit_router)
 
 from scheduling.api import router as scheduling_router  # noqa: E402
+from scheduling.snapshot import snapshot_age_s, snapshot_cached, snapshot_stale  # noqa: E402
 
 api.add_router("", scheduling_router)

@@ -131,6 +131,12 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 0, high=86400),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database behind a partition must fail a connection attempt in bounded time: the route
+    # path then keeps serving from its snapshot and cached credentials instead of hanging.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int(
+        "DB_CONNECT_TIMEOUT_S", 3, low=1, high=60
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share the demo database: wait on locks, don't fail.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
@@ -217,6 +223,16 @@ REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low
 # Seconds a validated API token is trusted in process before the database is asked again (a
 # revoked token keeps working in other processes at most this long).
 API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
+# Seconds a cached token stays valid while the database cannot be reached (an outage): routing
+# keeps answering with credentials it has seen for this long; a token revoked meanwhile keeps
+# working that long. At least 5 minutes so an outage of that length never stops routing.
+API_TOKEN_OUTAGE_S = env_number("API_TOKEN_OUTAGE_S", 900.0, low=0, high=7 * 86400)
+# The routing snapshot (topology and policy) is rebuilt from the database at least this often;
+# a route answer decided from an older one (the database unreachable) says ``stale: true``.
+SNAPSHOT_MAX_AGE_S = env_number("SNAPSHOT_MAX_AGE_S", 60.0, low=0.1, high=86400)
+# Seconds between attempts to reach the database again after a failure (snapshot rebuilds
+# and token checks), so an outage costs no call a connection attempt.
+DB_RETRY_S = env_number("DB_RETRY_S", 10.0, low=0.1, high=3600)
 # Seconds between writes of a token's last_used_at (per token and process).
 API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
 # A proposal is simulated on the recent traffic before it is shown (scheduling.core.simulator.verify):

@@ -43,9 +43,9 @@ class DependencyStatus:
 def db_connection_reset() -> None:
     """Close this thread's database connection if the database broke it (not inside a
     transaction: that one is its owner's to end)."""
-    if connection.connection is not None and connection.errors_occurred:
-        if not connection.in_atomic_block:
-            connection.close_if_unusable_or_obsolete()
+    broken = connection.connection is not None and connection.errors_occurred
+    if broken and not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
 
 
 def _failure(exc: BaseException) -> str:

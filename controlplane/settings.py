@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -86,6 +87,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "axes",
     "controlplane",
     "clusters",
     "scheduling",
@@ -103,6 +105,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "controlplane.middleware.RequestIdMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -177,6 +181,28 @@ CHANNEL_LAYERS = {
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+# Login throttling (django-axes): failures are counted in Redis (the cache), per account and,
+# separately, per client address; LOGIN_FAILURE_LIMIT failures lock that account or address
+# out for LOGIN_LOCKOUT_S seconds, the right password included (it is not even checked, so a
+# flood costs no hashing). A success resets the counts.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, low=1, high=1000)
+AXES_COOLOFF_TIME = timedelta(seconds=env_number("LOGIN_LOCKOUT_S", 900.0, low=1, high=7 * 86400))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Password hashes (logins, password changes) run on this many low-priority threads per process,
+# so logins cannot take the CPUs routing needs (controlplane/hashers.py).
+LOGIN_HASH_THREADS = env_int("LOGIN_HASH_THREADS", 1, low=1, high=64)
+PASSWORD_HASHERS = [
+    "controlplane.hashers.BoundedPBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

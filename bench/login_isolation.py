@@ -186,7 +186,15 @@ def main() -> None:
         try:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
-            manage(env, "createsuperuser", "--noinput", "--username", "ops", "--email", "o@x.y")
+            manage(
+                env,
+                "createsuperuser",
+                "--noinput",
+                "--username",
+                "ops",
+                "--email",
+                "ops@example.com",
+            )
             secret = manage(
                 env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
             )

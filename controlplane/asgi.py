@@ -12,13 +12,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from controlplane.request_limits import request_body_bounded  # noqa: E402
 from scheduling.fastpath import route_fast_path  # noqa: E402
 from scheduling.ws_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # Bearer-token route calls skip Django's sync middleware (see scheduling.fastpath).
-        "http": route_fast_path(django_asgi_app),
+        # Bodies are bounded before anyone reads them (controlplane.request_limits); bearer-token
+        # route calls then skip Django's sync middleware (see scheduling.fastpath).
+        "http": request_body_bounded(route_fast_path(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -18,6 +18,7 @@ oversized body is never read.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -52,7 +53,9 @@ def _credentialless(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     return f"{settings.SESSION_COOKIE_NAME}=" not in cookie
 
 
-async def _refuse(send: Send, status: int, body: bytes) -> None:
+async def _refuse(send: Send, headers: dict[bytes, bytes], status: int, body: bytes) -> None:
+    # The caller's request id echoed (or one made), as RequestIdMiddleware does for the rest.
+    request_id = headers.get(b"x-request-id", b"")[:64] or uuid.uuid4().hex.encode()
     await send(
         {
             "type": "http.response.start",
@@ -60,6 +63,7 @@ async def _refuse(send: Send, status: int, body: bytes) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request_id),
                 (b"connection", b"close"),
             ],
         }
@@ -79,10 +83,12 @@ def request_body_bounded(app: ASGIApp) -> ASGIApp:
         headers = _headers(scope)
         declared = headers.get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > limit:
-            await _refuse(send, too_large.status, error_json(too_large.detail, too_large.code))
+            await _refuse(
+                send, headers, too_large.status, error_json(too_large.detail, too_large.code)
+            )
             return
         if _credentialless(scope, headers):
-            await _refuse(send, 401, error_json(UNAUTHORIZED_DETAIL, "unauthorized"))
+            await _refuse(send, headers, 401, error_json(UNAUTHORIZED_DETAIL, "unauthorized"))
             return
         size = 0
         started = refused = False

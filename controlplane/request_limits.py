@@ -104,9 +104,8 @@ def request_body_bounded(app: ASGIApp) -> ASGIApp:
                     # Refuse here and tell the app the client is gone: Django then drops the
                     # request (RequestAborted) and nothing more of the body is read.
                     refused = True
-                    await _refuse(
-                        send, too_large.status, error_json(too_large.detail, too_large.code)
-                    )
+                    payload = error_json(too_large.detail, too_large.code)
+                    await _refuse(send, headers, too_large.status, payload)
                     return {"type": "http.disconnect"}
             return message
 

@@ -33,7 +33,7 @@ def test_concurrent_checks_never_hash_more_than_the_pool_allows() -> None:
         seen.add(threading.get_native_id())
         return original(self, *args)  # type: ignore[arg-type]
 
-    PBKDF2PasswordHasher.encode = spy  # type: ignore[method-assign]
+    PBKDF2PasswordHasher.encode = spy  # type: ignore[method-assign, assignment]
     try:
         with ThreadPoolExecutor(8) as callers:
             results = list(callers.map(lambda p: check_password(p, encoded), ["bad"] * 8))

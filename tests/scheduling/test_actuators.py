@@ -205,7 +205,7 @@ def test_a_webhook_that_drips_its_answer_is_cut_at_the_total_deadline(dripping_a
     actuator = WebhookActuator(
         dripping_automation.url, SECRET, attempts=2, timeout_s=1.0, deadline_s=1.5, sleep=no_sleep
     )
-    with pytest.raises(ActuatorError, match="no complete answer within 1.5 s"):
+    with pytest.raises(ActuatorError, match=r"no complete answer within 1\.5 s"):
         actuator.notify(NOTICE)
     # The receiver sees the connection closed after a handful of its 1,000 bytes.
     assert dripping_automation.cut.wait(timeout=10)

@@ -11,6 +11,9 @@ runs first and reads at most the limit into memory:
   first), and the request is refused (413) the moment it passes the limit: the app is told
   the client left, so it neither reads nor answers any further.
 
+A body still arriving ``HTTP_BODY_TIMEOUT_S`` after the headers is refused too (408): a client
+dripping a byte every few seconds cannot hold a connection and a worker's request for ever.
+
 Limits: ``API_MAX_BODY_BYTES`` under ``/api/``, Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` for
 pages (forms only; no page takes files). Refusals close the connection, so the rest of an
 oversized body is never read.
@@ -18,6 +21,7 @@ oversized body is never read.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -32,6 +36,7 @@ Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SLOW_BODY_DETAIL = "the request body did not arrive within HTTP_BODY_TIMEOUT_S"
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -91,13 +96,26 @@ def request_body_bounded(app: ASGIApp) -> ASGIApp:
             await _refuse(send, headers, 401, error_json(UNAUTHORIZED_DETAIL, "unauthorized"))
             return
         size = 0
-        started = refused = False
+        started = refused = body_done = False
+        deadline = asyncio.get_running_loop().time() + float(settings.HTTP_BODY_TIMEOUT_S)
 
         async def bounded_receive() -> Mapping[str, Any]:
-            nonlocal size, refused
+            nonlocal size, refused, body_done
             if refused:
                 return {"type": "http.disconnect"}
-            message = await receive()
+            if body_done:
+                return await receive()  # only the disconnect is left: no deadline on that
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                # A body dripped slower than HTTP_BODY_TIMEOUT_S in all: let the client go.
+                if not started:
+                    refused = True
+                    payload = error_json(SLOW_BODY_DETAIL, "request_timeout")
+                    await _refuse(send, headers, 408, payload)
+                return {"type": "http.disconnect"}
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 size += len(message.get("body", b""))
                 if size > limit and not started:

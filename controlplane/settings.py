@@ -259,6 +259,11 @@ SNAPSHOT_MAX_AGE_S = env_number("SNAPSHOT_MAX_AGE_S", 60.0, low=0.1, high=86400)
 # Seconds between attempts to reach the database again after a failure (snapshot rebuilds
 # and token checks), so an outage costs no call a connection attempt.
 DB_RETRY_S = env_number("DB_RETRY_S", 10.0, low=0.1, high=3600)
+# Slow clients: a request's headers must arrive within HTTP_HEADER_TIMEOUT_S of the connection
+# opening (controlplane/http_protocol.py), its body within HTTP_BODY_TIMEOUT_S of the headers
+# (controlplane/request_limits.py); otherwise the connection is closed (408 for a late body).
+HTTP_HEADER_TIMEOUT_S = env_number("HTTP_HEADER_TIMEOUT_S", 10.0, low=0.1, high=600)
+HTTP_BODY_TIMEOUT_S = env_number("HTTP_BODY_TIMEOUT_S", 30.0, low=0.1, high=3600)
 # Seconds between writes of a token's last_used_at (per token and process).
 API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
 # A proposal is simulated on the recent traffic before it is shown (scheduling.core.simulator.verify):

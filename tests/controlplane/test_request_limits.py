@@ -103,3 +103,38 @@ async def test_a_body_within_the_limit_reaches_the_api() -> None:
     )
     assert (status, answer["code"]) == (401, "unauthorized")
     assert pulled == 2 * len(CHUNK)
+
+
+async def test_a_body_dripped_slower_than_its_deadline_gets_408_and_is_let_go(settings) -> None:
+    settings.HTTP_BODY_TIMEOUT_S = 0.5
+    pulled = 0
+    sent: list[Mapping[str, Any]] = []
+
+    async def receive() -> Mapping[str, Any]:
+        nonlocal pulled
+        await asyncio.sleep(0.2)  # one byte every 0.2 s, for ever
+        pulled += 1
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    async def send(message: Mapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/telemetry",
+        "headers": [(b"host", b"127.0.0.1"), (b"authorization", b"Bearer nope")],
+        "query_string": b"",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "root_path": "",
+        "raw_path": b"/api/v1/telemetry",
+    }
+    await application(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
+    assert pulled < 10  # the app stopped reading at the deadline

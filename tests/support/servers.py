@@ -56,6 +56,7 @@ def control_plane_serve(
     if workers > 1:
         command += ["--workers", str(workers)]
     command += ["--port", str(port), "--host", "127.0.0.1", "--log-level", "warning"]
+    command += ["--http", "controlplane.http_protocol:HeaderDeadlineProtocol"]
     proc = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

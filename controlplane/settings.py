@@ -272,6 +272,11 @@ API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, lo
 REBALANCE_SIMULATION_REQUESTS = env_int("REBALANCE_SIMULATION_REQUESTS", 2000, low=100, high=10**6)
 REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30, low=1, high=3600)
 
+# A plan applying with no progress for this long is re-driven by the stalled-plan sweep (every
+# 15 s): its worker died, e.g. holding a drain poll. Above a webhook step's worst case (4
+# attempts of at most 10 s, with back-off), so a slow actuator is not re-driven meanwhile.
+PLAN_STALLED_S = env_number("PLAN_STALLED_S", 60.0, low=1, high=86400)
+
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
 CELERY_BEAT_SCHEDULE = {
@@ -280,7 +285,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(REBALANCE_INTERVAL_S),
         "options": {"expires": max(1.0, REBALANCE_INTERVAL_S - 5.0)},
     },
-    "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 60.0},
+    "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 15.0},
     "rebalance-ticks-prune": {"task": "scheduling.rebalance_ticks_prune", "schedule": 86400.0},
     # The overview's decision mix, alerts and policy frames (telemetry frames need no beat).
     "live-overview-tick": {

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def test_the_page_scripts_run_and_an_injected_script_does_not(page_as: Any, live_url: str) -> None:
     link = cast(Link, LinkFactory(gbps=100.0))
-    page = page_as("viewer")
+    page = page_as("viewer", enforce_csp=True)
     violations: list[str] = []
     page.on("console", lambda m: violations.append(m.text) if "Content Security" in m.text else None)
     response = page.goto(f"{live_url}/links/{link.pk}/")

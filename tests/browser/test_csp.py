@@ -17,7 +17,9 @@ def test_the_page_scripts_run_and_an_injected_script_does_not(page_as: Any, live
     link = cast(Link, LinkFactory(gbps=100.0))
     page = page_as("viewer", enforce_csp=True)
     violations: list[str] = []
-    page.on("console", lambda m: violations.append(m.text) if "Content Security" in m.text else None)
+    page.on(
+        "console", lambda m: violations.append(m.text) if "Content Security" in m.text else None
+    )
     response = page.goto(f"{live_url}/links/{link.pk}/")
     assert "script-src 'self' 'nonce-" in response.headers["content-security-policy"]
     # The page's own inline script (it carries the nonce) drew the chart.

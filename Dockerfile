@@ -21,4 +21,4 @@ COPY --from=assets /src/node_modules/uplot/dist /app/node_modules/uplot/dist
 RUN useradd --create-home --uid 10001 app && mkdir -p /app/var /shared && chown -R app /app/var
 USER app
 EXPOSE 8000
-CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
+CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--http", "controlplane.http_protocol:HeaderDeadlineProtocol", "--timeout-keep-alive", "5"]

@@ -9,11 +9,12 @@ import redis
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.db import DataError, IntegrityError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, validation_detail
+from controlplane.health import dependencies_check
 from controlplane.parser import StrictJsonParser
 
 log = logging.getLogger(__name__)
@@ -149,10 +150,25 @@ _openapi_base = api.get_openapi_schema
 api.get_openapi_schema = _openapi_with_error_shape  # type: ignore[method-assign]
 
 
-@api.get("/health", auth=None, tags=["meta"])
-def health(request: HttpRequest) -> dict[str, str]:
-    """Liveness: the process answers. No database or Redis call."""
+@api.get("/health/live", auth=None, tags=["meta"])
+def health_live(request: HttpRequest) -> dict[str, str]:
+    """Liveness: the process answers. No database or Redis call (restart it when this fails)."""
     return {"status": "ok"}
+
+
+@api.get("/health", auth=None, tags=["meta"], response={200: dict[str, Any], 503: dict[str, Any]})
+def health(request: HttpRequest) -> Status[dict[str, Any]]:
+    """Readiness, per dependency: 200 when the database, Redis and the Celery broker answer,
+    503 naming the ones that do not. ``/route`` keeps answering through an outage from its
+    snapshot and cached credentials (each answer says ``snapshot_age_s``), so a router's load
+    balancer should probe liveness, and alerting readiness."""
+    checks = dependencies_check()
+    ready = all(c.up for c in checks)
+    body = {
+        "status": "ok" if ready else "degraded",
+        "dependencies": {c.name: c.as_dict() for c in checks},
+    }
+    return Status(200 if ready else 503, body)
 
 
 # App routers are added here, one per app (see each app's api.py).

@@ -18,6 +18,11 @@ so a busy router costs no database query per request. Consequence: revoking a to
 effect immediately in the process that revoked it and within that TTL everywhere else. Expiry
 is checked on every request against the cached expiry time. ``last_used_at`` is written at
 most once per ``API_TOKEN_LAST_USED_WRITE_S`` seconds (default 60) per token and process.
+
+Database outage: when the check of an expired cache entry cannot reach the database, the
+entry keeps standing for up to ``API_TOKEN_OUTAGE_S`` seconds since it was last confirmed
+(default 15 minutes), and the database is not asked again for ``DB_RETRY_S``, so routing keeps
+answering. A token never seen before gets 503 meanwhile; ``last_used_at`` writes are skipped.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
-from controlplane.errors import UNAUTHORIZED_DETAIL, Forbidden, Unauthorized
+from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, Forbidden, Unauthorized
+from controlplane.health import db_connection_reset
 from controlplane.models import ApiToken, Scope, token_hash
 
 ALL_SCOPES = frozenset(Scope.values)
@@ -110,20 +117,51 @@ _token_cache: dict[str, tuple[float, _CachedToken | None]] = {}
 # token id -> monotonic time of the last last_used_at write
 _last_used_written: dict[int, float] = {}
 _CACHE_MAX = 10_000
+# monotonic time before which token checks do not try the database again (it just failed)
+_db_skip_until = 0.0
+
+
+class CredentialsUnavailable(ApiError):
+    """A token could not be checked: the database is unreachable and the token is not cached."""
+
+    status = 503
+    code = "database_unavailable"
 
 
 def token_cache_clear() -> None:
     """Forget every cached token (this process). Revocation calls it."""
+    global _db_skip_until
     with _lock:
         _token_cache.clear()
         _last_used_written.clear()
+        _db_skip_until = 0.0
 
 
 def _cache_get(digest: str) -> tuple[bool, _CachedToken | None]:
+    """(True, entry) when the cached entry stands without asking the database: fresh, or the
+    database failed a moment ago and the entry is within the outage tolerance."""
     entry = _token_cache.get(digest)
-    if entry is None or time.monotonic() - entry[0] > _cache_ttl():
+    if entry is None:
         return False, None
-    return True, entry[1]
+    age = time.monotonic() - entry[0]
+    if age <= _cache_ttl():
+        return True, entry[1]
+    if time.monotonic() < _db_skip_until and age <= float(settings.API_TOKEN_OUTAGE_S):
+        return True, entry[1]
+    return False, None
+
+
+def _outage_fallback(digest: str, exc: DatabaseError) -> _CachedToken | None:
+    """The database failed a token check: the cached entry if it is within the outage
+    tolerance (the database is then left alone for ``DB_RETRY_S``), else 503."""
+    global _db_skip_until
+    _db_skip_until = time.monotonic() + float(settings.DB_RETRY_S)
+    entry = _token_cache.get(digest)
+    if entry is None or time.monotonic() - entry[0] > float(settings.API_TOKEN_OUTAGE_S):
+        raise CredentialsUnavailable(
+            "the credential store is unreachable and this token is not cached; retry later"
+        ) from exc
+    return entry[1]
 
 
 def _cache_put(digest: str, cached: _CachedToken | None) -> None:
@@ -134,11 +172,16 @@ def _cache_put(digest: str, cached: _CachedToken | None) -> None:
 
 
 def _token_fetch(digest: str) -> _CachedToken | None:
-    row = (
-        ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
-        .values("id", "name", "scopes", "expires_at", "instances", "links", "fleet_wide")
-        .first()
-    )
+    db_connection_reset()
+    try:
+        row = (
+            ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
+            .values("id", "name", "scopes", "expires_at", "instances", "links", "fleet_wide")
+            .first()
+        )
+    except DatabaseError:
+        db_connection_reset()
+        raise
     if row is None:
         return None
     scopes = frozenset(row["scopes"])
@@ -164,7 +207,12 @@ def _last_used_due(token_id: int) -> bool:
 
 
 def _last_used_write(token_id: int) -> None:
-    ApiToken.objects.filter(pk=token_id).update(last_used_at=timezone.now())
+    if time.monotonic() < _db_skip_until:
+        return  # the database is away; the next write after it is back records the use
+    try:
+        ApiToken.objects.filter(pk=token_id).update(last_used_at=timezone.now())
+    except DatabaseError:
+        db_connection_reset()
 
 
 def _principal(cached: _CachedToken | None) -> Principal | None:
@@ -193,8 +241,12 @@ def token_principal(token: str) -> Principal | None:
     digest = token_hash(token)
     hit, cached = _cache_get(digest)
     if not hit:
-        cached = _token_fetch(digest)
-        _cache_put(digest, cached)
+        try:
+            cached = _token_fetch(digest)
+        except DatabaseError as exc:
+            cached = _outage_fallback(digest, exc)
+        else:
+            _cache_put(digest, cached)
     principal = _principal(cached)
     if (
         principal is not None
@@ -210,8 +262,12 @@ async def atoken_principal(token: str) -> Principal | None:
     digest = token_hash(token)
     hit, cached = _cache_get(digest)
     if not hit:
-        cached = await sync_to_async(_token_fetch)(digest)
-        _cache_put(digest, cached)
+        try:
+            cached = await sync_to_async(_token_fetch)(digest)
+        except DatabaseError as exc:
+            cached = _outage_fallback(digest, exc)
+        else:
+            _cache_put(digest, cached)
     principal = _principal(cached)
     if (
         principal is not None

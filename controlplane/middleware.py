@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -174,3 +175,62 @@ class StrictJsonMiddleware:
             return refused
         response: HttpResponse = await self.get_response(request)
         return response
+
+
+class ContentSecurityPolicyMiddleware:
+    """A Content-Security-Policy on every page: scripts only from here or carrying this
+    response's nonce (``request.csp_nonce``; the pages' few inline scripts carry it), no
+    inline event handlers, no plugins, no framing, forms and sockets to this host only.
+
+    Styles may be inline (htmx and the charts set them). The admin and the API (JSON, and the
+    API docs page, which loads Swagger UI from its CDN) are left to their own defaults.
+    """
+
+    sync_capable = True
+    async_capable = True
+    EXEMPT_PREFIXES = ("/admin/", "/api/")
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    @staticmethod
+    def policy(nonce: str, host: str) -> str:
+        return "; ".join(
+            [
+                "default-src 'self'",
+                f"script-src 'self' 'nonce-{nonce}'",
+                "style-src 'self' 'unsafe-inline'",
+                "img-src 'self' data:",
+                f"connect-src 'self' ws://{host} wss://{host}",
+                "object-src 'none'",
+                "base-uri 'self'",
+                "form-action 'self'",
+                "frame-ancestors 'none'",
+            ]
+        )
+
+    def _before(self, request: HttpRequest) -> None:
+        request.csp_nonce = secrets.token_urlsafe(16)  # type: ignore[attr-defined]
+
+    def _after(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        html = response.get("Content-Type", "").startswith("text/html")
+        if html and not request.path.startswith(self.EXEMPT_PREFIXES):
+            host = request.get_host()
+            response.setdefault(
+                "Content-Security-Policy",
+                self.policy(request.csp_nonce, host),  # type: ignore[attr-defined]
+            )
+        return response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if self.is_async:
+            return self.__acall__(request)
+        self._before(request)
+        return self._after(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        self._before(request)
+        return self._after(request, await self.get_response(request))

@@ -1,7 +1,7 @@
 """Who may do what on the operator pages: the same groups and scopes as the API.
 
-Viewers (``read``) see every page; operators (``operate``) also drain, activate and decide on
-plans; admins (``admin``) also manage tokens. Pages hide the buttons a user may not press, and
+Viewers (``read``) see every page but the tokens page; operators (``operate``) also drain,
+activate and decide on plans; admins (``admin``) alone see and manage tokens. Pages hide the buttons a user may not press, and
 the views refuse the request anyway (403), so a hand-made POST gets nowhere either.
 """
 

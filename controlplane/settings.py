@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -86,6 +87,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "axes",
     "controlplane",
     "clusters",
     "scheduling",
@@ -93,6 +95,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.middleware.ContentSecurityPolicyMiddleware",
     "controlplane.middleware.BodySizeLimitMiddleware",
     "controlplane.middleware.NulRefusalMiddleware",
     "controlplane.middleware.StrictJsonMiddleware",
@@ -105,6 +108,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "controlplane.middleware.RequestIdMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -133,6 +138,12 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 0, high=86400),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database behind a partition must fail a connection attempt in bounded time: the route
+    # path then keeps serving from its snapshot and cached credentials instead of hanging.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int(
+        "DB_CONNECT_TIMEOUT_S", 3, low=1, high=60
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share the demo database: wait on locks, don't fail.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
@@ -173,6 +184,28 @@ CHANNEL_LAYERS = {
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+# Login throttling (django-axes): failures are counted in Redis (the cache), per account and,
+# separately, per client address; LOGIN_FAILURE_LIMIT failures lock that account or address
+# out for LOGIN_LOCKOUT_S seconds, the right password included (it is not even checked, so a
+# flood costs no hashing). A success resets the counts.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, low=1, high=1000)
+AXES_COOLOFF_TIME = timedelta(seconds=env_number("LOGIN_LOCKOUT_S", 900.0, low=1, high=7 * 86400))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Password hashes (logins, password changes) run on this many low-priority threads per process,
+# so logins cannot take the CPUs routing needs (controlplane/hashers.py).
+LOGIN_HASH_THREADS = env_int("LOGIN_HASH_THREADS", 1, low=1, high=64)
+PASSWORD_HASHERS = [
+    "controlplane.hashers.BoundedPBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -219,6 +252,21 @@ REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low
 # Seconds a validated API token is trusted in process before the database is asked again (a
 # revoked token keeps working in other processes at most this long).
 API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
+# Seconds a cached token stays valid while the database cannot be reached (an outage): routing
+# keeps answering with credentials it has seen for this long; a token revoked meanwhile keeps
+# working that long. At least 5 minutes so an outage of that length never stops routing.
+API_TOKEN_OUTAGE_S = env_number("API_TOKEN_OUTAGE_S", 900.0, low=0, high=7 * 86400)
+# The routing snapshot (topology and policy) is rebuilt from the database at least this often;
+# a route answer decided from an older one (the database unreachable) says ``stale: true``.
+SNAPSHOT_MAX_AGE_S = env_number("SNAPSHOT_MAX_AGE_S", 60.0, low=0.1, high=86400)
+# Seconds between attempts to reach the database again after a failure (snapshot rebuilds
+# and token checks), so an outage costs no call a connection attempt.
+DB_RETRY_S = env_number("DB_RETRY_S", 10.0, low=0.1, high=3600)
+# Slow clients: a request's headers must arrive within HTTP_HEADER_TIMEOUT_S of the connection
+# opening (controlplane/http_protocol.py), its body within HTTP_BODY_TIMEOUT_S of the headers
+# (controlplane/request_limits.py); otherwise the connection is closed (408 for a late body).
+HTTP_HEADER_TIMEOUT_S = env_number("HTTP_HEADER_TIMEOUT_S", 10.0, low=0.1, high=600)
+HTTP_BODY_TIMEOUT_S = env_number("HTTP_BODY_TIMEOUT_S", 30.0, low=0.1, high=3600)
 # Seconds between writes of a token's last_used_at (per token and process).
 API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
 # A proposal is simulated on the recent traffic before it is shown (scheduling.core.simulator.verify):
@@ -226,6 +274,11 @@ API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, lo
 # proposal is never shown unsimulated: a run that does not finish holds it).
 REBALANCE_SIMULATION_REQUESTS = env_int("REBALANCE_SIMULATION_REQUESTS", 2000, low=100, high=10**6)
 REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30, low=1, high=3600)
+
+# A plan applying with no progress for this long is re-driven by the stalled-plan sweep (every
+# 15 s): its worker died, e.g. holding a drain poll. Above a webhook step's worst case (4
+# attempts of at most 10 s, with back-off), so a slow actuator is not re-driven meanwhile.
+PLAN_STALLED_S = env_number("PLAN_STALLED_S", 60.0, low=1, high=86400)
 
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
@@ -235,7 +288,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(REBALANCE_INTERVAL_S),
         "options": {"expires": max(1.0, REBALANCE_INTERVAL_S - 5.0)},
     },
-    "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 60.0},
+    "plans-resume-stalled": {"task": "scheduling.plans_resume_stalled", "schedule": 15.0},
     "rebalance-ticks-prune": {"task": "scheduling.rebalance_ticks_prune", "schedule": 86400.0},
     # The overview's decision mix, alerts and policy frames (telemetry frames need no beat).
     "live-overview-tick": {

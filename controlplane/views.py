@@ -31,7 +31,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     return render(request, "controlplane/audit_list.html", {"form": form, "page": page})
 
 
-@scope_required(Scope.READ)
+@scope_required(Scope.ADMIN)
 def token_list_page(request: HttpRequest) -> HttpResponse:
     return _tokens_render(request, TokenForm())
 

@@ -10,15 +10,19 @@ on the engines themselves (restart an engine as decode, move it behind another l
   ``X-PrfaaS-Timestamp``, so a receiver can refuse replays), retried with exponential backoff
   on connection errors, timeouts and 5xx answers. ``Idempotency-Key`` is the same on every
   retry of a step, including a retry after a worker crash, so the receiver can act once.
+  Each attempt has a total deadline (``deadline_s``, not only a timeout per read): a receiver
+  that drips its answer a byte at a time cannot hold a plan step longer than that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +101,29 @@ def signature_valid(secret: str, timestamp: str, body: bytes, header: str) -> bo
     return hmac.compare_digest(signature(secret, timestamp, body), header)
 
 
+async def _post_within(
+    url: str, body: bytes, headers: dict[str, str], timeout_s: float, deadline_s: float
+) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        async with asyncio.timeout(deadline_s):
+            return await client.post(url, content=body, headers=headers)
+
+
+def webhook_post(
+    url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, deadline_s: float
+) -> httpx.Response:
+    """POST and read the answer within ``deadline_s`` in all (``TimeoutError`` past it): the
+    request is cancelled and its connection closed, whatever pace the receiver keeps."""
+    call = _post_within(url, body, headers, timeout_s, deadline_s)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call)
+    # Called from a thread with an event loop: the request gets a loop of its own.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, call).result()
+
+
 class WebhookActuator:
     """Signed POST to the operator's automation, with retries and exponential backoff."""
 
@@ -110,6 +137,7 @@ class WebhookActuator:
         attempts: int = 4,
         backoff_s: float = 0.5,
         timeout_s: float = 5.0,
+        deadline_s: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not url.startswith(("http://", "https://")):
@@ -121,6 +149,7 @@ class WebhookActuator:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
         self._sleep = sleep
 
     def notify(self, notice: StepNotice) -> None:
@@ -137,9 +166,12 @@ class WebhookActuator:
                 IDEMPOTENCY_HEADER: notice.idempotency_key,
             }
             try:
-                response = httpx.post(
-                    self.url, content=body, headers=headers, timeout=self.timeout_s
+                response = webhook_post(
+                    self.url, body, headers, timeout_s=self.timeout_s, deadline_s=self.deadline_s
                 )
+            except TimeoutError:
+                last = f"no complete answer within {self.deadline_s:g} s"
+                continue
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue

@@ -50,9 +50,11 @@ from scheduling.snapshot import (
     Snapshot,
     link_key,
     parse_version,
+    snapshot_age_s,
     snapshot_get_async,
     snapshot_needs_refresh,
     snapshot_refresh_async,
+    snapshot_stale,
 )
 
 log = logging.getLogger(__name__)
@@ -314,6 +316,10 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
                 raise
             _redis_failed(exc)
             read = None
+    if read is None and snapshot_needs_refresh(snap, None):
+        # Redis away: the snapshot still follows the database by age (the rebuild itself
+        # backs off while the database is away too).
+        snap = await snapshot_refresh_async(None)
     live = read.live if read is not None else routing.LiveState(now=now, stale=True)
     requests = _requests(snap, inputs, read.matches if read is not None else None)
     try:
@@ -376,7 +382,20 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         # what the static rule would offload stays local, still saying telemetry_stale.
         for i, fb in fallbacks.items():
             decisions[i] = fb
-    return [_decision_dict(d, memo) for d in decisions]
+    return _snapshot_marked(snap, [_decision_dict(d, memo) for d in decisions])
+
+
+def _snapshot_marked(snap: Snapshot, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every answer says how old its topology and policy are; one decided from a snapshot
+    past its bound (the database unreachable for longer than ``SNAPSHOT_MAX_AGE_S``) is
+    ``stale`` like one decided without live state."""
+    age = round(snapshot_age_s(snap), 3)
+    old = snapshot_stale(snap)
+    for answer in answers:
+        answer["snapshot_age_s"] = age
+        if old:
+            answer["stale"] = True
+    return answers
 
 
 async def _write(

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import pydantic
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from controlplane.auth import abearer_authorize
 from controlplane.errors import ApiError, Invalid, PayloadTooLarge, error_json, validation_detail
@@ -48,19 +49,49 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def _send_json(send: Send, status: int, body: bytes, request_id: str) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", request_id.encode()),
-            ],
-        }
-    )
+# What Django's SecurityMiddleware and XFrameOptionsMiddleware send on every answer, for a
+# JSON API that nothing should frame, sniff or render as a page.
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'"),
+]
+
+
+def _secure(scope: Scope) -> bool:
+    if scope.get("scheme") == "https":
+        return True
+    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if not proxy:
+        return False
+    name = proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode()
+    return _header(scope, name) == proxy[1]
+
+
+async def _send_json(scope: Scope, send: Send, status: int, body: bytes, request_id: str) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+        *SECURITY_HEADERS,
+    ]
+    hsts = int(getattr(settings, "SECURE_HSTS_SECONDS", 0) or 0)
+    if hsts and _secure(scope):
+        headers.append((b"strict-transport-security", f"max-age={hsts}".encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _host_allowed(scope: Scope) -> bool:
+    """Django's ``ALLOWED_HOSTS`` rule, which this door would otherwise skip."""
+    host = _header(scope, b"host") or ""
+    domain, _port = split_domain_port(host)
+    allowed = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]  # Django's own DEBUG default
+    return bool(domain) and validate_host(domain, allowed)
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -89,9 +120,12 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 async def _route(
     scope: Scope, receive: Receive, token: str, schema: type[pydantic.BaseModel]
 ) -> bytes:
-    body = await _read_body(scope, receive, int(settings.API_MAX_BODY_BYTES))
+    if not _host_allowed(scope):
+        raise ApiError("the Host header names no host this server answers to", code="bad_host")
+    # The caller first, then its body: an unauthenticated upload is refused unread.
     await abearer_authorize(token, "router")
     json_content_type_check(_header(scope, b"content-type"))
+    body = await _read_body(scope, receive, int(settings.API_MAX_BODY_BYTES))
     try:
         # orjson reads strict UTF-8 JSON: no NaN or Infinity, no UTF-16.
         data = orjson.loads(body)
@@ -126,7 +160,7 @@ def route_fast_path(app: ASGIApp) -> ASGIApp:
                     log.exception("unexpected error on the route fast path")
                     status = 500
                     out = error_json("internal error; it was logged", "internal_error")
-                await _send_json(send, status, out, request_id)
+                await _send_json(scope, send, status, out, request_id)
                 return
         await app(scope, receive, send)
 

@@ -9,8 +9,9 @@ When to rebuild: inventory and policy writes bump the Redis counter ``snapshot:v
 after commit (policy service; ``post_save``/``post_delete`` of inventory models, wired in
 :func:`inventory_signals_connect`). The request path reads that counter in its one pipelined
 Redis read and rebuilds when it moved. As a safety net a snapshot older than
-``SNAPSHOT_MAX_AGE_S`` is rebuilt too. When the database is unreachable the last snapshot
-keeps serving (rebuilds are retried at most every ``DB_RETRY_S``).
+``settings.SNAPSHOT_MAX_AGE_S`` is rebuilt too. When the database is unreachable the last
+snapshot keeps serving (rebuilds are retried at most every ``settings.DB_RETRY_S``), and
+:func:`snapshot_age_s` past that bound makes route answers say ``stale`` (the staleness bound).
 
 With no policy in the database, every PD cluster gets ``DEFAULT_THRESHOLD_TOKENS`` and the
 policy version is 0. The rebalancer replaces it with a threshold solved from traffic.
@@ -29,6 +30,7 @@ from typing import Any
 
 import orjson
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
@@ -43,6 +45,8 @@ from clusters.models import (
     Site,
     table_errors,
 )
+from controlplane.errors import ApiError
+from controlplane.health import db_connection_reset
 from controlplane.redis_connection import redis_async, redis_sync
 from scheduling.core import bounds, routing
 from scheduling.models import Policy
@@ -53,12 +57,13 @@ SNAPSHOT_VERSION_KEY = "snapshot:version"
 # No policy yet: a moderate threshold (tokens). Long prompts offload, short ones stay local;
 # the rebalancer's first plan replaces it with the threshold solved from observed traffic.
 DEFAULT_THRESHOLD_TOKENS = 8192
-SNAPSHOT_MAX_AGE_S = 60.0
-DB_RETRY_S = 10.0
 
 
-class SnapshotUnavailable(RuntimeError):
-    """No snapshot could be built and none was built before (database down at start)."""
+class SnapshotUnavailable(ApiError):
+    """No snapshot could be built and none was built before (database down at start): 503."""
+
+    status = 503
+    code = "unavailable"
 
 
 def link_key(source: str, target: str) -> str:
@@ -302,14 +307,25 @@ def snapshot_needs_refresh(snap: Snapshot | None, redis_version: int | None) -> 
         return True
     if redis_version is not None and redis_version != snap.redis_version:
         return True
-    return time.monotonic() - snap.built_at > SNAPSHOT_MAX_AGE_S
+    return snapshot_age_s(snap) > float(settings.SNAPSHOT_MAX_AGE_S)
+
+
+def snapshot_age_s(snap: Snapshot) -> float:
+    """Seconds since ``snap`` was read from the database."""
+    return time.monotonic() - snap.built_at
+
+
+def snapshot_stale(snap: Snapshot) -> bool:
+    """Whether ``snap`` is older than its bound (its rebuilds failed: the database is away)."""
+    return snapshot_age_s(snap) > float(settings.SNAPSHOT_MAX_AGE_S)
 
 
 def snapshot_refresh(redis_version: int | None = None, *, force: bool = False) -> Snapshot:
     """Rebuild the process's snapshot (sync; database access).
 
     On a database error the previous snapshot is kept and returned, and no rebuild is tried
-    again for ``DB_RETRY_S``; with no previous snapshot, :class:`SnapshotUnavailable`.
+    again for ``DB_RETRY_S``; with no previous snapshot, :class:`SnapshotUnavailable`. A
+    connection the database dropped is closed first, so a restored database is found again.
     """
     global _current, _dirty, _last_failure
     if redis_version is None:
@@ -318,12 +334,15 @@ def snapshot_refresh(redis_version: int | None = None, *, force: bool = False) -
         snap = _current
         if not force and snap is not None and not snapshot_needs_refresh(snap, redis_version):
             return snap
-        if snap is not None and not force and time.monotonic() - _last_failure < DB_RETRY_S:
+        retry_s = float(settings.DB_RETRY_S)
+        if snap is not None and not force and time.monotonic() - _last_failure < retry_s:
             return snap
         try:
             _dirty = False
+            db_connection_reset()
             snap = snapshot_build(redis_version)
         except Exception as exc:
+            db_connection_reset()
             _last_failure = time.monotonic()
             if _current is None:
                 raise SnapshotUnavailable(f"cannot build the routing snapshot: {exc}") from exc

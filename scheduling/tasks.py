@@ -31,8 +31,6 @@ from scheduling.whatif import whatif_execute as whatif_run
 
 logger = logging.getLogger(__name__)
 
-# A plan with no progress for this long is re-driven (its worker probably died).
-STALLED_S = 300.0
 # Steps run back to back in one task invocation before it hands over to a new message.
 STEPS_PER_TASK = 50
 
@@ -80,7 +78,7 @@ def plan_apply_step(plan_id: int) -> str:
 @shared_task(name="scheduling.plans_resume_stalled", ignore_result=True)
 def plans_resume_stalled() -> int:
     """Beat: re-drive plans stuck applying or rolling back (a worker died mid-step)."""
-    stalled = rebalance_services.plans_stalled(STALLED_S)
+    stalled = rebalance_services.plans_stalled(float(settings.PLAN_STALLED_S))
     for plan_id in stalled:
         plan_apply_step.delay(plan_id)
     return len(stalled)

@@ -25,7 +25,12 @@ def test_redis_answers_on_the_configured_url() -> None:
 def test_health_endpoint_answers(client) -> None:
     response = client.get("/api/v1/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    assert response.json()["status"] == "ok"
+    assert client.get("/api/v1/health/live").json() == {"status": "ok"}
+
+
+def test_cached_credentials_outlive_a_five_minute_database_outage_by_default() -> None:
+    assert settings.API_TOKEN_OUTAGE_S >= 300
 
 
 SETTINGS_FILE = Path(settings.BASE_DIR) / "controlplane" / "settings.py"

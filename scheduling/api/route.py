@@ -138,7 +138,13 @@ class RouteOut(Schema):
     cache_transfer: CacheTransferOut | None
     reservation: ReservationOut | None
     kv_bytes: int
-    stale: bool
+    stale: bool = Field(
+        description="decided without fresh live state (Redis away, telemetry old) or from a "
+        "snapshot older than SNAPSHOT_MAX_AGE_S (the database away)"
+    )
+    snapshot_age_s: float = Field(
+        description="seconds since the topology and policy this was decided with were read"
+    )
 
 
 class RouteBatchOut(Schema):

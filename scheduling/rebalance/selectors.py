@@ -85,13 +85,24 @@ def period_start_for(now: float, interval_s: float | None = None) -> datetime:
 
 
 def plans_stalled(older_than_s: float) -> list[int]:
-    """Plans applying or rolling back with no progress for ``older_than_s`` (crash recovery)."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    return list(
-        Plan.objects.filter(
-            status__in=(PlanStatus.APPLYING, PlanStatus.ROLLING_BACK), updated_at__lt=cutoff
-        ).values_list("pk", flat=True)
-    )
+    """Plans applying or rolling back with no progress for ``older_than_s`` (crash recovery).
+
+    A plan waiting on a drain records progress at every poll (its cluster's ``drain_poll_s``),
+    so one is stalled only after missing several polls: a slow poll is never re-driven into a
+    second chain of polls."""
+    now = timezone.now()
+    candidates = Plan.objects.filter(
+        status__in=(PlanStatus.APPLYING, PlanStatus.ROLLING_BACK),
+        updated_at__lt=now - timedelta(seconds=older_than_s),
+    ).values_list("pk", "cluster_id", "updated_at")
+    poll_s = dict(RebalanceSettings.objects.values_list("cluster_id", "drain_poll_s"))
+    default_poll_s = RebalanceSettings._meta.get_field("drain_poll_s").get_default()
+    return [
+        pk
+        for pk, cluster_id, updated_at in candidates
+        if (now - updated_at).total_seconds()
+        > max(older_than_s, 3 * float(poll_s.get(cluster_id, default_poll_s)))
+    ]
 
 
 def plans_in_flight(cluster: Cluster) -> QuerySet[Plan]:

@@ -81,3 +81,13 @@
 
   window.PrfaaS = { LiveSocket: LiveSocket, fmt: fmt, pct: pct, text: text };
 })();
+
+/* Buttons that ask first (templates/confirm_button.html): a form with data-confirm submits
+ * only when the operator agrees. Here rather than in an inline handler: the pages'
+ * Content-Security-Policy runs no inline script without the page's nonce. */
+document.addEventListener("submit", function (event) {
+  var form = event.target;
+  if (form instanceof HTMLFormElement && form.hasAttribute("data-confirm")) {
+    if (!window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
+  }
+});

@@ -113,11 +113,15 @@ def page_as(
 
     contexts: list[Any] = []
 
-    def login(*groups: str) -> Any:
+    def login(*groups: str, enforce_csp: bool = False) -> Any:
         user = UserFactory(groups=list(groups))
         user.set_password(PASSWORD)  # saved explicitly: the factory's hook runs after its save
         user.save()
-        context = browser.new_context(viewport={"width": 1360, "height": 900})
+        # Playwright's wait_for_function polls with eval(), which the pages' CSP refuses; only
+        # the CSP's own test keeps it enforced.
+        context = browser.new_context(
+            viewport={"width": 1360, "height": 900}, bypass_csp=not enforce_csp
+        )
         contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(10_000)

@@ -22,6 +22,7 @@ from tests.factories import api_token, bearer
 # (method, path as in the OpenAPI schema) -> scope required, or None for public.
 REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("GET", "/api/v1/health"): None,
+    ("GET", "/api/v1/health/live"): None,
     # inventory
     ("GET", "/api/v1/sites"): "read",
     ("POST", "/api/v1/sites"): "admin",

@@ -76,12 +76,27 @@ def test_the_audit_log_lists_changes_and_filters_by_action(client_as) -> None:
     assert "site-created" not in page
 
 
-def test_a_viewer_sees_tokens_but_no_create_form_or_revoke_button(client_as) -> None:
+@pytest.mark.parametrize("group", ["viewer", "operator"])
+def test_only_admins_see_the_tokens_page_or_its_link(client_as, group: str) -> None:
     ApiTokenFactory(name="router-1")
-    page = client_as("viewer").get(reverse("token-list")).content.decode()
-    assert "router-1" in page
-    assert "Create token" not in page
-    assert "Revoke" not in page
+    user = client_as(group)
+    response = user.get(reverse("token-list"))
+    assert response.status_code == 403
+    assert "router-1" not in response.content.decode()
+    assert reverse("token-list") not in user.get(reverse("audit-list")).content.decode()
+
+
+def test_an_admin_sees_the_tokens_page(client_as) -> None:
+    ApiTokenFactory(name="router-1")
+    page = client_as("admin").get(reverse("token-list")).content.decode()
+    assert "router-1" in page and "Create token" in page and "Revoke" in page
+
+
+def test_the_password_reset_pages_do_not_exist(client) -> None:
+    # They were public and sent mail through an SMTP server on localhost.
+    assert client.get("/accounts/password_reset/").status_code == 404
+    assert client.post("/accounts/password_reset/", {"email": "a@b.c"}).status_code == 404
+    assert client.get("/accounts/reset/x/y/").status_code == 404
 
 
 def test_a_viewer_posting_a_token_gets_403_and_nothing_is_created(client_as) -> None:

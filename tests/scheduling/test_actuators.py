@@ -152,3 +152,61 @@ def test_record_actuator_sends_nothing(automation):
     assert isinstance(actuator, RecordActuator)
     actuator.notify(NOTICE)
     assert automation.received == []
+
+
+@dataclass
+class Drip:
+    url: str = ""
+    written: list[int] = field(default_factory=list)
+    cut: threading.Event = field(default_factory=threading.Event)
+
+
+@pytest.fixture
+def dripping_automation() -> Iterator[Drip]:
+    """An automation that answers one byte every 0.3 s: each read is quick, the whole answer
+    (1,000 bytes) would take 300 s. It records what it wrote before the caller hung up."""
+    drip = Drip()
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            sent = 0
+            while sent < 1000 and not stop.is_set():
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    drip.cut.set()  # the actuator gave up and closed the connection
+                    break
+                sent += 1
+                stop.wait(0.3)
+            drip.written.append(sent)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    drip.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/prfaas"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield drip
+    stop.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_webhook_that_drips_its_answer_is_cut_at_the_total_deadline(dripping_automation):
+    # Every read returns within the 1 s read timeout; only the total deadline can end it.
+    actuator = WebhookActuator(
+        dripping_automation.url, SECRET, attempts=2, timeout_s=1.0, deadline_s=1.5, sleep=no_sleep
+    )
+    with pytest.raises(ActuatorError, match=r"no complete answer within 1\.5 s"):
+        actuator.notify(NOTICE)
+    # The receiver sees the connection closed after a handful of its 1,000 bytes.
+    assert dripping_automation.cut.wait(timeout=10)
+    assert dripping_automation.written and max(dripping_automation.written) < 100

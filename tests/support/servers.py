@@ -31,9 +31,13 @@ def free_port() -> int:
 
 @contextmanager
 def control_plane_serve(
-    database: dict[str, object], redis_url: str, workers: int = 1
+    database: dict[str, object],
+    redis_url: str,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """The real app under uvicorn on `database` (a Django connection's settings_dict).
+    """The real app under uvicorn on `database` (a Django connection's settings_dict), with
+    `extra_env` (settings) added to its environment.
 
     Yields its base URL and the process, which a test may kill itself to see the app go away.
     """
@@ -46,11 +50,13 @@ def control_plane_serve(
         "REDIS_URL": redis_url,
         "PATH": "/usr/bin:/bin",
         "LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
     command = [str(ROOT / ".venv/bin/uvicorn"), "controlplane.asgi:application"]
     if workers > 1:
         command += ["--workers", str(workers)]
     command += ["--port", str(port), "--host", "127.0.0.1", "--log-level", "warning"]
+    command += ["--http", "controlplane.http_protocol:HeaderDeadlineProtocol"]
     proc = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

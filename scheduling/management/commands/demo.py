@@ -135,6 +135,8 @@ class Command(BaseCommand):
                 "--port",
                 str(options["port"]),
                 "--no-access-log",
+                "--http",
+                "controlplane.http_protocol:HeaderDeadlineProtocol",
             ],
         }
         if not options["no_workers"]:

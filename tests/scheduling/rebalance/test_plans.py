@@ -410,6 +410,17 @@ def test_plans_stuck_applying_are_found_for_the_resume_sweep(fleet):
     assert rebalance.plans_stalled(300) == [plan.pk]
 
 
+def test_a_plan_polling_a_slow_drain_is_not_taken_for_stalled(fleet):
+    period, _ = drifted()
+    plan = Plan.objects.get(tick=tick(fleet, period))
+    rebalance.plan_approve(plan_id=plan.pk, actor=OPERATOR)
+    settings_set(fleet, drain_poll_s=120)  # it records progress every two minutes
+    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timedelta(seconds=150))
+    assert rebalance.plans_stalled(60) == []
+    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timedelta(seconds=400))
+    assert rebalance.plans_stalled(60) == [plan.pk]
+
+
 def test_old_holding_ticks_are_pruned_and_plans_kept(fleet):
     period, _ = drifted()
     tick(fleet, period)  # a plan

@@ -23,6 +23,7 @@ from scheduling import rebalance
 from scheduling.actuators import IDEMPOTENCY_HEADER
 from scheduling.models import Plan, PlanStatus, Policy, RebalanceTick
 from scheduling.policies import policy_current
+from scheduling.tasks import plans_resume_stalled
 from scheduling.tasks import rebalance_tick as rebalance_tick_task
 from tests.scheduling.rebalance_support import (
     PD,
@@ -244,3 +245,27 @@ def test_a_worker_killed_during_apply_leaves_a_plan_a_retry_completes_once(fleet
         assert len(flips) == len(set(flips)) + 1
     finally:
         automation.close()
+
+
+def test_a_worker_killed_during_a_drain_wait_is_taken_over_by_the_stalled_sweep(
+    fleet, agents, worker, settings
+):
+    # Issue 13: the drain poll's countdown message died with its worker and the plan stood
+    # still for 304 s. The sweep (beat's task, run here) now re-drives it after PLAN_STALLED_S.
+    settings.PLAN_STALLED_S = 3.0
+    period, _ = drifted()
+    agents.busy = dict.fromkeys(agents.names, 2)  # drains cannot finish yet
+    first = worker()
+    rebalance_tick_task.delay(fleet.pk, period.isoformat())
+    until(lambda: Instance.objects.filter(state=InstanceState.DRAINING).exists(), what="a drain")
+    celery_worker_stop(first, signal.SIGKILL)  # dies holding the next drain poll
+    plan = Plan.objects.get()
+    agents.busy = {}
+    worker()
+
+    def swept_until_applied() -> bool:
+        plans_resume_stalled()
+        return status_of(plan.pk) == PlanStatus.APPLIED
+
+    until(swept_until_applied, what="the plan applied after the sweep")
+    assert Plan.objects.get(pk=plan.pk).steps.filter(status="pending").count() == 0

@@ -18,7 +18,7 @@ from clusters.live.prefix_index import BlockHashError, block_hash_key
 from controlplane.auth import require_scope
 from controlplane.errors import ErrorOut
 from scheduling import traffic
-from scheduling.decisions import RouteInput, route_decide_async
+from scheduling.decisions import RouteInput, route_decide_async, route_records_flush
 from scheduling.snapshot import snapshot_current_async
 
 router = Router(tags=["routing"])
@@ -215,4 +215,5 @@ async def decisions_recent(
     request: HttpRequest, limit: int = Query(50, ge=1, le=traffic.RECENT_CAP)
 ) -> HttpResponse:
     """The latest decisions with their inputs, newest first ("why was this offloaded?")."""
+    await route_records_flush()  # this process's own, not yet written
     return _json(await traffic.recent_decisions_read_async(limit))

@@ -345,6 +345,8 @@ async def test_recent_decisions_and_metrics_show_why(client: AsyncClient, fleet:
     recent = (await client.get("/api/v1/decisions/recent?limit=5", headers=fleet.read)).json()
     assert recent[0]["inputs"]["request_id"] == "why-me"
     assert recent[0]["decision"]["reason"] == "above_threshold"
+    # Written within ROUTE_RECORD_FLUSH_S; a scrape in this very moment waits for none.
+    await decisions.route_records_flush()
     text = (await client.get("/metrics")).content.decode()
     assert 'prfaas_decisions_total{reason="above_threshold",route="prfaas"} 1.0' in text
     assert 'prfaas_decision_latency_seconds_count{mode="single"} 1.0' in text
@@ -356,6 +358,7 @@ async def test_metrics_pass_promtool_check(client: AsyncClient, fleet: Fleet) ->
     await telemetry(client, fleet)
     await route(client, fleet, prompt_tokens=60_000, request_id="lint-me")
     await route(client, fleet, prompt_tokens=100, request_id="lint-me-too")
+    await decisions.route_records_flush()
     text = (await client.get("/metrics")).content
     assert b"prfaas_decisions_total" in text and b"prfaas_link_inflight_bytes" in text
     checked = subprocess.run(

@@ -112,9 +112,7 @@ def _redis_failed(exc: BaseException) -> None:
     log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
 
 
-async def _matches(
-    snap: Snapshot, chains: list[tuple[str, ...]]
-) -> list[prefix_index.IndexMatch]:
+async def _matches(snap: Snapshot, chains: list[tuple[str, ...]]) -> list[prefix_index.IndexMatch]:
     """The longest cached prefix per instance of every chain: ONE scripted command."""
     r = redis_async()
     await scripts_ensure_async(r)
@@ -337,7 +335,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         # what the static rule would offload stays local, still saying telemetry_stale.
         for i, fb in fallbacks.items():
             decisions[i] = fb
-        return [_decision_dict(d, memo) for d in decisions]
+        return _answers(decisions, memo, None)
     _pending_add(inputs, decisions, fallbacks, now, elapsed, batch, memo)
     for i, ok in admitted.items():
         if not ok:
@@ -349,7 +347,22 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
             decisions[i] = dataclasses.replace(
                 decisions[i], reservation=dataclasses.replace(rv, id=reservation_ids[i])
             )
-    return [_decision_dict(d, memo) for d in decisions]
+    return _answers(decisions, memo, max(0.0, now - read.read_at))
+
+
+def _answers(
+    decisions: Sequence[routing.RouteDecision],
+    memo: dict[int, dict[str, Any]],
+    live_age_s: float | None,
+) -> list[dict[str, Any]]:
+    """The response dicts, each with the age of the live state it was decided with."""
+    out = []
+    age = None if live_age_s is None else round(live_age_s, 4)
+    for d in decisions:
+        answer = dict(_decision_dict(d, memo))
+        answer["live_age_s"] = age
+        out.append(answer)
+    return out
 
 
 # --- recording: the rebalancer's traffic windows, /metrics, the recent decisions -------------

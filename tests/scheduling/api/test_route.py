@@ -371,42 +371,43 @@ async def test_metrics_pass_promtool_check(client: AsyncClient, fleet: Fleet) ->
 # --- bad input -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "code", "detail_part"),
-    [
-        ({"origin": "pd-a", "prompt_tokens": -5}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": 0}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": 10**12}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": "many"}, 422, "invalid", "prompt_tokens"),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": -1}},
-            422,
-            "invalid",
-            "cached_tokens",
-        ),
-        ({"origin": "nowhere", "prompt_tokens": 10}, 404, "unknown_origin", "nowhere"),
-        ({"origin": "prfaas-x", "prompt_tokens": 10}, 422, "invalid_origin", "prfaas"),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": ["xyz"]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [2**64]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1.5]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        ({"prompt_tokens": 10}, 422, "invalid", "origin"),
-    ],
-)
+# Bad route inputs and what each gets: (body, status, code, a part of the detail).
+BAD_ROUTE_INPUTS: list[tuple[Any, int, str, str]] = [
+    ({"origin": "pd-a", "prompt_tokens": -5}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": 0}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": 10**12}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": "many"}, 422, "invalid", "prompt_tokens"),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": -1}},
+        422,
+        "invalid",
+        "cached_tokens",
+    ),
+    ({"origin": "nowhere", "prompt_tokens": 10}, 404, "unknown_origin", "nowhere"),
+    ({"origin": "prfaas-x", "prompt_tokens": 10}, 422, "invalid_origin", "prfaas"),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": ["xyz"]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [2**64]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1.5]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    ({"prompt_tokens": 10}, 422, "invalid", "origin"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code", "detail_part"), BAD_ROUTE_INPUTS)
 async def test_bad_route_input_gets_a_clear_error(
     client: AsyncClient, fleet: Fleet, body: Any, status: int, code: str, detail_part: str
 ) -> None:

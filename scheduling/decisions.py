@@ -31,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -53,6 +54,7 @@ from clusters.live.scripts import (
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async
 from scheduling import livestate, metrics, traffic
+from scheduling.coalesce import Coalesced
 from scheduling.core import routing
 from scheduling.snapshot import (
     Snapshot,
@@ -112,14 +114,41 @@ def _redis_failed(exc: BaseException) -> None:
     log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
 
 
-async def _matches(snap: Snapshot, chains: list[tuple[str, ...]]) -> list[prefix_index.IndexMatch]:
-    """The longest cached prefix per instance of every chain: ONE scripted command."""
+async def _matches_run(
+    hybrid: bool, block_tokens: int, chains: list[tuple[str, ...]]
+) -> list[prefix_index.IndexMatch]:
     r = redis_async()
     await scripts_ensure_async(r)
     pipe = r.pipeline(transaction=False)
-    prefix_index.prefix_matches_queue(pipe, chains, snap.hybrid, by_sha=True)
+    prefix_index.prefix_matches_queue(pipe, chains, hybrid, by_sha=True)
     raw = await pipe.execute()
-    return prefix_index.prefix_matches_parse(raw[0], len(chains), snap.block_tokens)
+    return prefix_index.prefix_matches_parse(raw[0], len(chains), block_tokens)
+
+
+# One group-committed script per model shape (it changes only with the snapshot).
+_MATCHERS: dict[tuple[bool, int], Coalesced[tuple[str, ...], prefix_index.IndexMatch]] = {}
+
+
+async def _matches(snap: Snapshot, chains: list[tuple[str, ...]]) -> list[prefix_index.IndexMatch]:
+    """The longest cached prefix per instance of every chain: ONE scripted command, shared
+    with the concurrent calls of this process (:mod:`scheduling.coalesce`)."""
+    key = (snap.hybrid, snap.block_tokens)
+    matcher = _MATCHERS.get(key)
+    if matcher is None:
+        matcher = _MATCHERS[key] = Coalesced(functools.partial(_matches_run, *key))
+    return await matcher.call(chains)
+
+
+async def _reserve_run(items: list[telemetry.Reservation]) -> list[bool]:
+    r = redis_async()
+    await scripts_ensure_async(r)
+    pipe = r.pipeline(transaction=False)
+    telemetry.link_reserve_many_queue(pipe, items, time.time(), by_sha=True)
+    flat = (await pipe.execute())[0]
+    return [bool(int(flat[2 * k])) for k in range(len(items))]
+
+
+_RESERVER: Coalesced[telemetry.Reservation, bool] = Coalesced(_reserve_run)
 
 
 def _requests(
@@ -473,10 +502,8 @@ async def _reserve(
     memo: dict[int, dict[str, Any]],
 ) -> dict[int, bool]:
     """The link reservations of the offloads, in order, in ONE atomic script (which also
-    records the branch each took); whether each was admitted."""
-    r = redis_async()
-    await scripts_ensure_async(r)
-    pipe = r.pipeline(transaction=False)
+    records the branch each took; shared with the concurrent calls of this process); whether
+    each was admitted."""
     recent_left = RECENT_PER_BATCH if batch else len(decisions)
     order: list[int] = []
     reservations: list[telemetry.Reservation] = []
@@ -508,9 +535,8 @@ async def _reserve(
                 outcome=outcome,
             )
         )
-    telemetry.link_reserve_many_queue(pipe, reservations, now, by_sha=True)
-    flat = (await pipe.execute())[0]
-    return {i: bool(int(flat[2 * k])) for k, i in enumerate(order)}
+    admitted = await _RESERVER.call(reservations)
+    return dict(zip(order, admitted, strict=True))
 
 
 async def live_state_read_async() -> routing.LiveState:

@@ -56,6 +56,15 @@ async def call(app: Any, path: str, body: bytes, headers: list[tuple[bytes, byte
 
 def profiled(label: str, n_calls: int, per_call: int, run: Any, top: int) -> None:
     profile = cProfile.Profile()
+    if top < 0:  # timing only (e.g. under py-spy)
+        loop = asyncio.get_event_loop()
+        started, cpu = time.perf_counter(), time.process_time()
+        loop.run_until_complete(run())
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        print(
+            f"== {label}: {wall / n_calls * 1e3:.3f} ms wall, {cpu / n_calls * 1e3:.3f} ms CPU a call"
+        )
+        return
     loop = asyncio.get_event_loop()
     started, cpu = time.perf_counter(), time.process_time()
     loop.run_until_complete(run())
@@ -71,6 +80,8 @@ def profiled(label: str, n_calls: int, per_call: int, run: Any, top: int) -> Non
     profile.disable()
     wall = time.perf_counter() - started
     print(f"   under the profiler: {wall / n_calls * 1e3:.3f} ms a call")
+    if not top:
+        return
     for key in ("tottime", "cumulative"):
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats(key).print_stats(top)
@@ -83,7 +94,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--top", type=int, default=25, help="-1: time only, no cProfile")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="route-profile-") as tmp:
         server = EmbeddedRedis(Path(tmp))

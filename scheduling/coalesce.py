@@ -27,10 +27,10 @@ Result = TypeVar("Result")
 
 @dataclass
 class _LoopQueue(Generic[Item, Result]):
-    waiting: list[tuple[Sequence[Item], asyncio.Future[list[Result]]]] = field(
-        default_factory=list
-    )
+    waiting: list[tuple[Sequence[Item], asyncio.Future[list[Result]]]] = field(default_factory=list)
     busy: bool = False
+    # The drain task in flight (held: the loop keeps only a weak reference to its tasks).
+    task: asyncio.Task[None] | None = None
 
 
 class Coalesced(Generic[Item, Result]):
@@ -52,7 +52,7 @@ class Coalesced(Generic[Item, Result]):
         queue.waiting.append((items, future))
         if not queue.busy:
             queue.busy = True
-            loop.create_task(self._drain(queue))
+            queue.task = loop.create_task(self._drain(queue))
         return await future
 
     async def _drain(self, queue: _LoopQueue[Item, Result]) -> None:

@@ -388,7 +388,8 @@ def _answers(
     out = []
     age = None if live_age_s is None else round(live_age_s, 4)
     for d in decisions:
-        answer = dict(_decision_dict(d, memo))
+        # In place: the recent entries that share the dict were serialised already.
+        answer = _decision_dict(d, memo)
         answer["live_age_s"] = age
         out.append(answer)
     return out
@@ -446,9 +447,17 @@ def _pending_add(
     loop = asyncio.get_running_loop()
     due = _flush_due
     if due is None or due.cancelled() or getattr(due, "_loop", loop) is not loop:
-        _flush_due = loop.call_later(
-            float(settings.ROUTE_RECORD_FLUSH_S), lambda: loop.create_task(route_records_flush())
-        )
+        _flush_due = loop.call_later(float(settings.ROUTE_RECORD_FLUSH_S), _flush_start, loop)
+
+
+# Flushes in flight (held: the loop keeps only a weak reference to its tasks).
+_flushing: set[asyncio.Task[None]] = set()
+
+
+def _flush_start(loop: asyncio.AbstractEventLoop) -> None:
+    task = loop.create_task(route_records_flush())
+    _flushing.add(task)
+    task.add_done_callback(_flushing.discard)
 
 
 def route_records_reset() -> None:

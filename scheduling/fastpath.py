@@ -16,6 +16,7 @@ to Django unchanged.
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -92,8 +93,25 @@ async def _route(scope: Scope, receive: Receive, token: str, batch: bool) -> byt
     return await route_answer(inputs, batch=batch)
 
 
+# A route call allocates thousands of short-lived objects (a batch of 500: ~100,000): with
+# the default gen-0 threshold (700) the collector ran every few decisions and its older
+# generations scanned the whole Django heap each time (~20% of a batch's CPU, measured with
+# bench/route_profile.py). Young garbage here is acyclic and freed by reference counting.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def gc_tune() -> None:
+    """Move the heap built at start-up (apps, URL conf, models) out of the collector's sight
+    and collect young objects less often (once per process, when the ASGI app is made)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def route_fast_path(app: ASGIApp) -> ASGIApp:
-    """Wrap the Django ASGI app: bearer-token route calls go the short way."""
+    """Wrap the Django ASGI app: bearer-token route calls go the short way (and tune the
+    process's garbage collector for them, :func:`gc_tune`)."""
+    gc_tune()
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") == "http" and scope.get("method") == "POST":

@@ -45,6 +45,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -356,13 +357,13 @@ async def run(
             app, app_cpu = await asyncio.to_thread(
                 measured,
                 pids["uvicorn"],
-                lambda lv=level: drive(app_base, "/api/v1/route", singles, headers, lv, 1),
+                partial(drive, app_base, "/api/v1/route", singles, headers, level, 1),
             )
             redis_ms = (cpu_seconds(redis_pids) - redis_before) / len(singles) * 1e3
             bare, bare_cpu = await asyncio.to_thread(
                 measured,
                 pids["bare"],
-                lambda lv=level: drive(bare_base, "/api/v1/route", singles, headers, lv, 1),
+                partial(drive, bare_base, "/api/v1/route", singles, headers, level, 1),
             )
             print(row("app (uvicorn)", app, app_cpu, f"   + Redis {redis_ms:.3f} ms/dec"))
             print(row("bare ASGI (uvicorn)", bare, bare_cpu))
@@ -374,7 +375,7 @@ async def run(
                 gr, gr_cpu = await asyncio.to_thread(
                     measured,
                     pids["granian"],
-                    lambda: drive(bases["granian"], "/api/v1/route", singles, headers, 32, 1),
+                    partial(drive, bases["granian"], "/api/v1/route", singles, headers, 32, 1),
                 )
                 print(row("app (granian)", gr, gr_cpu))
                 results["granian"] = gr
@@ -386,7 +387,7 @@ async def run(
                 rt, rt_cpu = await asyncio.to_thread(
                     measured,
                     rt_pids,
-                    lambda lv=level, u=rt_url, pa=path: drive(u, pa, rbodies, {}, lv, 1),
+                    partial(drive, rt_url, path, rbodies, {}, level, 1),
                 )
                 wk_ms = (cpu_seconds(wk_pids) - wk_before) / len(rbodies) * 1e3
                 print(
@@ -433,13 +434,13 @@ async def run(
         app_b, app_b_cpu = await asyncio.to_thread(
             measured,
             pids["uvicorn"],
-            lambda: drive(app_base, path, batches, headers, bconc, size),
+            partial(drive, app_base, path, batches, headers, bconc, size),
             size,
         )
         bare_b, bare_b_cpu = await asyncio.to_thread(
             measured,
             pids["bare"],
-            lambda: drive(bare_base, path, batches, headers, bconc, size),
+            partial(drive, bare_base, path, batches, headers, bconc, size),
             size,
         )
         print(f"\nbatches of {size}, {bconc} in flight, {len(batches)} calls each")

@@ -1,26 +1,35 @@
-"""Route API throughput and latency, against a bare ASGI JSON endpoint under the same load.
+"""Route API throughput, latency and CPU, beside a bare ASGI endpoint and sglang-router (Rust,
+PD mode), under the same load generator, in one run.
 
 In one run it:
 
 1. makes a private database (SQLite in a temporary directory unless ``BENCH_DATABASE_URL``)
    with the paper's case-study topology (``../shared/scenarios/paper-case-study.yaml``) and a
    router+agent token; Redis is a private embedded one (or ``BENCH_REDIS_URL``);
-2. serves the real app (uvicorn, 2 workers) and a bare ASGI app (uvicorn, 2 workers) that
-   parses the same JSON and answers a fixed decision: the floor of "HTTP + JSON in Python";
+2. serves the real app (2 workers; uvicorn, and granian at 32 in flight to compare the ASGI
+   servers), a bare ASGI app (uvicorn, 2 workers) that parses the same JSON and answers a
+   fixed decision (the floor of "HTTP + JSON in Python"), and sglang-router 0.3.2 in PD mode
+   (``bench/support/sglang_router.py``: PyPI, its own cached venv) in front of two fake
+   workers (``fleet.fake_engine``, one prefill and one decode process, granian), a whole
+   proxied request with two upstream calls;
 3. keeps live state fresh (telemetry every 2 s through the API) and registers the prefix
    blocks of part of the trace on instances (KV events), so lookups find cache hits;
 4. replays Mooncake conversation requests (prompt length, 512-token prefix-block hash ids,
-   output length) against both, single requests at several levels in flight, then batches;
-5. prints decisions/s and p50/p99 per HTTP call for each, and app/bare ratios.
+   output length) against the app and the bare endpoint, single requests at several levels in
+   flight, then batches; sglang-router gets short completions (64-1,024-word prompts, 16
+   tokens) at the same levels;
+5. prints each one's rate, p50/p99 per HTTP call and CPU per request (user + system of the
+   server processes, from /proc: the app's workers, and Redis apart), the ratios, and as the
+   LAST line one JSON object.
 
 The load comes from a few processes of raw keep-alive HTTP/1.1 connections (pre-built
-request bytes), not from an HTTP client library, so the bare endpoint measures the servers.
-
-Loopback only, bounded by ``--requests``/``--batches``. It measures; it never gates.
-Targets (issue 4): single >= 1,000 decisions/s with p99 <= 25 ms; batch >= 10,000 decisions/s.
+request bytes, ``bench/support/load.py``), not from an HTTP client library. Loopback only,
+bounded by ``--requests``/``--batches`` (a few minutes). It measures; it never gates.
+Targets (issue 16): at 32 in flight the app's rate >= sglang-router's and its p99 <= 1.5x;
+batches of 500 >= 30,000 decisions/s; CPU per single decision <= 0.3 ms.
 
     .venv/bin/python bench/route_api.py [--requests 4000] [--concurrency 8,16,32]
-                                        [--batches 40] [--batch-size 500]
+                                        [--batches 40] [--batch-size 500] [--no-router]
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.support.load import drive  # noqa: E402
+from bench.support.load import cpu_seconds, drive, process_tree  # noqa: E402
 from bench.support.setup import free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
@@ -52,6 +62,7 @@ TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
 SCENARIO = SHARED / "scenarios" / "paper-case-study.yaml"
 PY = str(ROOT / ".venv" / "bin" / "python")
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
+GRANIAN = str(ROOT / ".venv" / "bin" / "granian")
 
 # --- the bare endpoint (imported by its uvicorn workers as route_api:bare_app) -------------------
 
@@ -107,12 +118,33 @@ async def bare_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
 # --- set-up ------------------------------------------------------------------------------------------
 
 
-def serve(env: dict[str, str], app: str, port: int, app_dir: Path) -> subprocess.Popen[bytes]:
+def serve(
+    env: dict[str, str], app: str, port: int, app_dir: Path, server: str = "uvicorn"
+) -> subprocess.Popen[bytes]:
+    """``app`` with 2 worker processes under ``server`` (uvicorn or granian)."""
+    if server == "granian":
+        # asginl: ASGI without lifespan (Django's ASGI app has none).
+        argv = [GRANIAN, "--interface", "asginl", "--workers", "2", "--loop", "uvloop",
+                "--host", "127.0.0.1", "--port", str(port), "--no-log",
+                "--working-dir", str(app_dir), app]  # fmt: skip
+    else:
+        argv = [UVICORN, app, "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
+                "--log-level", "warning", "--no-access-log", "--app-dir", str(app_dir)]  # fmt: skip
     return subprocess.Popen(
-        [UVICORN, app, "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", "--no-access-log", "--app-dir", str(app_dir)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """TERM, then KILL, by process id."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
 
 
 def wait_up(url: str, timeout_s: float = 60.0) -> None:
@@ -126,6 +158,17 @@ def wait_up(url: str, timeout_s: float = 60.0) -> None:
         except httpx.HTTPError:
             time.sleep(0.3)
     sys.exit(f"server at {url} did not come up")
+
+
+_next_port = [0]
+
+
+def port() -> int:
+    """The next port of ``--port-base`` (0: any free port)."""
+    if not _next_port[0]:
+        return free_port()
+    _next_port[0] += 1
+    return _next_port[0] - 1
 
 
 def load_trace(limit: int) -> list[dict[str, Any]]:
@@ -171,37 +214,103 @@ async def keep_fresh(
                 await asyncio.wait_for(stop.wait(), 2.0)
 
 
-def report(name: str, app: dict[str, Any], bare: dict[str, Any]) -> None:
-    print(f"\n{name}: {app['calls']} calls to each")
-    print(f"  {'':10} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}  errors")
-    for label, r in (("app", app), ("bare ASGI", bare)):
-        print(
-            f"  {label:10} {r['decisions_per_s']:12.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f}"
-            f" {r['mean_ms']:8.2f}  {r['errors'] or '-'}"
-        )
-    print(
-        f"  ratio app/bare: throughput {app['decisions_per_s'] / bare['decisions_per_s']:.2f}, "
-        f"p50 {app['p50_ms'] / bare['p50_ms']:.2f}, p99 {app['p99_ms'] / bare['p99_ms']:.2f}"
+def row(label: str, r: dict[str, Any], cpu_ms: float | None, extra: str = "") -> str:
+    cpu = f"{cpu_ms:9.3f}" if cpu_ms is not None else "        -"
+    return (
+        f"  {label:24} {r['decisions_per_s']:12.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f}"
+        f" {cpu}  {r['errors'] or '-'}{extra}"
     )
 
 
-async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> None:
+HEADER = f"  {'':24} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/dec':>9}  errors"
+
+
+def measured(pids: list[int], go: Callable[[], dict[str, Any]], per_call: int = 1) -> Any:
+    """``go()`` and the CPU ms its servers (``pids``) spent per decision."""
+    before = cpu_seconds(pids)
+    r = go()
+    return r, (cpu_seconds(pids) - before) / max(1, r["calls"] * per_call) * 1e3
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def router_bodies(n: int, seed: int = 8) -> list[bytes]:
+    """Short completions for sglang-router (it takes no token-id prompts)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.randint(64, 1024) // 2
+        prompt = " ".join(f"w{rng.randrange(1000)}" for _ in range(words))
+        out.append(json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16}).encode())
+    return out
+
+
+@contextlib.contextmanager
+def sglang_router_pd(tmp: Path) -> Any:
+    """sglang-router in PD mode before one fake prefill and one fake decode worker, or None
+    (said loudly) when it cannot be installed or started."""
+    from bench.support.sglang_router import router_serve
+    from fleet.fake_engine.launch import fake_engines_serve
+
+    with contextlib.ExitStack() as stack:
+        try:
+            shm = Path("/dev/shm")
+            storage = Path(
+                tempfile.mkdtemp(prefix="route-bench-kv-", dir=shm if shm.is_dir() else tmp)
+            )
+            stack.callback(lambda: subprocess.run(["rm", "-rf", str(storage)], check=False))
+            workers: dict[str, str] = {}
+            pids: list[int] = []
+            for role in ("prefill", "decode"):
+                urls, proc = stack.enter_context(
+                    fake_engines_serve(
+                        [(f"pd-{role}", port(), "kv_both")], connector="shared_storage",
+                        storage=str(storage), server="granian", python=PY,
+                    )
+                )  # fmt: skip
+                workers.update(urls)
+                pids.append(proc.pid)
+            rt_port = port()
+            proc = stack.enter_context(
+                router_serve([(workers["pd-prefill"], None)], [workers["pd-decode"]], rt_port)
+            )
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            print(f"\n!!! sglang-router NOT measured: {type(exc).__name__}: {exc}\n!!!", flush=True)
+            yield None
+            return
+        time.sleep(1.0)  # granian's worker processes are up
+        workers_pids = [p for pid in pids for p in process_tree(pid)]
+        yield f"http://127.0.0.1:{rt_port}", process_tree(proc.pid), workers_pids
+
+
+async def run(
+    args: argparse.Namespace, env: dict[str, str], secret: str, tmp: Path
+) -> dict[str, Any]:
     import httpx
 
-    app_port, bare_port = free_port(), free_port()
-    procs = [
-        serve(env, "controlplane.asgi:application", app_port, ROOT),
-        serve(env, "route_api:bare_app", bare_port, ROOT / "bench"),
-    ]
+    ports = {name: port() for name in ("uvicorn", "granian", "bare")}
+    procs = {
+        "uvicorn": serve(env, "controlplane.asgi:application", ports["uvicorn"], ROOT),
+        "bare": serve(env, "route_api:bare_app", ports["bare"], ROOT / "bench"),
+    }
+    if args.granian:
+        procs["granian"] = serve(
+            env, "controlplane.asgi:application", ports["granian"], ROOT, server="granian"
+        )
+    redis_pid = int(env.get("BENCH_REDIS_PID") or 0)
     try:
-        app_base, bare_base = f"http://127.0.0.1:{app_port}", f"http://127.0.0.1:{bare_port}"
-        wait_up(f"{app_base}/api/v1/health")
-        wait_up(f"{bare_base}/")
+        bases = {name: f"http://127.0.0.1:{ports[name]}" for name in procs}
+        for name in procs:
+            wait_up(f"{bases[name]}/api/v1/health" if name != "bare" else f"{bases[name]}/")
+        app_base, bare_base = bases["uvicorn"], bases["bare"]
         headers = {"Authorization": f"Bearer {secret}"}
         policy = httpx.get(f"{app_base}/api/v1/policy", headers=headers, timeout=30).json()
-        topo = policy
-        pd = next(c["name"] for c in topo["clusters"] if c["kind"] == "pd")
-        prefill = [i["name"] for i in topo["instances"] if i["role"] == "prefill"]
+        pd = next(c["name"] for c in policy["clusters"] if c["kind"] == "pd")
+        prefill = [i["name"] for i in policy["instances"] if i["role"] == "prefill"]
 
         wanted = max(args.requests, args.batches * args.batch_size)
         rows = load_trace(wanted)
@@ -223,29 +332,96 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
                 body = {"instance": prefill[k % len(prefill)], "batches": [{"batch": batch}]}
                 await client.post("/api/v1/kv-events", json=body, headers=headers)
 
-        stop = asyncio.Event()
-        fresh = asyncio.create_task(keep_fresh(app_base, headers, policy, stop))
+        stop_fresh = asyncio.Event()
+        fresh = asyncio.create_task(keep_fresh(app_base, headers, policy, stop_fresh))
         await asyncio.sleep(0.5)
+        pids = {name: process_tree(p.pid) for name, p in procs.items()}
+        redis_pids = [redis_pid] if redis_pid else []
 
+        router = None
+        if args.router:
+            router_ctx = sglang_router_pd(tmp)
+            router = router_ctx.__enter__()
         singles = [json.dumps(r).encode() for r in requests[: args.requests]]
+        rbodies = router_bodies(args.requests)
         warm = singles[: min(400, len(singles))]
-        # A closed loop at several levels in flight: the target is a rate *at* a latency, so
-        # the question is the most the app serves while its p99 stays within 25 ms.
-        singles_met: list[int] = []
+        out: dict[str, Any] = {}
         for level in args.concurrency:
-            for base in (app_base, bare_base):
-                await asyncio.to_thread(drive, base, "/api/v1/route", warm, headers, level, 1)
-            app = await asyncio.to_thread(
-                drive, app_base, "/api/v1/route", singles, headers, level, 1
+            print(f"\nsingle requests, {level} in flight, {len(singles)} calls each")
+            print(HEADER)
+            for name in ("uvicorn", "bare"):
+                await asyncio.to_thread(
+                    drive, bases[name], "/api/v1/route", warm, headers, level, 1
+                )
+            redis_before = cpu_seconds(redis_pids)
+            app, app_cpu = await asyncio.to_thread(
+                measured,
+                pids["uvicorn"],
+                partial(drive, app_base, "/api/v1/route", singles, headers, level, 1),
             )
-            bare = await asyncio.to_thread(
-                drive, bare_base, "/api/v1/route", singles, headers, level, 1
+            redis_ms = (cpu_seconds(redis_pids) - redis_before) / len(singles) * 1e3
+            bare, bare_cpu = await asyncio.to_thread(
+                measured,
+                pids["bare"],
+                partial(drive, bare_base, "/api/v1/route", singles, headers, level, 1),
             )
-            report(f"single requests, concurrency {level}", app, bare)
+            print(row("app (uvicorn)", app, app_cpu, f"   + Redis {redis_ms:.3f} ms/dec"))
+            print(row("bare ASGI (uvicorn)", bare, bare_cpu))
+            results = {"app": app, "bare": bare}
+            if level == 32 and args.granian:
+                await asyncio.to_thread(
+                    drive, bases["granian"], "/api/v1/route", warm, headers, level, 1
+                )
+                gr, gr_cpu = await asyncio.to_thread(
+                    measured,
+                    pids["granian"],
+                    partial(drive, bases["granian"], "/api/v1/route", singles, headers, 32, 1),
+                )
+                print(row("app (granian)", gr, gr_cpu))
+                results["granian"] = gr
+            if router is not None:
+                rt_url, rt_pids, wk_pids = router
+                path = "/v1/completions"
+                await asyncio.to_thread(drive, rt_url, path, rbodies[:400], {}, level, 1)
+                wk_before = cpu_seconds(wk_pids)
+                rt, rt_cpu = await asyncio.to_thread(
+                    measured,
+                    rt_pids,
+                    partial(drive, rt_url, path, rbodies, {}, level, 1),
+                )
+                wk_ms = (cpu_seconds(wk_pids) - wk_before) / len(rbodies) * 1e3
+                print(
+                    row(
+                        "sglang-router PD (Rust)",
+                        rt,
+                        rt_cpu,
+                        f"   + fake workers {wk_ms:.3f} ms/req",
+                    )
+                )
+                results["router"] = rt
+            print(
+                f"  ratios app/bare: rate {ratio(app['rate'], bare['rate'])}, "
+                f"p99 {ratio(app['p99_ms'], bare['p99_ms'])}"
+                + (f"; app/sglang-router: rate {ratio(app['rate'], results['router']['rate'])}, "
+                   f"p99 {ratio(app['p99_ms'], results['router']['p99_ms'])}" if "router" in results else "")
+                + (f"; granian/uvicorn rate {ratio(results['granian']['rate'], app['rate'])}"
+                   if "granian" in results else "")
+            )  # fmt: skip
             reasons = Counter(json.loads(a)["reason"] for a in app["answers"])
             print(f"  app decisions by reason (first {sum(reasons.values())}): {dict(reasons)}")
-            if app["decisions_per_s"] >= 1000 and app["p99_ms"] <= 25:
-                singles_met.append(level)
+            if level == 32:
+                out.update(
+                    single32_rps=round(app["rate"], 1),
+                    single32_p99_ms=round(app["p99_ms"], 2),
+                    cpu_ms_per_decision=round(app_cpu, 4),
+                )
+                if "router" in results:
+                    out.update(
+                        router_pd_rps=round(results["router"]["rate"], 1),
+                        router_pd_p99_ms=round(results["router"]["p99_ms"], 2),
+                    )
+        if router is not None:
+            router_ctx.__exit__(None, None, None)
 
         size = args.batch_size
         batches = [
@@ -253,32 +429,41 @@ async def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> Non
             for i in range(args.batches)
         ]
         bconc = args.batch_concurrency
-        await asyncio.to_thread(
-            drive, app_base, "/api/v1/route/batch", batches[:2], headers, bconc, size
+        path = "/api/v1/route/batch"
+        await asyncio.to_thread(drive, app_base, path, batches[:4], headers, bconc, size)
+        app_b, app_b_cpu = await asyncio.to_thread(
+            measured,
+            pids["uvicorn"],
+            partial(drive, app_base, path, batches, headers, bconc, size),
+            size,
         )
-        app_b = await asyncio.to_thread(
-            drive, app_base, "/api/v1/route/batch", batches, headers, bconc, size
+        bare_b, bare_b_cpu = await asyncio.to_thread(
+            measured,
+            pids["bare"],
+            partial(drive, bare_base, path, batches, headers, bconc, size),
+            size,
         )
-        bare_b = await asyncio.to_thread(
-            drive, bare_base, "/api/v1/route/batch", batches, headers, bconc, size
+        print(f"\nbatches of {size}, {bconc} in flight, {len(batches)} calls each")
+        print(HEADER)
+        print(row("app (uvicorn)", app_b, app_b_cpu))
+        print(row("bare ASGI (uvicorn)", bare_b, bare_b_cpu))
+        print(
+            f"  ratio app/bare: rate {ratio(app_b['decisions_per_s'], bare_b['decisions_per_s'])}"
         )
-        report(f"batches of {size}, concurrency {bconc}", app_b, bare_b)
+        out["batch_rps"] = round(app_b["decisions_per_s"], 1)
 
-        stop.set()
+        stop_fresh.set()
         await fresh
+        load = os.getloadavg()
         print(
-            "\ntargets (issue 4): single >= 1000 decisions/s with p99 <= 25 ms: "
-            f"{f'met at concurrency {singles_met}' if singles_met else 'NOT met'}; "
-            f"batch >= 10000 decisions/s: {'met' if app_b['decisions_per_s'] >= 10000 else 'NOT met'}"
+            f"\nmachine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} "
+            f"{load[2]:.2f} at the end (the load generator, every server, the fake workers and "
+            "Redis share them)"
         )
-        print(
-            f"machine: {os.cpu_count()} CPUs (load generator, 2+2 server workers and Redis share them)"
-        )
+        return out
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=20)
+        for p in procs.values():
+            stop(p)
 
 
 def main() -> None:
@@ -293,7 +478,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-concurrency", type=int, default=4)
+    parser.add_argument(
+        "--no-router", dest="router", action="store_false", help="skip sglang-router"
+    )
+    parser.add_argument(
+        "--no-granian", dest="granian", action="store_false", help="skip the app under granian"
+    )
+    parser.add_argument(
+        "--port-base", type=int, default=0, help="take ports from here on (default: any free)"
+    )
     args = parser.parse_args()
+    _next_port[0] = args.port_base
     if not 1 <= args.batch_size <= 1000:
         parser.error("--batch-size must be between 1 and 1000 (the API's batch limit)")
     if min(args.concurrency) < 1:
@@ -334,7 +529,12 @@ def main() -> None:
                 "--fleet-wide",
             )
             print(f"topology: {SCENARIO.name}; Redis: {'embedded' if server else env['REDIS_URL']}")
-            asyncio.run(run(args, env, secret))
+            if server is not None and server.proc is not None:
+                env["BENCH_REDIS_PID"] = str(server.proc.pid)
+            out = asyncio.run(run(args, env, secret, Path(tmp)))
+            keys = ("single32_rps", "single32_p99_ms", "router_pd_rps", "router_pd_p99_ms",
+                    "batch_rps", "cpu_ms_per_decision")  # fmt: skip
+            print(json.dumps({k: out.get(k) for k in keys}))
         finally:
             if server is not None:
                 server.stop()

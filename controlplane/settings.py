@@ -300,6 +300,14 @@ CELERY_BEAT_SCHEDULE = {
 # Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off
 # (agents or the fleet emulator post telemetry instead).
 ENGINE_SCRAPE_INTERVAL_S = env_number("ENGINE_SCRAPE_INTERVAL_S", 0.0, low=0, high=3600)
+# The route path's in-process live state (scheduling.livestate): read again in the background
+# once older than LIVE_STATE_REFRESH_S, never used older than LIVE_STATE_MAX_AGE_S (then the
+# call reads itself; 0 reads on every call).
+LIVE_STATE_REFRESH_S = env_number("LIVE_STATE_REFRESH_S", 0.1, low=0.01, high=10)
+LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
+# Traffic counters, metrics and recent entries of route decisions that reserve nothing are
+# summed in process and written at most this many seconds later (one command per period).
+ROUTE_RECORD_FLUSH_S = env_number("ROUTE_RECORD_FLUSH_S", 0.1, low=0.001, high=5)
 if ENGINE_SCRAPE_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["engines-scrape"] = {
         "task": "scheduling.engines_scrape",

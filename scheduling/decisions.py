@@ -1,28 +1,37 @@
-"""The route service: live state in, decisions out, with at most two Redis round trips.
+"""The route service: live state in, decisions out, with at most one Redis round trip each
+way and none of either for most calls.
 
 Per API call (one request or a batch):
 
 1. the in-process snapshot (topology, policy; no ORM);
-2. ONE pipelined Redis read: snapshot version, control state, every instance's and link's
-   latest sample, the links' in-flight bytes, and the longest cached prefix per instance of
-   every block chain of the call (walked server-side by one script);
-3. the pure decision (:func:`scheduling.core.routing.route_decide_many`);
-4. ONE write pipeline: the atomic link reservation of each offload (which also records the
-   branch it took in the traffic store), the traffic counters of the others, metrics.
+2. the in-process live state (:mod:`scheduling.livestate`: control state, every instance's and
+   link's latest sample, the links' in-flight bytes, the snapshot version), read in the
+   background and never older than ``LIVE_STATE_MAX_AGE_S``;
+3. when the call has block chains, ONE scripted Redis read: the longest cached prefix per
+   instance of every chain (walked server-side);
+4. the pure decision (:func:`scheduling.core.routing.route_decide_many`);
+5. when a decision offloads or moves a cache, ONE atomic script reserving the link bytes of
+   all of them (it also records the branch each took in the traffic store and the metrics);
+6. the traffic counters, metrics and recent entries of the other decisions are summed in
+   process and written by one scripted command at most ``ROUTE_RECORD_FLUSH_S`` later (best
+   effort, like every metric: a process killed meanwhile loses that much).
 
 A decision whose reservation Redis refuses becomes the router's local fallback
 (:func:`scheduling.core.routing.route_fallback_local`, ``link_congested``). When Redis is slow or
 down, the read gives up after ``REDIS_DEADLINE_S``; the call is decided from the snapshot with
 stale live state (``telemetry_stale``: the policy's static rule, no cache transfer; as nothing
-can be reserved, what the rule would offload stays local) and Redis is left alone for ``REDIS_BACKOFF_S`` so no call waits on it; the first
-call after that tries again, so the service recovers by itself.
+can be reserved, what the rule would offload stays local) and Redis is left alone for
+``REDIS_BACKOFF_S`` so no call waits on it; the first call after that tries again, so the
+service recovers by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -32,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from django.conf import settings
 from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
@@ -43,13 +53,12 @@ from clusters.live.scripts import (
 )
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async
-from scheduling import metrics, traffic
+from scheduling import livestate, metrics, traffic
+from scheduling.coalesce import Coalesced
 from scheduling.core import routing
 from scheduling.snapshot import (
-    SNAPSHOT_VERSION_KEY,
     Snapshot,
     link_key,
-    parse_version,
     snapshot_age_s,
     snapshot_get_async,
     snapshot_needs_refresh,
@@ -102,97 +111,46 @@ def _redis_failed(exc: BaseException) -> None:
             scripts_forget(redis_async())
     if isinstance(exc, ConnectionError | OSError | redis_exceptions.ConnectionError):
         _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
+        # Not refreshable now: the next call after the back-off reads it again.
+        livestate.live_state_reset()
     log.warning("live state unavailable (%s); deciding from the snapshot", type(exc).__name__)
 
 
-@dataclass
-class _Read:
-    version: int
-    live: routing.LiveState
-    matches: list[prefix_index.IndexMatch] | None
-
-
-async def _read(snap: Snapshot, chains: list[tuple[str, ...]], now: float) -> _Read:
+async def _matches_run(
+    hybrid: bool, block_tokens: int, chains: list[tuple[str, ...]]
+) -> list[prefix_index.IndexMatch]:
     r = redis_async()
     await scripts_ensure_async(r)
     pipe = r.pipeline(transaction=False)
-    pipe.get(SNAPSHOT_VERSION_KEY)
-    telemetry.control_states_queue(pipe)
-    telemetry.instance_states_queue(pipe, snap.instance_names)
-    telemetry.link_states_queue(pipe, snap.link_keys, now, by_sha=True)
-    if chains:
-        prefix_index.prefix_matches_queue(pipe, chains, snap.hybrid, by_sha=True)
+    prefix_index.prefix_matches_queue(pipe, chains, hybrid, by_sha=True)
     raw = await pipe.execute()
-    version = parse_version(raw[0])
-    control_raw = telemetry.control_states_parse(raw[1])
-    at = 2
-    inst: dict[str, telemetry.InstanceSample] = {}
-    if snap.instance_names:
-        inst = telemetry.instance_states_parse(snap.instance_names, raw[at])
-        at += 1
-    n_links = len(snap.link_keys) + 1 if snap.link_keys else 0
-    links = telemetry.link_states_parse(snap.link_keys, raw[at : at + n_links])
-    at += n_links
-    matches = None
-    if chains:
-        matches = prefix_index.prefix_matches_parse(raw[at], len(chains), snap.block_tokens)
-    newest: float | None = None
-    loads: dict[str, routing.InstanceLoad] = {}
-    for name, s in inst.items():
-        loads[name] = routing.InstanceLoad(
-            queue_depth=s.queue_depth,
-            queued_prefill_tokens=s.queued_prefill_tokens,
-            running=s.running,
-            waiting=s.waiting,
-            kv_usage=s.kv_usage,
-            updated_at=s.ts,
-        )
-        newest = s.ts if newest is None else max(newest, s.ts)
-    link_loads: dict[tuple[str, str], routing.LinkLoad] = {}
-    for pair, key in zip(snap.link_pairs, snap.link_keys, strict=True):
-        ls = links.get(key)
-        if ls is None:
-            continue
-        link_loads[pair] = routing.LinkLoad(
-            egress_gbps=ls.gbps, inflight_bytes=ls.reserved_bytes, updated_at=ls.ts or None
-        )
-        if ls.ts:
-            newest = ls.ts if newest is None else max(newest, ls.ts)
-    control: dict[str, routing.ControlState] = {}
-    for cluster, fields in control_raw.items():
-        try:
-            control[cluster] = routing.ControlState(**fields)
-        except TypeError:
-            continue
-    live = routing.LiveState(
-        now=now,
-        instances=loads,
-        links=link_loads,
-        control=control,
-        stale=newest is None,
-        telemetry_at=newest,
-    )
-    if not live.stale:
-        # Advance each PD cluster's control state to now (pure; the telemetry path persists it).
-        guards = snap.policy.guards
-        advanced = {
-            pd: routing.control_update(
-                control.get(pd) or routing.control_initial(),
-                routing.control_signals(pd, snap.topology, live),
-                guards,
-                now,
-            )
-            for pd in snap.pd_clusters
-        }
-        live = routing.LiveState(
-            now=now,
-            instances=loads,
-            links=link_loads,
-            control=advanced,
-            stale=False,
-            telemetry_at=newest,
-        )
-    return _Read(version=version, live=live, matches=matches)
+    return prefix_index.prefix_matches_parse(raw[0], len(chains), block_tokens)
+
+
+# One group-committed script per model shape (it changes only with the snapshot).
+_MATCHERS: dict[tuple[bool, int], Coalesced[tuple[str, ...], prefix_index.IndexMatch]] = {}
+
+
+async def _matches(snap: Snapshot, chains: list[tuple[str, ...]]) -> list[prefix_index.IndexMatch]:
+    """The longest cached prefix per instance of every chain: ONE scripted command, shared
+    with the concurrent calls of this process (:mod:`scheduling.coalesce`)."""
+    key = (snap.hybrid, snap.block_tokens)
+    matcher = _MATCHERS.get(key)
+    if matcher is None:
+        matcher = _MATCHERS[key] = Coalesced(functools.partial(_matches_run, *key))
+    return await matcher.call(chains)
+
+
+async def _reserve_run(items: list[telemetry.Reservation]) -> list[bool]:
+    r = redis_async()
+    await scripts_ensure_async(r)
+    pipe = r.pipeline(transaction=False)
+    telemetry.link_reserve_many_queue(pipe, items, time.time(), by_sha=True)
+    flat = (await pipe.execute())[0]
+    return [bool(int(flat[2 * k])) for k in range(len(items))]
+
+
+_RESERVER: Coalesced[telemetry.Reservation, bool] = Coalesced(_reserve_run)
 
 
 def _requests(
@@ -292,53 +250,57 @@ def _error(exc: routing.RouteError, batch: bool) -> ApiError:
     return Invalid(where + exc.detail, code=exc.code, status=status)
 
 
-async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> list[dict[str, Any]]:
-    """Decide ``inputs`` (one API call) and return the response dicts, in order."""
-    started = time.perf_counter()
-    now = time.time()
-    snap = await snapshot_get_async()
-    chains = [item.chain for item in inputs if item.chain]
-    read: _Read | None = None
-    if _redis_available():
-        try:
-            # asyncio.timeout, not wait_for: no extra task per call on the hot path.
-            async with asyncio.timeout(REDIS_DEADLINE_S):
-                read = await _read(snap, chains, now)
-            if snapshot_needs_refresh(snap, read.version):
-                fresh = await snapshot_refresh_async(read.version)
-                if fresh is not snap:
-                    snap = fresh
-                    # Rare (inventory or policy changed): read again against the new fleet.
-                    async with asyncio.timeout(REDIS_DEADLINE_S):
-                        read = await _read(snap, chains, now)
-        except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041 - both on 3.11
-            if isinstance(exc, ApiError):
-                raise
-            _redis_failed(exc)
-            read = None
-    if read is None and snapshot_needs_refresh(snap, None):
-        # Redis away: the snapshot still follows the database by age (the rebuild itself
-        # backs off while the database is away too).
-        snap = await snapshot_refresh_async(None)
-    live = read.live if read is not None else routing.LiveState(now=now, stale=True)
-    requests = _requests(snap, inputs, read.matches if read is not None else None)
+async def _live_and_matches(
+    snap: Snapshot, chains: list[tuple[str, ...]], now: float
+) -> tuple[Snapshot, livestate.LiveRead, list[prefix_index.IndexMatch] | None]:
+    """The live state (in process, age bounded) and the chains' prefix matches; the snapshot
+    rebuilt first when the version counter of the live read moved."""
+    read = await livestate.live_state_get_async(snap, now)
+    if snapshot_needs_refresh(snap, read.version):
+        fresh = await snapshot_refresh_async(read.version)
+        if fresh is not snap:
+            # Rare (inventory or policy changed): read again against the new fleet.
+            snap = fresh
+            read = await livestate.live_state_get_async(snap, now)
+    matches = await _matches(snap, chains) if chains else None
+    return snap, read, matches
+
+
+@dataclass
+class _Decided:
+    requests: list[routing.RouteRequest]
+    decisions: list[routing.RouteDecision]
+    # Local fallback of each decision whose link bytes must be reserved, by index.
+    fallbacks: dict[int, routing.RouteDecision]
+
+
+async def _decide(
+    snap: Snapshot,
+    inputs: Sequence[RouteInput],
+    live: routing.LiveState,
+    matches: list[prefix_index.IndexMatch] | None,
+    batch: bool,
+    *,
+    read_ok: bool,
+) -> _Decided:
+    """``read_ok``: the live state was read (errors are counted, a refused reservation means
+    a congested link); otherwise Redis is away."""
+    requests = _requests(snap, inputs, matches)
     try:
         decisions = routing.route_decide_many(requests, snap.policy, snap.topology, live)
     except routing.RouteError as exc:
-        if read is not None:
+        if read_ok:
             await metrics.route_error_count_async(exc.code, REDIS_DEADLINE_S)
         raise _error(exc, batch) from None
-
     # Offloads (and cache transfers) need their link bytes reserved atomically; precompute
-    # the local fallback of each, so the write pipeline can record whichever branch happens.
+    # the local fallback of each, so the reservation script can record whichever branch
+    # happens.
     originals = [
         d if d.reservation is not None and d.reservation.bytes > 0 else None for d in decisions
     ]
     fallbacks: dict[int, routing.RouteDecision] = {}
     if any(o is not None for o in originals):
-        reason = (
-            routing.Reason.LINK_CONGESTED if read is not None else routing.Reason.TELEMETRY_STALE
-        )
+        reason = routing.Reason.LINK_CONGESTED if read_ok else routing.Reason.TELEMETRY_STALE
         computed = routing.route_fallback_local_many(
             requests, originals, snap.policy, snap.topology, live, reason=reason
         )
@@ -353,82 +315,228 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
                     code=routing.Reason.ORIGIN_UNAVAILABLE,
                 )
             fallbacks[i] = fb
+    return _Decided(requests, decisions, fallbacks)
+
+
+async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> list[dict[str, Any]]:
+    """Decide ``inputs`` (one API call) and return the response dicts, in order."""
+    started = time.perf_counter()
+    now = time.time()
+    snap = await snapshot_get_async()
+    chains = [item.chain for item in inputs if item.chain]
+    read: livestate.LiveRead | None = None
+    matches: list[prefix_index.IndexMatch] | None = None
+    if _redis_available():
+        try:
+            # asyncio.timeout, not wait_for: no extra task per call on the hot path.
+            async with asyncio.timeout(REDIS_DEADLINE_S):
+                snap, read, matches = await _live_and_matches(snap, chains, now)
+        except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041 - both on 3.11
+            if isinstance(exc, ApiError):
+                raise
+            _redis_failed(exc)
+            read = None
+    if read is None and snapshot_needs_refresh(snap, None):
+        # Redis away: the snapshot still follows the database by age (the rebuild itself
+        # backs off while the database is away too).
+        snap = await snapshot_refresh_async(None)
+    stale = routing.LiveState(now=now, stale=True)
+    if read is None:
+        got = await _decide(snap, inputs, stale, None, batch, read_ok=False)
+    else:
+        got = await _decide(snap, inputs, read.at(now), matches, batch, read_ok=True)
+    decisions, fallbacks = got.decisions, got.fallbacks
     elapsed = time.perf_counter() - started
     memo: dict[int, dict[str, Any]] = {}
 
+    admitted: dict[int, bool] = {}
     reservation_ids = {i: uuid.uuid4().hex for i in fallbacks}
-    if read is not None:
+    if read is not None and fallbacks:
         try:
             async with asyncio.timeout(REDIS_DEADLINE_S):
-                admitted = await _write(
-                    snap, inputs, decisions, fallbacks, reservation_ids, now, elapsed, batch, memo
+                admitted = await _reserve(
+                    snap, inputs, decisions, fallbacks, reservation_ids, now, batch, memo
                 )
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
             _redis_failed(exc)
-            # Reservations unknown: keep the budget safe, send every offload local.
-            admitted = {i: False for i in fallbacks}
-        for i, ok in admitted.items():
-            if not ok:
-                decisions[i] = fallbacks[i]
-            else:
-                # The holder releases it by id when its transfer ends (POST /outcomes).
-                rv = decisions[i].reservation
-                assert rv is not None
-                decisions[i] = dataclasses.replace(
-                    decisions[i], reservation=dataclasses.replace(rv, id=reservation_ids[i])
-                )
-    else:
+            # Redis went away since the live state was read: decided again as stale, as a
+            # call that could not read it is (the static rule; nothing reserved, so what it
+            # would offload stays local).
+            read, memo = None, {}
+            got = await _decide(snap, inputs, stale, None, batch, read_ok=False)
+            decisions, fallbacks = got.decisions, got.fallbacks
+    if read is None:
         # Without Redis nothing can be reserved, and the link budget is never to be exceeded:
         # what the static rule would offload stays local, still saying telemetry_stale.
         for i, fb in fallbacks.items():
             decisions[i] = fb
-    return _snapshot_marked(snap, [_decision_dict(d, memo) for d in decisions])
+        return _answers(snap, decisions, memo, None)
+    _pending_add(inputs, decisions, fallbacks, now, elapsed, batch, memo)
+    for i, ok in admitted.items():
+        if not ok:
+            decisions[i] = fallbacks[i]
+        else:
+            # The holder releases it by id when its transfer ends (POST /outcomes).
+            rv = decisions[i].reservation
+            assert rv is not None
+            decisions[i] = dataclasses.replace(
+                decisions[i], reservation=dataclasses.replace(rv, id=reservation_ids[i])
+            )
+    return _answers(snap, decisions, memo, max(0.0, now - read.read_at))
 
 
-def _snapshot_marked(snap: Snapshot, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every answer says how old its topology and policy are; one decided from a snapshot
-    past its bound (the database unreachable for longer than ``SNAPSHOT_MAX_AGE_S``) is
-    ``stale`` like one decided without live state."""
-    age = round(snapshot_age_s(snap), 3)
+def _answers(
+    snap: Snapshot,
+    decisions: Sequence[routing.RouteDecision],
+    memo: dict[int, dict[str, Any]],
+    live_age_s: float | None,
+) -> list[dict[str, Any]]:
+    """The response dicts, each with the age of the live state and of the topology and policy
+    it was decided with; one decided from a snapshot past its bound (the database unreachable
+    for longer than ``SNAPSHOT_MAX_AGE_S``) is ``stale`` like one decided without live state."""
+    out = []
+    age = None if live_age_s is None else round(live_age_s, 4)
+    snapshot_age = round(snapshot_age_s(snap), 3)
     old = snapshot_stale(snap)
-    for answer in answers:
-        answer["snapshot_age_s"] = age
+    for d in decisions:
+        # In place: the recent entries that share the dict were serialised already.
+        answer = _decision_dict(d, memo)
+        answer["live_age_s"] = age
+        answer["snapshot_age_s"] = snapshot_age
         if old:
             answer["stale"] = True
-    return answers
+        out.append(answer)
+    return out
 
 
-async def _write(
+# --- recording: the rebalancer's traffic windows, /metrics, the recent decisions -------------
+
+
+class _Pending:
+    """Counters and recent entries of decisions that reserved nothing, summed in process."""
+
+    def __init__(self) -> None:
+        self.traffic = traffic.TrafficAggregate()
+        self.ints: dict[tuple[str, str], int] = {}
+        self.floats: dict[tuple[str, str], float] = {}
+        self.entries: collections.deque[str] = collections.deque(maxlen=traffic.RECENT_CAP)
+
+    def count(self, rows: Sequence[tuple[str, str, Any, int]], into: dict[Any, Any]) -> None:
+        for key, name, incr, _ in rows:
+            into[(key, name)] = into.get((key, name), 0) + incr
+
+
+_pending = _Pending()
+_flush_due: asyncio.TimerHandle | None = None
+
+
+def _pending_add(
+    inputs: Sequence[RouteInput],
+    decisions: Sequence[routing.RouteDecision],
+    fallbacks: Mapping[int, routing.RouteDecision],
+    now: float,
+    elapsed: float,
+    batch: bool,
+    memo: dict[int, dict[str, Any]],
+) -> None:
+    """Add a call's records to the pending write (the reservations recorded their own) and
+    make sure a flush is due within ``ROUTE_RECORD_FLUSH_S``."""
+    global _flush_due
+    pending = _pending
+    counts: dict[tuple[str, str], int] = {}
+    recent_left = RECENT_PER_BATCH if batch else len(decisions)
+    for i, d in enumerate(decisions):
+        keep_recent = recent_left > 0
+        recent_left -= 1
+        if i in fallbacks:
+            continue
+        item = inputs[i]
+        pending.traffic.add(_record(item, d, now))
+        counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
+        if keep_recent:
+            pending.entries.append(_recent_entry(item, d, now, memo))
+    ints, floats = metrics.latency_increments("batch" if batch else "single", elapsed)
+    pending.count(metrics.decision_increments(counts) + ints, pending.ints)
+    pending.count(floats, pending.floats)
+    loop = asyncio.get_running_loop()
+    due = _flush_due
+    if due is None or due.cancelled() or getattr(due, "_loop", loop) is not loop:
+        _flush_due = loop.call_later(float(settings.ROUTE_RECORD_FLUSH_S), _flush_start, loop)
+
+
+# Flushes in flight (held: the loop keeps only a weak reference to its tasks).
+_flushing: set[asyncio.Task[None]] = set()
+
+
+def _flush_start(loop: asyncio.AbstractEventLoop) -> None:
+    task = loop.create_task(route_records_flush())
+    _flushing.add(task)
+    task.add_done_callback(_flushing.discard)
+
+
+def route_records_reset() -> None:
+    """Forget the pending records (tests)."""
+    global _pending, _flush_due
+    if _flush_due is not None:
+        _flush_due.cancel()
+    _pending, _flush_due = _Pending(), None
+
+
+async def route_records_flush() -> None:
+    """Write the pending records in ONE scripted command (best effort, like every metric:
+    records of a flush Redis refuses are dropped and the failure logged)."""
+    global _pending, _flush_due
+    pending, _pending, _flush_due = _pending, _Pending(), None
+    ints = pending.traffic.increments() + [
+        (key, name, n, 0) for (key, name), n in pending.ints.items()
+    ]
+    floats = [(key, name, x, 0) for (key, name), x in pending.floats.items()]
+    if not ints and not floats and not pending.entries:
+        return
+    try:
+        r = redis_async()
+        async with asyncio.timeout(REDIS_DEADLINE_S):
+            await scripts_ensure_async(r)
+            pipe = r.pipeline(transaction=False)
+            counters_queue(
+                pipe,
+                ints,
+                floats,
+                list_key=traffic.RECENT_KEY,
+                list_cap=traffic.RECENT_CAP,
+                entries=list(pending.entries),
+            )
+            await pipe.execute()
+    except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
+        log.warning("route records not written (%s)", type(exc).__name__)
+        if is_noscript(exc):
+            with contextlib.suppress(RuntimeError):
+                scripts_forget(redis_async())
+
+
+async def _reserve(
     snap: Snapshot,
     inputs: Sequence[RouteInput],
     decisions: Sequence[routing.RouteDecision],
     fallbacks: Mapping[int, routing.RouteDecision],
     reservation_ids: Mapping[int, str],
     now: float,
-    elapsed: float,
     batch: bool,
     memo: dict[int, dict[str, Any]],
 ) -> dict[int, bool]:
-    r = redis_async()
-    await scripts_ensure_async(r)
-    pipe = r.pipeline(transaction=False)
-    plain = traffic.TrafficAggregate()
-    counts: dict[tuple[str, str], int] = {}
+    """The link reservations of the offloads, in order, in ONE atomic script (which also
+    records the branch each took; shared with the concurrent calls of this process); whether
+    each was admitted."""
     recent_left = RECENT_PER_BATCH if batch else len(decisions)
     order: list[int] = []
     reservations: list[telemetry.Reservation] = []
-    entries: list[str] = []
     for i, d in enumerate(decisions):
-        item = inputs[i]
         keep_recent = recent_left > 0
         recent_left -= 1
         fb = fallbacks.get(i)
         if fb is None:
-            plain.add(_record(item, d, now))
-            counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
-            if keep_recent:
-                entries.append(_recent_entry(item, d, now, memo))
             continue
+        item = inputs[i]
         rv = d.reservation
         assert rv is not None
         outcome = traffic.reservation_outcome(
@@ -450,48 +558,27 @@ async def _write(
                 outcome=outcome,
             )
         )
-    # Every counter and the plain decisions' recent entries in one scripted command, queued
-    # before the reservations so that the recent list keeps the decisions' order as before.
-    ints, floats = metrics.latency_increments("batch" if batch else "single", elapsed)
-    counters_queue(
-        pipe,
-        plain.increments() + metrics.decision_increments(counts) + ints,
-        floats,
-        list_key=traffic.RECENT_KEY,
-        list_cap=traffic.RECENT_CAP,
-        entries=entries,
-    )
-    at = len(pipe)
-    if reservations:
-        telemetry.link_reserve_many_queue(pipe, reservations, now, by_sha=True)
-    raw = await pipe.execute()
-    if not reservations:
-        return {}
-    flat = raw[at]
-    return {i: bool(int(flat[2 * k])) for k, i in enumerate(order)}
+    admitted = await _RESERVER.call(reservations)
+    return dict(zip(order, admitted, strict=True))
 
 
 async def live_state_read_async() -> routing.LiveState:
     """The live state a router deciding in process needs (``GET /api/v1/route/live``): the
-    same read as a route call's, without prefix matches, control state advanced to now."""
+    route calls' in-process read (age bounded, ``LIVE_STATE_MAX_AGE_S``), judged now."""
     snap = await snapshot_get_async()
     now = time.time()
     async with asyncio.timeout(REDIS_DEADLINE_S):
-        read = await _read(snap, [], now)
-    if snapshot_needs_refresh(snap, read.version):
-        fresh = await snapshot_refresh_async(read.version)
-        if fresh is not snap:
-            async with asyncio.timeout(REDIS_DEADLINE_S):
-                read = await _read(fresh, [], now)
-    return read.live
+        snap, read, _ = await _live_and_matches(snap, [], now)
+    return read.at(now)
 
 
 async def control_tick_async() -> dict[str, routing.ControlState]:
     """Advance and store every PD cluster's control state from the live state now (called
-    after telemetry arrives, so congestion raises thresholds without waiting for a route)."""
+    after telemetry arrives, so congestion raises thresholds without waiting for a route).
+    The fresh read replaces this process's live state at once."""
     snap = await snapshot_get_async()
-    now = time.time()
-    read = await asyncio.wait_for(_read(snap, [], now), REDIS_DEADLINE_S * 5)
+    read = await asyncio.wait_for(livestate.live_state_read_fresh(snap), REDIS_DEADLINE_S * 5)
+    livestate.live_state_install(read)
     if read.live.stale:
         return {}
     states = dict(read.live.control)

@@ -44,11 +44,14 @@ def route_state_clean(redis_client: redis.Redis) -> Iterator[None]:
     before and after the test, on the emptied real Redis: no test sees another's."""
     from controlplane.auth import token_cache_clear
     from scheduling import decisions
+    from scheduling.livestate import live_state_reset
     from scheduling.snapshot import snapshot_reset
 
     def reset() -> None:
         snapshot_reset()
+        live_state_reset()
         token_cache_clear()
+        decisions.route_records_reset()
         decisions._redis_skip_until = 0.0
 
     reset()

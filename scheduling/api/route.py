@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import msgspec
 import orjson
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
@@ -16,9 +17,9 @@ from pydantic import StringConstraints, field_validator, model_validator
 
 from clusters.live.prefix_index import BlockHashError, block_hash_key
 from controlplane.auth import require_scope
-from controlplane.errors import ErrorOut
+from controlplane.errors import ErrorOut, Invalid
 from scheduling import traffic
-from scheduling.decisions import RouteInput, route_decide_async
+from scheduling.decisions import RouteInput, route_decide_async, route_records_flush
 from scheduling.snapshot import snapshot_current_async
 
 router = Router(tags=["routing"])
@@ -93,6 +94,87 @@ class RouteBatchIn(Schema):
     requests: list[RouteIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+# --- the same request as msgspec structs: the ASGI fast path decodes a body in one pass ------
+# (pydantic above stays the schema of the ninja operations and the OpenAPI document;
+# tests/scheduling/test_route_fastpath.py holds both doors to the same answers and errors).
+
+_U64 = 1 << 64
+_MASK = _U64 - 1
+_MIN_HASH = -(1 << 63)
+_WireName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+_WireCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PROMPT_TOKENS)]
+
+
+class RouteWire(msgspec.Struct, gc=False):
+    """:class:`RouteIn` as the fast path decodes it (same fields, bounds and defaults)."""
+
+    origin: _WireName
+    prompt_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_PROMPT_TOKENS)]
+    block_hashes: Annotated[list[int | str], msgspec.Meta(max_length=MAX_BLOCK_HASHES)] = []
+    cached_tokens: Annotated[dict[_WireName, _WireCount], msgspec.Meta(max_length=64)] = {}
+    request_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    expected_output_tokens: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_TOKENS)] | None = None
+
+
+class RouteBatchWire(msgspec.Struct, gc=False):
+    requests: Annotated[list[RouteWire], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+
+
+ROUTE_DECODER = msgspec.json.Decoder(RouteWire)
+ROUTE_BATCH_DECODER = msgspec.json.Decoder(RouteBatchWire)
+
+
+def _chain(values: list[int | str], where: str) -> tuple[str, ...]:
+    """Block hashes folded to their 64-bit keys (:func:`block_hash_key`, inlined for ints)."""
+    out: list[str] = []
+    for i, h in enumerate(values):
+        if type(h) is int and _MIN_HASH <= h < _U64:
+            out.append(f"{h & _MASK:016x}")
+            continue
+        try:
+            out.append(block_hash_key(h))
+        except BlockHashError as exc:
+            raise Invalid(f"{where}block_hashes[{i}]: {exc}", code="invalid") from None
+    return tuple(out)
+
+
+def route_wire_input(item: RouteWire, where: str = "") -> RouteInput:
+    """The service's input from a decoded request (``where``: ``requests[i].`` in a batch)."""
+    cached = item.cached_tokens
+    if cached and max(cached.values()) > item.prompt_tokens:
+        # A cache cannot hold more of the prompt than the prompt: such counts are capped.
+        cached = {k: min(v, item.prompt_tokens) for k, v in cached.items()}
+    return RouteInput(
+        origin=item.origin,
+        prompt_tokens=item.prompt_tokens,
+        chain=_chain(item.block_hashes, where) if item.block_hashes else (),
+        cached_tokens=cached,
+        request_id=item.request_id,
+        expected_output_tokens=item.expected_output_tokens,
+    )
+
+
+def route_wire_decode(body: bytes, *, batch: bool) -> list[RouteInput]:
+    """Decode and check a fast-path body; ``msgspec.DecodeError`` for what is not JSON,
+    :class:`Invalid` (the pydantic door's paths: ``requests[3].prompt_tokens: ...``)."""
+    try:
+        if batch:
+            items = ROUTE_BATCH_DECODER.decode(body).requests
+            return [route_wire_input(r, f"requests[{i}].") for i, r in enumerate(items)]
+        return [route_wire_input(ROUTE_DECODER.decode(body))]
+    except msgspec.ValidationError as exc:
+        raise Invalid(_wire_detail(str(exc)), code="invalid") from None
+
+
+def _wire_detail(message: str) -> str:
+    """msgspec's ``Expected ... - at `$.requests[0].origin``` as ``requests[0].origin: ...``."""
+    text, sep, where = message.rpartition(" - at `$")
+    if not sep:
+        return message
+    path = where.rstrip("`").lstrip(".")
+    return f"{path}: {text}" if path else text
+
+
 class PlacementOut(Schema):
     cluster: str
     instance: str
@@ -145,6 +227,11 @@ class RouteOut(Schema):
     snapshot_age_s: float = Field(
         description="seconds since the topology and policy this was decided with were read"
     )
+    live_age_s: float | None = Field(
+        None,
+        description="seconds since the live state it was decided with was read (at most "
+        "LIVE_STATE_MAX_AGE_S); null when Redis was away (stale)",
+    )
 
 
 class RouteBatchOut(Schema):
@@ -165,26 +252,26 @@ def _json(data: Any, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
 
 
-async def route_answer(payload: RouteIn | RouteBatchIn) -> bytes:
+async def route_answer(inputs: list[RouteInput], *, batch: bool) -> bytes:
     """The one pipeline behind both doors of ``/route`` and ``/route/batch`` (these ninja
-    operations and the ASGI fast path, :mod:`scheduling.fastpath`): a validated request in,
-    the JSON answer out."""
-    if isinstance(payload, RouteBatchIn):
-        decisions = await route_decide_async([r.to_input() for r in payload.requests], batch=True)
-        return orjson.dumps({"decisions": decisions})
-    return orjson.dumps((await route_decide_async([payload.to_input()], batch=False))[0])
+    operations and the ASGI fast path, :mod:`scheduling.fastpath`): checked requests in, the
+    JSON answer out."""
+    decisions = await route_decide_async(inputs, batch=batch)
+    return orjson.dumps({"decisions": decisions} if batch else decisions[0])
 
 
 @router.post("/route", auth=ROUTER, response={200: RouteOut, **ERRORS})
 async def route(request: HttpRequest, payload: RouteIn) -> HttpResponse:
     """Decide where one request's prefill and decode run."""
-    return HttpResponse(await route_answer(payload), content_type="application/json")
+    body = await route_answer([payload.to_input()], batch=False)
+    return HttpResponse(body, content_type="application/json")
 
 
 @router.post("/route/batch", auth=ROUTER, response={200: RouteBatchOut, **ERRORS})
 async def route_batch(request: HttpRequest, payload: RouteBatchIn) -> HttpResponse:
     """Decide up to 1,000 requests against one live snapshot, in order."""
-    return HttpResponse(await route_answer(payload), content_type="application/json")
+    body = await route_answer([r.to_input() for r in payload.requests], batch=True)
+    return HttpResponse(body, content_type="application/json")
 
 
 @router.get(
@@ -222,4 +309,5 @@ async def decisions_recent(
     request: HttpRequest, limit: int = Query(50, ge=1, le=traffic.RECENT_CAP)
 ) -> HttpResponse:
     """The latest decisions with their inputs, newest first ("why was this offloaded?")."""
+    await route_records_flush()  # this process's own, not yet written
     return _json(await traffic.recent_decisions_read_async(limit))

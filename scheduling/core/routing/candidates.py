@@ -44,12 +44,26 @@ class DecisionContext:
     """Per-snapshot work shared by every request decided against one live state: active
     pools, backlogs and link loads, plus what this batch itself has already placed."""
 
-    __slots__ = ("decode", "extra_inflight", "live", "policy", "pool_index", "pools", "topology")
+    __slots__ = (
+        "books",
+        "decode",
+        "extra_inflight",
+        "live",
+        "policy",
+        "pool_index",
+        "pools",
+        "topology",
+    )
 
-    def __init__(self, policy: RoutingPolicy, topology: Topology, live: LiveState) -> None:
+    def __init__(
+        self, policy: RoutingPolicy, topology: Topology, live: LiveState, books: bool = True
+    ) -> None:
         self.policy = policy
         self.topology = topology
         self.live = live
+        # Whether decisions book their work for the next ones (a batch). A context for one
+        # decision books nothing, so it reads the live state's memo (LiveState.derived) as is.
+        self.books = books
         # cluster -> [[instance, backlog_s], ...] (lists: a batch adds its own work)
         self.pools: dict[str, list[list[Any]]] = {}
         self.decode: dict[str, list[list[Any]]] = {}
@@ -60,7 +74,14 @@ class DecisionContext:
     def prefill_pool(self, cluster: str) -> list[list[Any]]:
         got = self.pools.get(cluster)
         if got is None:
-            got = prefill_pool(self.topology, self.live, cluster)
+            # Built once per live state and topology (LiveState.derived), copied per context:
+            # a batch books its own work into the entries.
+            key = ("prefill", cluster)
+            memo = self.live.derived.get(key)
+            if memo is None or memo[0] is not self.topology:
+                memo = (self.topology, prefill_pool(self.topology, self.live, cluster))
+                self.live.derived[key] = memo
+            got = [[inst, q] for inst, q in memo[1]] if self.books else memo[1]
             self.pools[cluster] = got
         return got
 
@@ -70,8 +91,14 @@ class DecisionContext:
         one C-level ``min``; a batch adds 1 per request it places there."""
         got = self.decode.get(cluster)
         if got is None:
-            loads = self.live.instances
             cap = self.policy.guards.decode_kv_usage_max
+            key = ("decode", cluster, cap)
+            memo = self.live.derived.get(key)
+            if memo is not None and memo[0] is self.topology:
+                got = [[score, inst] for score, inst in memo[1]] if self.books else memo[1]
+                self.decode[cluster] = got
+                return got
+            loads = self.live.instances
             got = []
             append = got.append
             for name, inst, active in self.topology.decode_rows.get(cluster, ()):
@@ -88,13 +115,24 @@ class DecisionContext:
                     if kv >= cap:
                         score += 1e12
                     append([score, inst])
+            self.live.derived[key] = (self.topology, [[score, inst] for score, inst in got])
             self.decode[cluster] = got
         return got
 
     def index_of(self, cluster: str) -> dict[str, list[Any]]:
         got = self.pool_index.get(cluster)
         if got is None:
-            got = {e[0].name: e for e in self.prefill_pool(cluster)}
+            pool = self.prefill_pool(cluster)
+            if self.books:
+                got = {e[0].name: e for e in pool}
+            else:
+                # The memo's own entries: index them once per live state too.
+                key = ("index", cluster)
+                memo = self.live.derived.get(key)
+                if memo is None or memo[0] is not pool:
+                    memo = (pool, {e[0].name: e for e in pool})
+                    self.live.derived[key] = memo
+                got = memo[1]
             self.pool_index[cluster] = got
         return got
 
@@ -381,14 +419,16 @@ def prfaas_evaluate(
 
 
 def prefill_book(ctx: DecisionContext, entry: list[Any], seconds: float) -> None:
-    entry[1] += seconds
+    if ctx.books:
+        entry[1] += seconds
 
 
 def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None:
-    if reservation is not None and reservation.bytes:
+    if ctx.books and reservation is not None and reservation.bytes:
         key = (reservation.source, reservation.target)
         ctx.extra_inflight[key] = ctx.extra_inflight.get(key, 0) + reservation.bytes
 
 
 def decode_book(ctx: DecisionContext, entry: list[Any]) -> None:
-    entry[0] += 1.0
+    if ctx.books:
+        entry[0] += 1.0

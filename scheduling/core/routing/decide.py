@@ -300,7 +300,7 @@ def route_decide(
     """Decide one request. Raises RouteInputError for a request that is wrong in itself and
     RouteUnavailable when the origin cannot serve it at all (no decode, no prefill)."""
     _validate(request, topology)
-    ctx = DecisionContext(policy, topology, live)
+    ctx = DecisionContext(policy, topology, live, books=False)
     return _decide(request, ctx, live_is_stale(live, policy.guards))
 
 
@@ -320,7 +320,7 @@ def route_decide_many(
         except RouteError as exc:
             exc.index = i
             raise
-    ctx = DecisionContext(policy, topology, live)
+    ctx = DecisionContext(policy, topology, live, books=len(requests) > 1)
     stale = live_is_stale(live, policy.guards)
     out: list[RouteDecision] = []
     for i, request in enumerate(requests):
@@ -349,7 +349,7 @@ def route_fallback_local(
     active prefill instance.
     """
     _validate(request, topology)
-    ctx = DecisionContext(policy, topology, live)
+    ctx = DecisionContext(policy, topology, live, books=False)
     stale = live_is_stale(live, policy.guards)
     hits = hits_collect(request, topology, policy.guards, live.instances)
     decode = decode_pick(ctx, request, policy.guards, not stale)

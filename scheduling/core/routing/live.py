@@ -93,6 +93,13 @@ class LiveState:
     congested). ``stale``: the caller knows the state is missing or unreliable (Redis down,
     client without live state). ``telemetry_at``: time of the newest telemetry the snapshot
     reflects; older than ``guards.stale_after_s`` also makes it stale.
+
+    ``derived``: what decisions compute from the loads alone (each cluster's active pools),
+    kept for the next decision against the same loads (a process deciding with one polled
+    state for many requests builds them once). A memo only, never compared or serialised;
+    :func:`dataclasses.replace` carries it over, so a replaced state must keep ``instances``
+    (replace ``now``, ``control``; build a new state for new loads). The loads' mappings are
+    not to be changed in place.
     """
 
     now: float = 0.0
@@ -101,6 +108,7 @@ class LiveState:
     control: Mapping[str, ControlState] = field(default_factory=dict)
     stale: bool = False
     telemetry_at: float | None = None
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------------------

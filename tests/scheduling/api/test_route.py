@@ -345,6 +345,8 @@ async def test_recent_decisions_and_metrics_show_why(client: AsyncClient, fleet:
     recent = (await client.get("/api/v1/decisions/recent?limit=5", headers=fleet.read)).json()
     assert recent[0]["inputs"]["request_id"] == "why-me"
     assert recent[0]["decision"]["reason"] == "above_threshold"
+    # Written within ROUTE_RECORD_FLUSH_S; a scrape in this very moment waits for none.
+    await decisions.route_records_flush()
     text = (await client.get("/metrics")).content.decode()
     assert 'prfaas_decisions_total{reason="above_threshold",route="prfaas"} 1.0' in text
     assert 'prfaas_decision_latency_seconds_count{mode="single"} 1.0' in text
@@ -356,6 +358,7 @@ async def test_metrics_pass_promtool_check(client: AsyncClient, fleet: Fleet) ->
     await telemetry(client, fleet)
     await route(client, fleet, prompt_tokens=60_000, request_id="lint-me")
     await route(client, fleet, prompt_tokens=100, request_id="lint-me-too")
+    await decisions.route_records_flush()
     text = (await client.get("/metrics")).content
     assert b"prfaas_decisions_total" in text and b"prfaas_link_inflight_bytes" in text
     checked = subprocess.run(
@@ -368,42 +371,43 @@ async def test_metrics_pass_promtool_check(client: AsyncClient, fleet: Fleet) ->
 # --- bad input -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "code", "detail_part"),
-    [
-        ({"origin": "pd-a", "prompt_tokens": -5}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": 0}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": 10**12}, 422, "invalid", "prompt_tokens"),
-        ({"origin": "pd-a", "prompt_tokens": "many"}, 422, "invalid", "prompt_tokens"),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": -1}},
-            422,
-            "invalid",
-            "cached_tokens",
-        ),
-        ({"origin": "nowhere", "prompt_tokens": 10}, 404, "unknown_origin", "nowhere"),
-        ({"origin": "prfaas-x", "prompt_tokens": 10}, 422, "invalid_origin", "prfaas"),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": ["xyz"]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [2**64]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        (
-            {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1.5]},
-            422,
-            "invalid",
-            "block_hashes",
-        ),
-        ({"prompt_tokens": 10}, 422, "invalid", "origin"),
-    ],
-)
+# Bad route inputs and what each gets: (body, status, code, a part of the detail).
+BAD_ROUTE_INPUTS: list[tuple[Any, int, str, str]] = [
+    ({"origin": "pd-a", "prompt_tokens": -5}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": 0}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": 10**12}, 422, "invalid", "prompt_tokens"),
+    ({"origin": "pd-a", "prompt_tokens": "many"}, 422, "invalid", "prompt_tokens"),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "cached_tokens": {"pd-a": -1}},
+        422,
+        "invalid",
+        "cached_tokens",
+    ),
+    ({"origin": "nowhere", "prompt_tokens": 10}, 404, "unknown_origin", "nowhere"),
+    ({"origin": "prfaas-x", "prompt_tokens": 10}, 422, "invalid_origin", "prfaas"),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": ["xyz"]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [2**64]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    (
+        {"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1.5]},
+        422,
+        "invalid",
+        "block_hashes",
+    ),
+    ({"prompt_tokens": 10}, 422, "invalid", "origin"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code", "detail_part"), BAD_ROUTE_INPUTS)
 async def test_bad_route_input_gets_a_clear_error(
     client: AsyncClient, fleet: Fleet, body: Any, status: int, code: str, detail_part: str
 ) -> None:

@@ -6,8 +6,13 @@ is keeping KV off a link or requests in a queue:
 ``link_budget_exhausted``  the KV bytes in flight on a link are at or above
                            ``ALERT_INFLIGHT_SHARE`` of its in-flight budget (the router refuses
                            an offload whose bytes do not fit);
-``offloads_refused``       over the last ``ALERT_WINDOW_S``, ``link_congested`` decisions are at
-                           least ``ALERT_REFUSED_SHARE`` of the arrivals at a link's PD cluster;
+``offloads_refused``       over the last ``ALERT_WINDOW_S``, requests the link had no room for
+                           (``link_congested`` although above the effective threshold: the
+                           offload was decided, its reservation refused) are at least
+                           ``ALERT_REFUSED_SHARE`` of the logged decisions of the link's PD
+                           cluster. A threshold still raised by congestion control after the
+                           fault (it decays with hysteresis) is not the link refusing: the
+                           decision mix shows it as ``t a → b``;
 ``link_congested``         egress at or above the scarce-utilisation guard;
 ``pd_queue_growing``       a PD cluster's summed queue grew by at least ``ALERT_QUEUE_GROWTH``
                            requests (and doubled) over ``ALERT_WINDOW_S``;
@@ -17,9 +22,9 @@ is keeping KV off a link or requests in a queue:
 ``telemetry_stale``        a cluster with active instances and no recent sample at all;
 ``prefix_index_degraded``  KV-event streams with a sequence gap.
 
-The windowed signals need the past: every tick appends one reading (per PD cluster the
-traffic counters of the current and the previous minute and the summed queue; per link the
-in-flight bytes and the budget in force) to a capped Redis list. Reads never write it, so a
+The queue signal needs the past: every tick appends one reading (per PD cluster the summed
+queue; per link the in-flight bytes and the budget in force) to a capped Redis list; refused
+offloads are counted in the decision log (:mod:`scheduling.decision_log`). Reads never write it, so a
 page's first paint judges exactly as the last tick did. The link charts draw their in-flight
 history from the same readings (a reload keeps it).
 
@@ -44,8 +49,7 @@ from clusters.models import InstanceState
 from controlplane import live
 from controlplane.redis_connection import redis_sync
 from scheduling.core.routing import Reason, RouteGuards
-from scheduling.models import AlertEpisode
-from scheduling.traffic import traffic_key
+from scheduling.models import AlertEpisode, DecisionRecord
 
 READINGS_KEY = "alerts:readings"
 READINGS_KEPT = 450
@@ -61,39 +65,26 @@ class Reading:
     """What one tick saw of the windowed signals."""
 
     ts: float
-    # pd cluster -> minute -> [arrivals, link_congested decisions] (counters so far)
-    traffic: Mapping[str, Mapping[str, Sequence[int]]]
     # pd cluster -> requests queued on its instances
     queues: Mapping[str, int]
     # link key -> [in-flight bytes, in-flight budget bytes, capacity Gbps]
     links: Mapping[str, Sequence[float]]
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"ts": self.ts, "traffic": self.traffic, "queues": self.queues, "links": self.links}
-        )
+        return json.dumps({"ts": self.ts, "queues": self.queues, "links": self.links})
 
     @staticmethod
     def from_json(raw: bytes | str) -> Reading:
         d = json.loads(raw)
-        return Reading(ts=d["ts"], traffic=d["traffic"], queues=d["queues"], links=d["links"])
+        return Reading(ts=d["ts"], queues=d["queues"], links=d["links"])
 
 
 def reading_take(
     links: Sequence[dict[str, Any]], clusters: Sequence[dict[str, Any]], now: float
 ) -> Reading:
-    """Read the counters a reading needs (one pipelined round trip)."""
-    pd = [c["name"] for c in clusters if c["kind"] == "pd"]
-    minutes = [int(now // 60) - 1, int(now // 60)]
-    pipe = redis_sync().pipeline(transaction=False)
-    for name in pd:
-        for m in minutes:
-            pipe.hmget(traffic_key(name, m), ["arrivals", f"r:{Reason.LINK_CONGESTED}"])
-    raw = iter(pipe.execute())
-    traffic = {name: {str(m): [int(v or 0) for v in next(raw)] for m in minutes} for name in pd}
+    """What this tick sees of the windowed signals."""
     return Reading(
         ts=now,
-        traffic=traffic,
         queues={c["name"]: int(c["queued"]) for c in clusters if c["kind"] == "pd"},
         links={
             link["key"]: [
@@ -125,16 +116,18 @@ def _window_start(readings: Sequence[Reading], now: float) -> Reading | None:
     return min(inside, key=lambda r: r.ts) if inside else None
 
 
-def _traffic_delta(now_r: Reading, then: Reading, cluster: str) -> tuple[int, int]:
-    """Arrivals and link_congested decisions between two readings (minute keys: a minute
-    absent from the earlier reading had not started, one absent from the later had ended)."""
-    arrivals = refused = 0
-    earlier = then.traffic.get(cluster, {})
-    for minute, (a, r) in now_r.traffic.get(cluster, {}).items():
-        a0, r0 = earlier.get(minute, (0, 0))
-        arrivals += max(0, a - a0)
-        refused += max(0, r - r0)
-    return arrivals, refused
+def refused_offloads(origin: str, since: float) -> tuple[int, int]:
+    """Logged decisions of ``origin`` since ``since``, and those whose offload the link refused
+    (``link_congested`` with the incremental length above the effective threshold)."""
+    rows = DecisionRecord.objects.filter(origin=origin, ts__gte=since).values_list(
+        "reason", "entry__decision__incremental_tokens", "entry__decision__threshold"
+    )
+    total = refused = 0
+    for reason, incremental, threshold in rows:
+        total += 1
+        above = isinstance(incremental, int | float) and isinstance(threshold, int | float)
+        refused += reason == Reason.LINK_CONGESTED and above and incremental > threshold
+    return total, refused
 
 
 def _alert(code: str, subject: str, message: str, now: float) -> live.Alert:
@@ -167,23 +160,18 @@ def alerts_evaluate(
                     now,
                 )
             )
-        if then is not None:
-            arrivals, refused = _traffic_delta(current, then, link["target"])
-            if (
-                refused >= ALERT_REFUSED_MIN
-                and arrivals
-                and refused / arrivals >= ALERT_REFUSED_SHARE
-            ):
-                alerts.append(
-                    _alert(
-                        "offloads_refused",
-                        label,
-                        f"{label}: offloads refused, {refused} of {arrivals} requests at "
-                        f"{link['target']} kept local as link_congested in the last "
-                        f"{now - then.ts:.0f} s ({refused / arrivals:.0%})",
-                        now,
-                    )
+        decided, refused = refused_offloads(link["target"], now - ALERT_WINDOW_S)
+        if refused >= ALERT_REFUSED_MIN and refused / decided >= ALERT_REFUSED_SHARE:
+            alerts.append(
+                _alert(
+                    "offloads_refused",
+                    label,
+                    f"{label}: offloads refused, the link had no room for {refused} of "
+                    f"{decided} logged requests at {link['target']} in the last "
+                    f"{ALERT_WINDOW_S:.0f} s ({refused / decided:.0%}); they ran locally",
+                    now,
                 )
+            )
         if link["capacity_gbps"] > 0 and link["utilisation"] >= guards.scarce_utilisation:
             alerts.append(
                 _alert(

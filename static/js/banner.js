@@ -20,6 +20,7 @@
     });
     box.hidden = alerts.length === 0;
     box.dataset.count = String(alerts.length);
+    box.dataset.ready = "1"; // the live set arrived (tests wait for it)
   }
   document.addEventListener("DOMContentLoaded", function () {
     if (!document.getElementById("alert-banner")) return;

@@ -22,7 +22,11 @@ def _push(n: int, start: float = T0, origin: str = "pd-a") -> None:
     for i in range(n):
         entry = {
             "ts": start + i,
-            "inputs": {"origin": origin, "prompt_tokens": 1000 + i, "request_id": f"req-{int(start - T0) + i}"},
+            "inputs": {
+                "origin": origin,
+                "prompt_tokens": 1000 + i,
+                "request_id": f"req-{int(start - T0) + i}",
+            },
             "decision": {"route": "local", "reason": "below_threshold"},
         }
         recent_queue(pipe, json.dumps(entry))

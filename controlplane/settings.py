@@ -214,6 +214,9 @@ REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024, low=1024, high=64 * 1024 * 1024)
 # Rebalancer ticks that held (no plan) are kept this long; plans are kept.
 REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
+# A proposed plan is under review this long: a newer proposal of its cluster holds (reason
+# plan_under_review) instead of superseding it while an operator reads it.
+PLAN_REVIEW_STALE_S = env_int("PLAN_REVIEW_STALE_S", 1800, low=0, high=7 * 86400)
 # The decision log (scheduling.decision_log): how long routing decisions stay searchable on the
 # decisions page, and the most rows it keeps whatever the traffic (bounded storage).
 DECISION_LOG_RETENTION_S = env_int("DECISION_LOG_RETENTION_S", 6 * 3600, low=60, high=30 * 86400)

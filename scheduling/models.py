@@ -170,6 +170,9 @@ class Plan(models.Model):
     approved_by = models.CharField(max_length=200, blank=True, default="")
     decided_by = models.CharField(max_length=200, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    closed_reason = models.TextField(
+        blank=True, default="", help_text="why it was rejected (the operator's words) or superseded"
+    )
     proposed_at = models.DateTimeField(auto_now_add=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     applying_at = models.DateTimeField(null=True, blank=True)

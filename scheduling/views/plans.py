@@ -106,9 +106,36 @@ def _simulated(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+def _observed(plan: Plan) -> list[dict[str, Any]]:
+    """Predicted, simulated (at the observed rate) and observed after apply, side by side."""
+    observed = rebalance.plan_observed(plan)
+    proposed = plan.predictions.get("proposed") or {}
+    simulated = ((plan.simulated or {}).get("observed") or {}).get("proposed") or {}
+    rows = []
+    for key, label, unit, digits, sim_key in (
+        ("throughput_rps", "Throughput", "req/s", 3, "rate_rps"),
+        ("offload_fraction", "Offloaded", "share", 3, None),
+        ("egress_gbps", "Cross-DC egress", "Gbps", 2, None),
+        ("ttft_p90_s", "TTFT P90", "s", 3, "ttft_p90_s"),
+    ):
+        rows.append(
+            {
+                "label": label,
+                "unit": unit,
+                "digits": digits,
+                "predicted": proposed.get(key),
+                "simulated": simulated.get(sim_key) if sim_key else None,
+                "observed": observed.get(key) if observed else None,
+            }
+        )
+    return rows
+
+
 def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
     return {
         "plan": plan,
+        "observed": rebalance.plan_observed(plan),
+        "outcome": _observed(plan),
         "comparison": _comparison(plan),
         "simulated": _simulated(plan),
         "steps": rebalance.plan_steps(plan),
@@ -139,6 +166,7 @@ def plan_list_page(request: HttpRequest) -> HttpResponse:
         template,
         {
             "plans": rows,
+            "ticks": rebalance.rebalance_ticks_recent(limit=30),
             "status": status or "",
             "statuses": PlanStatus.values,
             "error": error,
@@ -162,11 +190,13 @@ def plan_action_page(request: HttpRequest, plan_id: str, action: str) -> HttpRes
     plan = _plan(int(plan_id))
     raw_version = request.POST.get("version", "")
     error = ""
+    extra = {"reason": request.POST.get("reason", "")} if action == "reject" else {}
     try:
         ACTIONS[action](
             plan_id=plan.pk,
             actor=actor_from_request(request, source="ui"),
             version=int(raw_version) if raw_version.isdigit() else None,
+            **extra,
         )
     except ApiError as exc:
         error = exc.detail

@@ -114,12 +114,15 @@ def plans_snapshot() -> dict[str, Any]:
 def plan_observed(plan: Plan, now: float | None = None) -> dict[str, Any] | None:
     """What the fleet did after the plan was applied (None before): the cluster's arrival rate
     and offloaded share from the traffic store, and the mean egress of the links into it, from
-    ``applied_at`` (whole minutes of the traffic store) to now."""
+    the first whole minute after ``applied_at`` (the traffic store's grain) to now."""
     if plan.applied_at is None:
         return None
     now = time.time() if now is None else now
-    start = plan.applied_at.timestamp()
-    window = traffic_window_read(plan.cluster.name, start, max(start, now))
+    # The traffic store counts whole minutes: from the first minute that began after the apply.
+    start = math.ceil(plan.applied_at.timestamp() / 60) * 60
+    if now - start < 1:
+        return {"since_s": 0.0, "arrivals": 0}
+    window = traffic_window_read(plan.cluster.name, start, now)
     links = Link.objects.filter(target=plan.cluster).select_related("source", "target")
     seconds = max(1.0, now - start)
     sent = 0.0
@@ -128,7 +131,7 @@ def plan_observed(plan: Plan, now: float | None = None) -> dict[str, Any] | None
         sent += sum(g for _, g in link_bandwidth_series(key, start, now))
     return {
         "since_s": now - start,
-        "throughput_rps": window.arrival_rate if window.arrivals else None,
+        "throughput_rps": window.arrivals / (now - start) if window.arrivals else None,
         "offload_fraction": window.offload_fraction if window.arrivals else None,
         "egress_gbps": sent / seconds,
         "arrivals": window.arrivals,

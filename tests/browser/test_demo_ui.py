@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 LINK_CAUSES = ("link_budget_exhausted", "offloads_refused")
+NONE = "\u2013"  # what a page shows for a figure it does not have (an en dash)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,50 @@ def test_a_decision_gone_from_the_recent_list_is_found_by_request_id(demo: Demo,
     page.get_by_label("Reason", exact=True).select_option("below_threshold")
     page.get_by_role("button", name="Search").click()
     assert "not above the threshold" in page.locator("#reason-help").inner_text()
+
+
+def _outcome(tab: Any, label: str) -> dict[str, str]:
+    """The predicted, simulated and observed cells of one row of the plan's outcome table."""
+    return dict(
+        tab.evaluate(
+            """(label) => {
+                 const row = [...document.querySelectorAll('#plan-outcome tbody tr')]
+                   .find(r => r.querySelector('th').textContent.trim().startsWith(label));
+                 return Object.fromEntries([...row.querySelectorAll('td')]
+                   .map(td => [td.dataset.set, td.textContent.trim()]));
+               }""",
+            label,
+        )
+    )
+
+
+def test_approving_a_plan_shows_predicted_simulated_then_observed_figures(
+    demo: Demo, page: Any
+) -> None:
+    plan = wait_for(
+        "a proposed plan",
+        lambda: api(demo, "/api/v1/plans", status="proposed")["items"],
+        demo,
+        180,
+    )[0]
+    page.goto(f"{demo.base}/plans/{plan['id']}/")
+    page.wait_for_function("document.getElementById('live-status').textContent === 'Live'")
+    before = _outcome(page, "TTFT P90")
+    assert before["predicted"] != NONE and before["simulated"] != NONE, before
+    assert before["observed"] == NONE, before
+    page.get_by_role("button", name="Approve").click()  # the confirmation is accepted
+    page.wait_for_function(
+        "document.getElementById('plan-status').textContent === 'applied'", timeout=150_000
+    )
+
+    def observed() -> bool:
+        page.reload()
+        return _outcome(page, "Throughput")["observed"] != NONE
+
+    wait_for("observed figures after the apply", observed, demo, 150)
+    after = _outcome(page, "Throughput")
+    assert all(after[k] != NONE for k in ("predicted", "simulated", "observed")), after
+    page.screenshot(path=str(SCREENSHOTS / "plan-applied.png"), full_page=True)
 
 
 PAGES = {

@@ -72,6 +72,7 @@ FrameType = Literal[
     "policy_event",
     "alerts",
     "link_budgets",
+    "service_levels",
     "whatif_progress",
 ]
 
@@ -199,6 +200,30 @@ class LinkBudgets:
 
 
 @dataclass(frozen=True)
+class ClusterService:
+    """What one PD cluster served over ``[start, end]``: request rate and TTFT quantiles
+    (None: no first token in the window), against the configured TTFT SLO."""
+
+    cluster: str
+    start: float
+    end: float
+    rate_rps: float
+    first_tokens: int
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    slo_s: float
+
+
+@dataclass(frozen=True)
+class ServiceLevels:
+    """Every PD cluster's :class:`ClusterService` of one overview tick."""
+
+    ts: float
+    clusters: tuple[ClusterService, ...]
+
+
+@dataclass(frozen=True)
 class WhatIfProgress:
     """How far a what-if simulation run is; ``state`` ends in ``finished`` or ``failed``."""
 
@@ -217,6 +242,7 @@ LiveMessage = (
     | PolicyEvent
     | AlertSet
     | LinkBudgets
+    | ServiceLevels
     | WhatIfProgress
 )
 
@@ -228,6 +254,7 @@ _TYPE_OF: dict[type, FrameType] = {
     PolicyEvent: "policy_event",
     AlertSet: "alerts",
     LinkBudgets: "link_budgets",
+    ServiceLevels: "service_levels",
     WhatIfProgress: "whatif_progress",
 }
 

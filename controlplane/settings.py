@@ -214,6 +214,8 @@ REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024, low=1024, high=64 * 1024 * 1024)
 # Rebalancer ticks that held (no plan) are kept this long; plans are kept.
 REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
+# The TTFT objective the overview's fleet tiles judge each PD cluster's P50/P90/P99 against.
+TTFT_SLO_S = env_number("TTFT_SLO_S", 5.0, low=0.001, high=3600)
 # A proposed plan is under review this long: a newer proposal of its cluster holds (reason
 # plan_under_review) instead of superseding it while an operator reads it.
 PLAN_REVIEW_STALE_S = env_int("PLAN_REVIEW_STALE_S", 1800, low=0, high=7 * 86400)

@@ -38,17 +38,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
 
-from clusters.live import prefix_index
+from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceState
 from controlplane import live
 from controlplane.redis_connection import redis_sync
 from scheduling.core.routing import Reason, RouteGuards
+from scheduling.core.service_levels import ServiceCounters, ServiceLevel, service_level
 from scheduling.models import AlertEpisode, DecisionRecord
 
 READINGS_KEY = "alerts:readings"
@@ -58,6 +59,8 @@ ALERT_INFLIGHT_SHARE = 0.9
 ALERT_REFUSED_SHARE = 0.05
 ALERT_REFUSED_MIN = 3
 ALERT_QUEUE_GROWTH = 20
+# The window of the fleet tiles (request rate, TTFT quantiles per PD cluster).
+SERVICE_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class Reading:
     queues: Mapping[str, int]
     # link key -> [in-flight bytes, in-flight budget bytes, capacity Gbps]
     links: Mapping[str, Sequence[float]]
+    # pd cluster -> its latest reported service counters [ts, arrivals, first tokens, buckets]
+    service: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({"ts": self.ts, "queues": self.queues, "links": self.links})
@@ -76,7 +81,9 @@ class Reading:
     @staticmethod
     def from_json(raw: bytes | str) -> Reading:
         d = json.loads(raw)
-        return Reading(ts=d["ts"], queues=d["queues"], links=d["links"])
+        return Reading(
+            ts=d["ts"], queues=d["queues"], links=d["links"], service=d.get("service", {})
+        )
 
 
 def reading_take(
@@ -85,6 +92,7 @@ def reading_take(
     """What this tick sees of the windowed signals."""
     return Reading(
         ts=now,
+        service=telemetry.service_counters_read(),
         queues={c["name"]: int(c["queued"]) for c in clusters if c["kind"] == "pd"},
         links={
             link["key"]: [
@@ -265,6 +273,29 @@ def alert_episodes_update(alerts: Sequence[live.Alert], now: float) -> None:
 def alert_history(limit: int = 200) -> list[AlertEpisode]:
     """The latest alert episodes, open ones included, newest first."""
     return list(AlertEpisode.objects.all()[:limit])
+
+
+def service_levels(
+    current: Reading, past: Sequence[Reading], window_s: float = SERVICE_WINDOW_S
+) -> list[ServiceLevel]:
+    """Per PD cluster, what it served over about the last ``window_s``: between its latest
+    reported counters and the oldest ones the readings hold within the window (the window's
+    ends are the reports' own times, so it is exactly what the reporter counted)."""
+    out = []
+    for cluster, raw in sorted(current.service.items()):
+        now_c = _counters(cluster, raw)
+        earlier = [_counters(cluster, r.service[cluster]) for r in past if cluster in r.service]
+        inside = [c for c in earlier if now_c.ts - window_s <= c.ts < now_c.ts]
+        if not inside:
+            continue
+        level = service_level(min(inside, key=lambda c: c.ts), now_c)
+        if level is not None:
+            out.append(level)
+    return out
+
+
+def _counters(cluster: str, raw: Sequence[Any]) -> ServiceCounters:
+    return ServiceCounters(cluster, float(raw[0]), int(raw[1]), int(raw[2]), tuple(raw[3]))
 
 
 def inflight_history(readings: Sequence[Reading], link: str) -> list[list[float]]:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from django.conf import settings
+
 from clusters.live import telemetry
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
@@ -83,6 +85,18 @@ def links_overview(
             }
         )
     return out
+
+
+def service_now(current: alerting.Reading, past: list[alerting.Reading]) -> live.ServiceLevels:
+    """The fleet tiles: per PD cluster request rate and TTFT quantiles against the SLO."""
+    slo = float(settings.TTFT_SLO_S)
+    return live.ServiceLevels(
+        ts=current.ts,
+        clusters=tuple(
+            live.ClusterService(**asdict(level), slo_s=slo)
+            for level in alerting.service_levels(current, past)
+        ),
+    )
 
 
 def alerts_now(
@@ -178,7 +192,7 @@ def overview_snapshot() -> dict[str, Any]:
     links = links_overview(guards, now)
     clusters = clusters_overview()
     readings = alerting.readings_read()
-    active, _ = alerts_now(links, clusters, guards, now, readings)
+    active, current = alerts_now(links, clusters, guards, now, readings)
     for link in links:
         link["inflight"] = alerting.inflight_history(readings, link["key"])
     return {
@@ -190,6 +204,7 @@ def overview_snapshot() -> dict[str, Any]:
         "clusters": clusters,
         "decision_mix": [live.message_data(m) for m in decision_mix(thresholds, now)],
         "alerts": [asdict(a) for a in active],
+        "service": asdict(service_now(current, readings)),
     }
 
 
@@ -271,8 +286,10 @@ def overview_tick_publish() -> int:
     version, thresholds, guards = guards_current()
     messages: list[live.LiveMessage] = list(decision_mix(thresholds, now))
     links = links_overview(guards, now, window_s=0)
-    active, reading = alerts_now(links, clusters_overview(), guards, now)
+    past = alerting.readings_read()
+    active, reading = alerts_now(links, clusters_overview(), guards, now, past)
     alerting.readings_store(reading)
+    messages.append(service_now(reading, past))
     alerting.alert_episodes_update(active, now)
     alert_set = live.AlertSet(ts=now, alerts=tuple(active))
     messages.append(alert_set)

@@ -151,8 +151,21 @@
     renderAll();
   }
 
+  function renderService() {
+    var levels = (state.service && state.service.clusters) || [];
+    el("service-rows").innerHTML = levels.map(function (c) {
+      var verdict = c.ttft_p90_s == null ? "no first token yet" : (c.ttft_p90_s <= c.slo_s ? "P90 within SLO" : "P90 over SLO");
+      return '<tr data-cluster="' + esc(c.cluster) + '" data-start="' + c.start + '" data-end="' + c.end + '"><th scope="row">' + esc(c.cluster) + "</th>" +
+        '<td class="num" data-metric="rate">' + P.fmt(c.rate_rps, 2) + "</td>" +
+        '<td class="num" data-metric="p50">' + P.fmt(c.ttft_p50_s, 3) + "</td>" +
+        '<td class="num" data-metric="p90">' + P.fmt(c.ttft_p90_s, 3) + "</td>" +
+        '<td class="num" data-metric="p99">' + P.fmt(c.ttft_p99_s, 3) + "</td>" +
+        '<td class="num">' + P.fmt(c.slo_s, 1) + "</td><td>" + esc(verdict) + "</td></tr>";
+    }).join("") || '<tr><td colspan="7" class="empty">No engine has reported service counters yet.</td></tr>';
+  }
+
   function renderAll() {
-    renderLinks(); renderMix(); renderTopology(); renderAlerts(); renderKpis();
+    renderService(); renderLinks(); renderMix(); renderTopology(); renderAlerts(); renderKpis();
     P.text(el("policy-version"), state.policy.version ? "v" + state.policy.version : "none yet");
   }
 
@@ -246,6 +259,7 @@
       dirty = true;
     },
     alerts: function (d) { state.alerts = d.alerts; dirty = true; },
+    service_levels: function (d) { state.service = d; dirty = true; },
     link_budgets: function (d) {
       var cutoff = now() - state.window_s;
       d.links.forEach(function (b) {

@@ -76,7 +76,9 @@ class Reading:
     service: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"ts": self.ts, "queues": self.queues, "links": self.links})
+        return json.dumps(
+            {"ts": self.ts, "queues": self.queues, "links": self.links, "service": self.service}
+        )
 
     @staticmethod
     def from_json(raw: bytes | str) -> Reading:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from scheduling.core.service_levels import histogram_quantile
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 from tests.demo_support import ROOT, Demo, demo_running, wait_for
 
@@ -90,11 +91,11 @@ def _banner(tab: Any) -> list[dict[str, str]]:
 
 
 def _fault(demo: Demo, key: str, gbps: float) -> float:
-    """Inject a link fault; returns when the command started (the clock of the deadlines)."""
-    started = time.monotonic()
+    """Inject a link fault; returns when it is queued for the emulator (the clock of the
+    deadlines: the command's own start-up, seconds on a loaded machine, is not the UI's)."""
     done = demo.manage("emulate_fault", "link", key, "--gbps", f"{gbps:g}")
     assert done.returncode == 0, done.stderr
-    return started
+    return time.monotonic()
 
 
 def test_a_link_fault_raises_a_banner_naming_the_link_and_the_cause_and_it_clears(
@@ -175,6 +176,53 @@ def test_a_decision_gone_from_the_recent_list_is_found_by_request_id(demo: Demo,
     page.get_by_label("Reason", exact=True).select_option("below_threshold")
     page.get_by_role("button", name="Search").click()
     assert "not above the threshold" in page.locator("#reason-help").inner_text()
+
+
+_SERVICE_REPORTS = (
+    "import json; from controlplane.redis_connection import redis_sync; "
+    "print(json.dumps([json.loads(x) for x in redis_sync().lrange('emulator:service', 0, -1)]))"
+)
+
+
+def test_the_overview_shows_each_pd_clusters_rate_and_ttft_p90_as_the_emulator_reported(
+    demo: Demo, page: Any
+) -> None:
+    page.goto(f"{demo.base}/")
+    row = "#service-rows tr[data-cluster]"
+    page.wait_for_function(
+        f"document.querySelector('{row} td[data-metric=p90]') &&"
+        f" document.querySelector('{row} td[data-metric=p90]').textContent !== '{NONE}'",
+        timeout=60_000,
+    )
+    page.wait_for_timeout(30_000)  # a window that is all past the start of the traffic
+    shown = page.evaluate(
+        f"""[...document.querySelectorAll('{row}')].map(r => ({{
+             cluster: r.dataset.cluster, start: Number(r.dataset.start), end: Number(r.dataset.end),
+             rate: Number(r.querySelector('[data-metric=rate]').textContent),
+             p90: Number(r.querySelector('[data-metric=p90]').textContent)}}))"""
+    )
+    done = demo.manage("shell", "-c", _SERVICE_REPORTS)
+    assert done.returncode == 0, done.stderr
+    reports = json.loads(done.stdout.strip().splitlines()[-1])  # after the shell's banner
+    for tile in shown:
+
+        def at(ts: float, cluster: str = tile["cluster"]) -> dict[str, Any]:
+            (report,) = [r for r in reports if abs(r["ts"] - ts) < 1e-3]
+            (counters,) = [c for c in report["clusters"] if c["cluster"] == cluster]
+            return dict(counters)
+
+        first, last = at(tile["start"]), at(tile["end"])
+        assert last["ts"] - first["ts"] >= 30, tile  # about the tiles' 60 s window
+        rate = (last["arrivals"] - first["arrivals"]) / (last["ts"] - first["ts"])
+        counts = [b - a for a, b in zip(first["ttft_buckets"], last["ttft_buckets"], strict=True)]
+        p90 = histogram_quantile(counts, 0.9)
+        assert p90 is not None
+        assert tile["rate"] == pytest.approx(rate, rel=0.10), (tile, rate)
+        assert tile["p90"] == pytest.approx(p90, rel=0.10), (tile, p90)
+    assert shown
+    metrics = httpx.get(f"{demo.base}/metrics", timeout=10).text
+    assert "prfaas_cluster_ttft_seconds_bucket" in metrics
+    assert "prfaas_cluster_requests_total" in metrics
 
 
 def _outcome(tab: Any, label: str) -> dict[str, str]:

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 OVERVIEW = "overview"  # link samples, queue depths, decision mix, policy, plan events, alerts
 PLANS = "plans"  # plan lifecycle events (list and detail pages)
+ALERTS = "alerts"  # the active alerts only: the banner every page shows
 WHATIF_PREFIX = "whatif."  # one group per what-if run: ``whatif.{run_id}``
 
 # Channels group names allow only ASCII alphanumerics, hyphens, underscores and periods.
@@ -53,7 +54,7 @@ def whatif_group(run_id: int | str) -> str:
 
 def group_valid(group: str) -> bool:
     """A group a browser may subscribe to: one of the fixed ones or a what-if run's."""
-    if group in (OVERVIEW, PLANS):
+    if group in (OVERVIEW, PLANS, ALERTS):
         return True
     run = group.removeprefix(WHATIF_PREFIX)
     return group.startswith(WHATIF_PREFIX) and run.isdigit() and len(group) < 90
@@ -70,6 +71,8 @@ FrameType = Literal[
     "plan_event",
     "policy_event",
     "alerts",
+    "link_budgets",
+    "service_levels",
     "whatif_progress",
 ]
 
@@ -145,7 +148,16 @@ class PolicyEvent:
     thresholds: dict[str, int] = field(default_factory=dict)
 
 
-AlertCode = Literal["telemetry_stale", "prefix_index_degraded", "link_congested"]
+AlertCode = Literal[
+    "link_budget_exhausted",
+    "offloads_refused",
+    "link_congested",
+    "pd_queue_growing",
+    "instance_down",
+    "instance_silent",
+    "telemetry_stale",
+    "prefix_index_degraded",
+]
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,50 @@ class AlertSet:
 
 
 @dataclass(frozen=True)
+class LinkBudget:
+    """One link's in-flight KV bytes against its budget, and the capacity in force, at ``ts``
+    (the capacity follows a fault or an inventory change without a reload)."""
+
+    link: str
+    inflight_bytes: float
+    budget_bytes: float
+    capacity_gbps: float
+    egress_budget_gbps: float
+
+
+@dataclass(frozen=True)
+class LinkBudgets:
+    """Every link's :class:`LinkBudget` of one overview tick."""
+
+    ts: float
+    links: tuple[LinkBudget, ...]
+
+
+@dataclass(frozen=True)
+class ClusterService:
+    """What one PD cluster served over ``[start, end]``: request rate and TTFT quantiles
+    (None: no first token in the window), against the configured TTFT SLO."""
+
+    cluster: str
+    start: float
+    end: float
+    rate_rps: float
+    first_tokens: int
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    slo_s: float
+
+
+@dataclass(frozen=True)
+class ServiceLevels:
+    """Every PD cluster's :class:`ClusterService` of one overview tick."""
+
+    ts: float
+    clusters: tuple[ClusterService, ...]
+
+
+@dataclass(frozen=True)
 class WhatIfProgress:
     """How far a what-if simulation run is; ``state`` ends in ``finished`` or ``failed``."""
 
@@ -179,7 +235,15 @@ class WhatIfProgress:
 
 
 LiveMessage = (
-    LinkSamples | QueueDepths | DecisionMix | PlanEvent | PolicyEvent | AlertSet | WhatIfProgress
+    LinkSamples
+    | QueueDepths
+    | DecisionMix
+    | PlanEvent
+    | PolicyEvent
+    | AlertSet
+    | LinkBudgets
+    | ServiceLevels
+    | WhatIfProgress
 )
 
 _TYPE_OF: dict[type, FrameType] = {
@@ -189,6 +253,8 @@ _TYPE_OF: dict[type, FrameType] = {
     PlanEvent: "plan_event",
     PolicyEvent: "policy_event",
     AlertSet: "alerts",
+    LinkBudgets: "link_budgets",
+    ServiceLevels: "service_levels",
     WhatIfProgress: "whatif_progress",
 }
 

@@ -249,6 +249,15 @@ REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024, low=1024, high=64 * 1024 * 1024)
 # Rebalancer ticks that held (no plan) are kept this long; plans are kept.
 REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
+# The TTFT objective the overview's fleet tiles judge each PD cluster's P50/P90/P99 against.
+TTFT_SLO_S = env_number("TTFT_SLO_S", 5.0, low=0.001, high=3600)
+# A proposed plan is under review this long: a newer proposal of its cluster holds (reason
+# plan_under_review) instead of superseding it while an operator reads it.
+PLAN_REVIEW_STALE_S = env_int("PLAN_REVIEW_STALE_S", 1800, low=0, high=7 * 86400)
+# The decision log (scheduling.decision_log): how long routing decisions stay searchable on the
+# decisions page, and the most rows it keeps whatever the traffic (bounded storage).
+DECISION_LOG_RETENTION_S = env_int("DECISION_LOG_RETENTION_S", 6 * 3600, low=60, high=30 * 86400)
+DECISION_LOG_MAX_ROWS = env_int("DECISION_LOG_MAX_ROWS", 500_000, low=1000, high=50_000_000)
 # Seconds a validated API token is trusted in process before the database is asked again (a
 # revoked token keeps working in other processes at most this long).
 API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
@@ -293,6 +302,12 @@ CELERY_BEAT_SCHEDULE = {
     # The overview's decision mix, alerts and policy frames (telemetry frames need no beat).
     "live-overview-tick": {
         "task": "scheduling.overview_tick_publish",
+        "schedule": 2.0,
+        "options": {"expires": 2.0},
+    },
+    # Copies the recent decisions into the searchable decision log.
+    "decision-log-archive": {
+        "task": "scheduling.decision_log_archive",
         "schedule": 2.0,
         "options": {"expires": 2.0},
     },

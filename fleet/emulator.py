@@ -57,6 +57,7 @@ from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
 from scheduling.core import kv_events as wire
 from scheduling.core import routing
 from scheduling.core.scenario import LinkEvent, RateEvent, Scenario, StateEvent
+from scheduling.core.service_levels import TTFT_BUCKETS_S, ttft_bucket
 from scheduling.core.simulator.cache import HybridPrefixCache
 from scheduling.core.simulator.engine import OFF, Assignment, FleetEvent, Simulation
 from scheduling.core.simulator.fleet import (
@@ -75,6 +76,9 @@ log = logging.getLogger(__name__)
 FAULTS_KEY = "emulator:faults"
 # Redis key of the emulator's status line (a JSON string, refreshed every few seconds).
 STATUS_KEY = "emulator:status"
+# The per-cluster service counters of every telemetry report, newest first (15 min at 1 s).
+SERVICE_KEY = "emulator:service"
+SERVICE_KEPT = 900
 FAULT_KINDS = ("link", "instance", "surge", "prompts")
 
 GIB = float(1 << 30)
@@ -594,6 +598,11 @@ class FleetEmulator:
         self._events = scenario_faults(scenario.events, members)
         self._decisions: dict[int, routing.RouteDecision | None] = {}
         self._link_sent: dict[str, float] = {k: 0.0 for k in self.sim.links}
+        # Per PD cluster, the cumulative counters an engine's histograms would give: arrivals,
+        # first tokens, first tokens per TTFT bucket (fleet seconds); and the requests still
+        # waiting for their first token.
+        self._service: dict[str, dict[str, Any]] = {}
+        self._awaiting: list[SimRequest] = []
         self._wall0 = 0.0
         self._started = 0.0
         self._sim0 = 0.0
@@ -742,9 +751,47 @@ class FleetEmulator:
             self._pace()
             self._route_upcoming(request)
         decision = self._decisions.pop(request.index, None)
+        self._service_of(request.origin)["arrivals"] += 1
+        self._awaiting.append(request)
         if decision is None:
             return None
         return self._assignment(sim, request, decision)
+
+    def _service_of(self, cluster: str) -> dict[str, Any]:
+        got = self._service.get(cluster)
+        if got is None:
+            got = self._service[cluster] = {
+                "arrivals": 0,
+                "first_tokens": 0,
+                "ttft_buckets": [0] * (len(TTFT_BUCKETS_S) + 1),
+                "ttft_sum_s": 0.0,
+            }
+        return got
+
+    def _service_report(self, wall: float) -> list[dict[str, Any]]:
+        """Count the first tokens since the last report; the counters of every PD cluster."""
+        waiting = []
+        for r in self._awaiting:
+            if not math.isnan(r.first_token_s):
+                counters = self._service_of(r.origin)
+                counters["first_tokens"] += 1
+                ttft = r.first_token_s - r.arrival_s
+                counters["ttft_buckets"][ttft_bucket(ttft)] += 1
+                counters["ttft_sum_s"] += ttft
+            elif not r.dropped:
+                waiting.append(r)
+        self._awaiting = waiting
+        return [
+            {
+                "cluster": name,
+                "ts": wall,
+                "arrivals": c["arrivals"],
+                "first_tokens": c["first_tokens"],
+                "ttft_buckets": list(c["ttft_buckets"]),
+                "ttft_sum_s": c["ttft_sum_s"],
+            }
+            for name, c in sorted(self._service.items())
+        ]
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -1024,7 +1071,17 @@ class FleetEmulator:
                         "interval_s": interval,
                     }
                 )
-        self.uplink.telemetry_put(instances, links)
+        clusters = self._service_report(wall)
+        self.uplink.telemetry_put(instances, links, clusters)
+        if self.faults is not None and clusters:
+            # What the emulator reported, for whoever checks the control plane's figures.
+            try:
+                pipe = self.faults.pipeline(transaction=False)
+                pipe.lpush(SERVICE_KEY, json.dumps({"ts": wall, "clusters": clusters}))
+                pipe.ltrim(SERVICE_KEY, 0, SERVICE_KEPT - 1)
+                pipe.execute()
+            except Exception as exc:
+                log.warning("emulator: service counters not written: %s", exc)
         self._kv_report(wall)
         self.uplink.flush(force=True)
         self._post_stats()

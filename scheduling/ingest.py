@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
 from controlplane.errors import ApiError, Invalid, NotFound
 from controlplane.redis_connection import redis_async_ingest
+from scheduling.core.service_levels import ServiceCounters
 from scheduling.decisions import control_tick_async
 from scheduling.overview import telemetry_frames_apublish
 from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
@@ -60,9 +62,13 @@ class TelemetryResult:
 
 
 async def telemetry_ingest_async(
-    idempotency_key: str, instances: Sequence[InstanceSample], links: Sequence[LinkSample]
+    idempotency_key: str,
+    instances: Sequence[InstanceSample],
+    links: Sequence[LinkSample],
+    clusters: Sequence[ServiceCounters] = (),
 ) -> TelemetryResult:
-    """Store one agent batch once (a repeated key is acknowledged, not stored again)."""
+    """Store one agent batch once (a repeated key is acknowledged, not stored again);
+    ``clusters``: PD clusters' service counters (latest kept, see :mod:`scheduling.alerts`)."""
     now = time.time()
     instances = [
         dataclasses.replace(s, ts=_ts_clamp(s.ts, f"instances[{i}].ts", now))
@@ -77,6 +83,10 @@ async def telemetry_ingest_async(
     if links:
         await _snapshot_knowing([ls.link for ls in links], "link")
     stored = await telemetry.telemetry_batch_store_async(instances, links, idempotency_key)
+    if stored and clusters:
+        await telemetry.service_counters_store_async(
+            {c.cluster: _service_json(dataclasses.replace(c, ts=min(c.ts, now))) for c in clusters}
+        )
     if stored:
         try:
             await control_tick_async()
@@ -89,6 +99,10 @@ async def telemetry_ingest_async(
             list({ls.link: ls for ls in links}.values()),
         )
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
+
+
+def _service_json(c: ServiceCounters) -> str:
+    return json.dumps([c.ts, c.arrivals, c.first_tokens, list(c.ttft_buckets), c.ttft_sum_s])
 
 
 def link_sample(

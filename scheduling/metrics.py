@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from clusters.live import prefix_index, telemetry
 from controlplane.redis_connection import redis_async, redis_sync
+from scheduling.core.service_levels import TTFT_BUCKETS_S
 from scheduling.snapshot import snapshot_cached, snapshot_refresh
 
 DECISIONS_KEY = "metrics:decisions"
@@ -176,6 +178,25 @@ class LiveCollector:
         yield egress
         yield inflight
         yield budget
+
+        # The engines' (or the emulator's) per-PD-cluster service counters, as reported.
+        requests = CounterMetricFamily(
+            "prfaas_cluster_requests", "Requests arrived per PD cluster", labels=["cluster"]
+        )
+        ttft = HistogramMetricFamily(
+            "prfaas_cluster_ttft_seconds",
+            "Time to first token per PD cluster, as the engines report it",
+            labels=["cluster"],
+        )
+        for cluster, counters in sorted(telemetry.service_counters_read().items()):
+            requests.add_metric([cluster], float(counters[1]))
+            cumulative, buckets = 0.0, []
+            for bound, count in zip((*TTFT_BUCKETS_S, math.inf), counters[3], strict=True):
+                cumulative += float(count)
+                buckets.append(("+Inf" if math.isinf(bound) else repr(bound), cumulative))
+            ttft.add_metric([cluster], buckets, sum_value=float(counters[4]))
+        yield requests
+        yield ttft
 
         size = GaugeMetricFamily(
             "prfaas_prefix_index_entries",

@@ -170,6 +170,9 @@ class Plan(models.Model):
     approved_by = models.CharField(max_length=200, blank=True, default="")
     decided_by = models.CharField(max_length=200, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    closed_reason = models.TextField(
+        blank=True, default="", help_text="why it was rejected (the operator's words) or superseded"
+    )
     proposed_at = models.DateTimeField(auto_now_add=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     applying_at = models.DateTimeField(null=True, blank=True)
@@ -250,3 +253,54 @@ class PlanStep(models.Model):
 
     def __str__(self) -> str:
         return f"plan {self.plan_id} {self.phase} step {self.index}: {self.action}"
+
+
+class AlertEpisode(models.Model):
+    """One alert from the tick that raised it to the tick that saw it clear: the alert
+    history. At most one open episode (``cleared_at`` empty) per ``(code, subject)``; the
+    message is the one it was raised with (the live banner shows the latest wording)."""
+
+    code = models.CharField(max_length=40)
+    subject = models.CharField(max_length=200)
+    message = models.TextField()
+    raised_at = models.DateTimeField()
+    cleared_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-raised_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["code", "subject"],
+                condition=Q(cleared_at__isnull=True),
+                name="alertepisode_one_open_per_subject",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.subject} at {self.raised_at:%Y-%m-%d %H:%M:%S}"
+
+
+class DecisionRecord(models.Model):
+    """One routing decision with its inputs, as the recent-decisions list held it, kept for
+    ``DECISION_LOG_RETENTION_S`` (and at most ``DECISION_LOG_MAX_ROWS`` rows) so that an
+    operator can still ask "why was this request offloaded?" hours later. ``digest`` (of the
+    entry's JSON) makes archiving the same entry twice a no-op."""
+
+    ts = models.FloatField(help_text="unix seconds of the decision")
+    request_id = models.CharField(max_length=200, blank=True, default="")
+    origin = models.CharField(max_length=100)
+    route = models.CharField(max_length=10)
+    reason = models.CharField(max_length=40)
+    digest = models.CharField(max_length=32, unique=True)
+    entry = models.JSONField()
+
+    class Meta:
+        ordering = ["-ts", "-id"]
+        indexes = [
+            models.Index(fields=["-ts"], name="decisionrecord_ts"),
+            models.Index(fields=["request_id"], name="decisionrecord_request"),
+            models.Index(fields=["reason", "-ts"], name="decisionrecord_reason_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id or '?'}: {self.route} ({self.reason})"

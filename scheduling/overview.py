@@ -14,10 +14,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from clusters.live import prefix_index, telemetry
+from django.conf import settings
+
+from clusters.live import telemetry
 from clusters.models import Cluster, ClusterKind, Instance, InstanceState, Link
 from controlplane import live
 from controlplane.redis_connection import redis_sync
+from scheduling import alerts as alerting
+from scheduling.core.link import link_budget_bytes
 from scheduling.core.routing import RouteGuards
 from scheduling.policies import guards_from_json, policy_current
 from scheduling.rebalance.selectors import plans_snapshot
@@ -50,7 +54,8 @@ def guards_current() -> tuple[int | None, dict[str, Any], RouteGuards]:
 def links_overview(
     guards: RouteGuards, now: float | None = None, window_s: int = CHART_WINDOW_S
 ) -> list[dict[str, Any]]:
-    """Every link with its capacity, congestion budget, latest egress and 1 s history."""
+    """Every link with its capacity, congestion budget, in-flight KV against its in-flight
+    budget, latest egress and 1 s history."""
     now = time.time() if now is None else now
     links = list(Link.objects.select_related("source", "target"))
     keys = {link.pk: link_live_key(link) for link in links}
@@ -75,10 +80,37 @@ def links_overview(
                 "utilisation": gbps / link.gbps if link.gbps > 0 else 0.0,
                 "ts": state.ts if state and state.ts else None,
                 "reserved_bytes": state.reserved_bytes if state else 0,
+                "kv_budget_bytes": link_budget_bytes(link.gbps, link.kv_budget_bytes),
                 "series": [[ts, value] for ts, value in series],
             }
         )
     return out
+
+
+def service_now(current: alerting.Reading, past: list[alerting.Reading]) -> live.ServiceLevels:
+    """The fleet tiles: per PD cluster request rate and TTFT quantiles against the SLO."""
+    slo = float(settings.TTFT_SLO_S)
+    return live.ServiceLevels(
+        ts=current.ts,
+        clusters=tuple(
+            live.ClusterService(**asdict(level), slo_s=slo)
+            for level in alerting.service_levels(current, past)
+        ),
+    )
+
+
+def alerts_now(
+    links: list[dict[str, Any]],
+    clusters: list[dict[str, Any]],
+    guards: RouteGuards,
+    now: float,
+    past: list[alerting.Reading] | None = None,
+) -> tuple[list[live.Alert], alerting.Reading]:
+    """The alerts active now (see :mod:`scheduling.alerts`) and the reading they were judged
+    on; ``past``: the stored readings, read here when not given."""
+    current = alerting.reading_take(links, clusters, now)
+    past = alerting.readings_read() if past is None else past
+    return alerting.alerts_evaluate(links, clusters, guards, current, past, now), current
 
 
 def clusters_overview() -> list[dict[str, Any]]:
@@ -153,63 +185,16 @@ def decision_mix(
     return out
 
 
-def alerts_current(
-    links: list[dict[str, Any]],
-    clusters: list[dict[str, Any]],
-    guards: RouteGuards,
-    now: float | None = None,
-) -> list[live.Alert]:
-    """Conditions operators should see now: stale telemetry, degraded prefix index, congestion."""
-    now = time.time() if now is None else now
-    stale_s = guards.stale_after_s
-    alerts: list[live.Alert] = []
-    for c in clusters:
-        last = c["last_sample_ts"]
-        if c["active"] and (last is None or now - last > stale_s):
-            age = "ever" if last is None else f"{now - last:.0f} s"
-            alerts.append(
-                live.Alert(
-                    code="telemetry_stale",
-                    subject=c["name"],
-                    message=f"no telemetry from {c['name']} for {age} (stale after {stale_s:g} s)",
-                    ts=now,
-                )
-            )
-    degraded = [s.instance for s in prefix_index.prefix_index_states() if s.state == "degraded"]
-    if degraded:
-        alerts.append(
-            live.Alert(
-                code="prefix_index_degraded",
-                subject=", ".join(degraded[:5]),
-                message=f"prefix index degraded for {len(degraded)} instance(s): "
-                + ", ".join(degraded[:5])
-                + ("…" if len(degraded) > 5 else ""),
-                ts=now,
-            )
-        )
-    for link in links:
-        if link["capacity_gbps"] > 0 and link["utilisation"] >= guards.scarce_utilisation:
-            alerts.append(
-                live.Alert(
-                    code="link_congested",
-                    subject=link["label"],
-                    message=(
-                        f"{link['label']} carries {link['gbps']:.1f} of "
-                        f"{link['capacity_gbps']:g} Gbps (congested at "
-                        f"{guards.scarce_utilisation:.0%})"
-                    ),
-                    ts=now,
-                )
-            )
-    return alerts
-
-
 def overview_snapshot() -> dict[str, Any]:
     """Everything the overview shows: topology, links, queues, mix, policy, alerts."""
     now = time.time()
     version, thresholds, guards = guards_current()
     links = links_overview(guards, now)
     clusters = clusters_overview()
+    readings = alerting.readings_read()
+    active, current = alerts_now(links, clusters, guards, now, readings)
+    for link in links:
+        link["inflight"] = alerting.inflight_history(readings, link["key"])
     return {
         "ts": now,
         "window_s": CHART_WINDOW_S,
@@ -218,14 +203,27 @@ def overview_snapshot() -> dict[str, Any]:
         "links": links,
         "clusters": clusters,
         "decision_mix": [live.message_data(m) for m in decision_mix(thresholds, now)],
-        "alerts": [asdict(a) for a in alerts_current(links, clusters, guards, now)],
+        "alerts": [asdict(a) for a in active],
+        "service": asdict(service_now(current, readings)),
     }
+
+
+def alerts_snapshot() -> dict[str, Any]:
+    """What the banner of every page needs: the alerts active now."""
+    now = time.time()
+    _, _, guards = guards_current()
+    active, _ = alerts_now(
+        links_overview(guards, now, window_s=0), clusters_overview(), guards, now
+    )
+    return {"ts": now, "alerts": [asdict(a) for a in active]}
 
 
 def live_snapshot(group: str, user: Any = None) -> dict[str, Any]:
     """The full state a client of ``group`` needs (sync: reads the database)."""
     if group == live.OVERVIEW:
         return overview_snapshot()
+    if group == live.ALERTS:
+        return alerts_snapshot()
     if group == live.PLANS:
         return plans_snapshot()
     if group.startswith(live.WHATIF_PREFIX):
@@ -281,17 +279,40 @@ async def telemetry_frames_apublish(
 
 
 def overview_tick_publish() -> int:
-    """Publish the slow-moving overview state: decision mix, alerts and policy. Returns frames."""
+    """Publish the slow-moving overview state: decision mix, alerts, link budgets and policy;
+    store the tick's alert reading and update the alert history. Returns the overview's
+    frames (the alert set goes to the banner's group too)."""
     now = time.time()
     version, thresholds, guards = guards_current()
     messages: list[live.LiveMessage] = list(decision_mix(thresholds, now))
     links = links_overview(guards, now, window_s=0)
-    alerts = alerts_current(links, clusters_overview(), guards, now)
-    messages.append(live.AlertSet(ts=now, alerts=tuple(alerts)))
+    past = alerting.readings_read()
+    active, reading = alerts_now(links, clusters_overview(), guards, now, past)
+    alerting.readings_store(reading)
+    messages.append(service_now(reading, past))
+    alerting.alert_episodes_update(active, now)
+    alert_set = live.AlertSet(ts=now, alerts=tuple(active))
+    messages.append(alert_set)
+    messages.append(
+        live.LinkBudgets(
+            ts=now,
+            links=tuple(
+                live.LinkBudget(
+                    link=link["key"],
+                    inflight_bytes=float(link["reserved_bytes"]),
+                    budget_bytes=float(link["kv_budget_bytes"]),
+                    capacity_gbps=float(link["capacity_gbps"]),
+                    egress_budget_gbps=float(link["budget_gbps"]),
+                )
+                for link in links
+            ),
+        )
+    )
     if version is not None:
         messages.append(live.PolicyEvent(version=version, ts=now, thresholds=thresholds))
     for message in messages:
         live.live_publish(live.OVERVIEW, message)
+    live.live_publish(live.ALERTS, alert_set)
     return len(messages)
 
 

@@ -24,6 +24,7 @@ from django.conf import settings
 from clusters.live.scrape import instances_scrape
 from clusters.models import Cluster, ClusterKind
 from scheduling import rebalance as rebalance_services
+from scheduling.decision_log import decision_log_archive as decision_log_copy
 from scheduling.decisions import control_tick_async
 from scheduling.overview import overview_tick_publish as overview_publish
 from scheduling.whatif import WHATIF_EXECUTE_TASK
@@ -96,6 +97,12 @@ def rebalance_ticks_prune() -> int:
 def overview_tick_publish() -> int:
     """Beat: publish the overview's slow-moving state (decision mix, alerts, policy)."""
     return overview_publish()
+
+
+@shared_task(name="scheduling.decision_log_archive", ignore_result=True)
+def decision_log_archive() -> int:
+    """Beat: copy the recent decisions into the searchable decision log. Returns rows added."""
+    return decision_log_copy().added
 
 
 @shared_task(name=WHATIF_EXECUTE_TASK, acks_late=True, ignore_result=True)

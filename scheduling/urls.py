@@ -18,6 +18,7 @@ urlpatterns = [
     path("links/", fleet.link_list_page, name="link-list"),
     path("links/<int:link_id>/", fleet.link_detail_page, name="link-detail"),
     path("decisions/", views.decision_list_page, name="decision-list"),
+    path("alerts/", views.alert_list_page, name="alert-list"),
     path("policies/", views.policy_list_page, name="policy-list"),
     path("kv/", views.kv_calculator_page, name="kv-calculator"),
     path("plans/", plans.plan_list_page, name="plan-list"),

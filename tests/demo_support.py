@@ -4,8 +4,26 @@ against real services, so that a demo never touches the suite's test database.""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import psutil
+import pytest
+from django.conf import settings
+
+from tests.support.servers import free_port
+
+ROOT = Path(settings.BASE_DIR)
 
 
 def _database_url(url: str, suffix: str) -> str:
@@ -48,3 +66,84 @@ def services_env(env: dict[str, str], suffix: str, redis_dbs: tuple[int, ...]) -
     else:
         out.pop("REDIS_URL", None)
     return out
+
+
+@dataclass
+class Demo:
+    """A running ``manage.py demo``: its process, address, VAR_DIR, environment and log."""
+
+    process: subprocess.Popen[bytes]
+    base: str
+    var_dir: Path
+    env: dict[str, str]
+    log: Path
+
+    def credentials(self) -> dict[str, Any]:
+        return dict(json.loads((self.var_dir / "demo-credentials.json").read_text()))
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def manage(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a ``manage.py`` command against this demo's services."""
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+
+def wait_for(what: str, probe: Callable[[], Any], demo: Demo, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if demo.process.poll() is not None:
+            pytest.fail(f"the demo exited while waiting for {what}:\n{demo.output()[-3000:]}")
+        try:
+            value = probe()
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            value = None
+        if value:
+            return value
+        time.sleep(1.0)
+    pytest.fail(f"no {what} within {timeout_s:.0f} s:\n{demo.output()[-3000:]}")
+
+
+@contextlib.contextmanager
+def demo_running(
+    tmp_path: Path, suffix: str = "demo", redis_dbs: tuple[int, ...] = (15, 14)
+) -> Iterator[Demo]:
+    """``manage.py demo`` on a free port with its own VAR_DIR (rebalancer every 20 s, fleet
+    clock 4x), killed with its children at the end."""
+    port = free_port()
+    var_dir = tmp_path / "var"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATOR_"))}
+    env.update(
+        VAR_DIR=str(var_dir),
+        REBALANCE_INTERVAL_S="20",
+        EMULATOR_SPEED="4",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("PRODUCTION", None)
+    env = services_env(env, suffix, redis_dbs)
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    handle = Demo(process, f"http://127.0.0.1:{port}", var_dir, env, log)
+    try:
+        yield handle
+    finally:
+        if process.poll() is None:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
+            process.kill()
+            process.wait(timeout=10)

@@ -21,6 +21,9 @@ Key layout (all under ``live:``; ids are the inventory's instance and link ids a
                                           memory is bounded.
 ``live:idem:{key}``                 STRING set NX with ``IDEMPOTENCY_TTL_S``: a telemetry
                                           batch whose key is present was already stored.
+``live:service``                    HASH  pd cluster -> its latest service counters (JSON
+                                          ``[ts, arrivals, first_tokens, [ttft buckets], ttft sum]``,
+                                          cumulative, see scheduling.core.service_levels).
 ``live:resv:{link}``                ZSET  reservation id -> predicted transfer end (unix s).
 ``live:resv:{link}:b``              HASH  reservation id -> bytes.
 ``live:resv:{link}:sum``            STRING total bytes of live reservations.
@@ -97,6 +100,19 @@ class LinkState:
 
 INSTANCES_KEY = "live:insts"
 LINKS_KEY = "live:links"
+SERVICE_KEY = "live:service"
+
+
+async def service_counters_store_async(packed: Mapping[str, str]) -> None:
+    """Keep each cluster's latest counters (a report older than the stored one still wins:
+    counters are cumulative, so the reader sees them go back and skips that window)."""
+    await redis_async().hset(SERVICE_KEY, mapping=dict(packed.items()))
+
+
+def service_counters_read() -> dict[str, list[Any]]:
+    """Every cluster's latest counters, ``[ts, arrivals, first_tokens, [buckets]]``."""
+    raw: Mapping[bytes, bytes] = redis_sync().hgetall(SERVICE_KEY)  # type: ignore[assignment]
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
 def _bw_key(link: str) -> str:

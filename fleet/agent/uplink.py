@@ -90,8 +90,14 @@ class Uplink:
             self.metrics.buffered.labels("kv_batch").inc()
         self.wake.set()
 
-    def telemetry_put(self, instances: list[dict[str, Any]], links: list[dict[str, Any]]) -> None:
-        if not instances and not links:
+    def telemetry_put(
+        self,
+        instances: list[dict[str, Any]],
+        links: list[dict[str, Any]],
+        clusters: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Queue one telemetry batch (``clusters``: per PD cluster service counters)."""
+        if not instances and not links and not clusters:
             return
         with self._lock:
             self._telemetry_n += 1
@@ -99,7 +105,9 @@ class Uplink:
             if len(self._telemetry) >= self.limits.max_telemetry:
                 self._telemetry.popleft()
                 self.metrics.dropped.labels("telemetry", "buffer_full").inc()
-            body = {"idempotency_key": key, "instances": instances, "links": links}
+            body: dict[str, Any] = {"idempotency_key": key, "instances": instances, "links": links}
+            if clusters:
+                body["clusters"] = clusters
             self._telemetry.append(body)
             self.metrics.buffered.labels("telemetry").inc()
         self.wake.set()

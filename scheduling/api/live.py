@@ -21,6 +21,7 @@ from controlplane.auth import binding_check, require_scope
 from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
 from scheduling.core import kv_events as kv_wire
+from scheduling.core.service_levels import TTFT_BUCKETS_S, ServiceCounters
 from scheduling.snapshot import link_key, snapshot_refresh
 
 router = Router(tags=["live"])
@@ -55,12 +56,28 @@ class LinkSampleIn(BaseModel):
     retransmits: Count = 0
 
 
+class ClusterServiceIn(Schema):
+    """A PD cluster's cumulative service counters (as an engine's Prometheus histograms)."""
+
+    cluster: Name
+    ts: UnixTime
+    arrivals: Annotated[int, Field(ge=0, le=10**15)]
+    first_tokens: Annotated[int, Field(ge=0, le=10**15)]
+    ttft_buckets: list[Annotated[int, Field(ge=0, le=10**15)]] = Field(
+        min_length=len(TTFT_BUCKETS_S) + 1,
+        max_length=len(TTFT_BUCKETS_S) + 1,
+        description="first tokens per TTFT bucket (upper bounds TTFT_BUCKETS_S, then above)",
+    )
+    ttft_sum_s: float = Field(0.0, ge=0, le=1e15, allow_inf_nan=False)
+
+
 class TelemetryIn(Schema):
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] = Field(
         description="a batch sent again with the same key is acknowledged but stored once"
     )
     instances: list[InstanceSampleIn] = Field(default_factory=list, max_length=10_000)
     links: list[LinkSampleIn] = Field(default_factory=list, max_length=1_000)
+    clusters: list[ClusterServiceIn] = Field(default_factory=list, max_length=1_000)
 
 
 class TelemetryOut(Schema):
@@ -125,6 +142,12 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
         [
             ingest.link_sample(s.source, s.target, s.ts, s.bytes_sent, s.interval_s, s.retransmits)
             for s in payload.links
+        ],
+        [
+            ServiceCounters(
+                c.cluster, c.ts, c.arrivals, c.first_tokens, tuple(c.ttft_buckets), c.ttft_sum_s
+            )
+            for c in payload.clusters
         ],
     )
 

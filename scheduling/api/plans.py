@@ -79,6 +79,7 @@ class PlanOut(Schema):
     approved_by: str
     decided_by: str
     error: str
+    closed_reason: str
     proposed_at: datetime
     approved_at: datetime | None
     applying_at: datetime | None
@@ -189,9 +190,15 @@ def plans_approve(
 
 @router.post("/plans/{plan_id}/reject", response=PlanDetailOut, auth=OPERATE)
 def plans_reject(
-    request: HttpRequest, plan_id: int = PLAN_ID, version: int | None = VERSION
+    request: HttpRequest,
+    plan_id: int = PLAN_ID,
+    version: int | None = VERSION,
+    reason: str = Query("", max_length=500, description="why (kept with the plan)"),
 ) -> dict[str, Any]:
-    return _plan_transition(rebalance.plan_reject, request, plan_id, version)
+    plan = rebalance.plan_reject(
+        plan_id=plan_id, actor=actor_from_request(request), version=version, reason=reason
+    )
+    return _plan_detail(rebalance.plan_get(plan.pk))
 
 
 @router.post("/plans/{plan_id}/rollback", response=PlanDetailOut, auth=OPERATE)

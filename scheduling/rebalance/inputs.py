@@ -35,6 +35,8 @@ PENDING_REASONS = (
 
 
 HOLD_PLAN_IN_PROGRESS = "plan_in_progress"
+# A proposal is being reviewed: a newer one waits until it is older than PLAN_REVIEW_STALE_S.
+HOLD_PLAN_UNDER_REVIEW = "plan_under_review"
 
 
 HOLD_INVENTORY_INCOMPLETE = "inventory_incomplete"

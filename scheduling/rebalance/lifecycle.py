@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Instance, InstanceState
 from controlplane.audit import Actor, change_record_create
-from controlplane.errors import Conflict, NotFound
+from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
 from scheduling.models import (
     Plan,
@@ -138,8 +138,13 @@ def _stale_check(plan: Plan) -> None:
             )
 
 
-def plan_reject(*, plan_id: int, actor: Actor, version: int | None = None) -> Plan:
-    """An operator turns a proposed plan down; nothing in the fleet changes."""
+def plan_reject(
+    *, plan_id: int, actor: Actor, version: int | None = None, reason: str = ""
+) -> Plan:
+    """An operator turns a proposed plan down, saying why; nothing in the fleet changes."""
+    reason = reason.strip()
+    if len(reason) > 500:
+        raise Invalid("reason: at most 500 characters")
     with transaction.atomic():
         plan = plan_locked(plan_id)
         _check_version(plan, version)
@@ -152,6 +157,7 @@ def plan_reject(*, plan_id: int, actor: Actor, version: int | None = None) -> Pl
             "reject",
             decided_by=actor.label,
             closed_at=timezone.now(),
+            closed_reason=reason,
         )
     return plan
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,7 +11,8 @@ from django.conf import settings as django_settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from clusters.models import Cluster
+from clusters.live.telemetry import link_bandwidth_series
+from clusters.models import Cluster, Link
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
 from scheduling.core import rebalancer
@@ -21,6 +23,7 @@ from scheduling.models import (
     RebalanceSettings,
     RebalanceTick,
 )
+from scheduling.traffic import traffic_window_read
 
 SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
 
@@ -116,4 +119,31 @@ def plans_snapshot() -> dict[str, Any]:
             {"id": p.pk, "status": p.status, "version": p.version, "cluster": p.cluster.name}
             for p in plan_list(limit=100)
         ]
+    }
+
+
+def plan_observed(plan: Plan, now: float | None = None) -> dict[str, Any] | None:
+    """What the fleet did after the plan was applied (None before): the cluster's arrival rate
+    and offloaded share from the traffic store, and the mean egress of the links into it, from
+    the first whole minute after ``applied_at`` (the traffic store's grain) to now."""
+    if plan.applied_at is None:
+        return None
+    now = time.time() if now is None else now
+    # The traffic store counts whole minutes: from the first minute that began after the apply.
+    start = math.ceil(plan.applied_at.timestamp() / 60) * 60
+    if now - start < 1:
+        return {"since_s": 0.0, "arrivals": 0}
+    window = traffic_window_read(plan.cluster.name, start, now)
+    links = Link.objects.filter(target=plan.cluster).select_related("source", "target")
+    seconds = max(1.0, now - start)
+    sent = 0.0
+    for link in links:
+        key = f"{link.source.name}>{link.target.name}"
+        sent += sum(g for _, g in link_bandwidth_series(key, start, now))
+    return {
+        "since_s": now - start,
+        "throughput_rps": window.arrivals / (now - start) if window.arrivals else None,
+        "offload_fraction": window.offload_fraction if window.arrivals else None,
+        "egress_gbps": sent / seconds,
+        "arrivals": window.arrivals,
     }

@@ -39,6 +39,7 @@ from scheduling.policies import policy_current
 from scheduling.rebalance.inputs import (
     HOLD_INVENTORY_INCOMPLETE,
     HOLD_PLAN_IN_PROGRESS,
+    HOLD_PLAN_UNDER_REVIEW,
     WARMUP_S,
     PlannerFactory,
     history_for,
@@ -252,8 +253,35 @@ def _plan_from_decision(
         tick.detail = "another plan of this cluster is being applied or rolled back"
         tick.save(update_fields=["action", "reason", "detail"])
         return None
-    for old in Plan.objects.select_for_update().filter(cluster=cluster, status=PlanStatus.PROPOSED):
-        plan_transition(old, PlanStatus.SUPERSEDED, actor, "supersede", closed_at=timezone.now())
+    waiting = list(
+        Plan.objects.select_for_update().filter(cluster=cluster, status=PlanStatus.PROPOSED)
+    )
+    stale_before = timezone.now() - timedelta(seconds=django_settings.PLAN_REVIEW_STALE_S)
+    fresh = [p for p in waiting if p.proposed_at > stale_before]
+    if fresh:
+        # Nobody should read a plan that is replaced under their eyes: the newer proposal
+        # waits (it is the tick's reasoning) until the one under review goes stale.
+        age = (timezone.now() - fresh[0].proposed_at).total_seconds()
+        tick.action = "hold"
+        tick.reason = HOLD_PLAN_UNDER_REVIEW
+        tick.detail = (
+            f"plan {fresh[0].pk} is under review (proposed {age:.0f} s ago); this tick would "
+            f"propose t={round(decision.proposed.setting.threshold)}, "
+            f"{decision.proposed.setting.n_p}P/{decision.proposed.setting.n_d}D, and supersedes "
+            f"it only once it is older than {django_settings.PLAN_REVIEW_STALE_S} s"
+        )
+        tick.save(update_fields=["action", "reason", "detail"])
+        return None
+    for old in waiting:
+        plan_transition(
+            old,
+            PlanStatus.SUPERSEDED,
+            actor,
+            "supersede",
+            closed_at=timezone.now(),
+            closed_reason=f"stale: not reviewed within {django_settings.PLAN_REVIEW_STALE_S} s, "
+            f"superseded by the proposal of tick {tick.pk}",
+        )
     cur, new = decision.current.setting, decision.proposed.setting
     plan = Plan.objects.create(
         tick=tick,

@@ -106,9 +106,45 @@ def _simulated(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+def _observed(plan: Plan) -> list[dict[str, Any]]:
+    """Predicted, simulated (at the observed rate) and observed after apply, side by side."""
+    observed = rebalance.plan_observed(plan)
+    proposed = plan.predictions.get("proposed") or {}
+    sim = plan.simulated or {}
+    # At the observed rate when that run exists, else the stress run (near capacity).
+    simulated = (sim.get("observed") or sim.get("stress") or {}).get("proposed") or {}
+    rate, sustained = simulated.get("rate_rps"), simulated.get("sustained_fraction")
+    figures = {
+        "throughput_rps": rate * sustained
+        if isinstance(rate, int | float) and isinstance(sustained, int | float)
+        else None,
+        "ttft_p90_s": simulated.get("ttft_p90_s"),
+    }
+    rows = []
+    for key, label, unit, digits in (
+        ("throughput_rps", "Throughput", "req/s", 3),
+        ("offload_fraction", "Offloaded", "share", 3),
+        ("egress_gbps", "Cross-DC egress", "Gbps", 2),
+        ("ttft_p90_s", "TTFT P90", "s", 3),
+    ):
+        rows.append(
+            {
+                "label": label,
+                "unit": unit,
+                "digits": digits,
+                "predicted": proposed.get(key),
+                "simulated": figures.get(key),
+                "observed": observed.get(key) if observed else None,
+            }
+        )
+    return rows
+
+
 def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
     return {
         "plan": plan,
+        "observed": rebalance.plan_observed(plan),
+        "outcome": _observed(plan),
         "comparison": _comparison(plan),
         "simulated": _simulated(plan),
         "steps": rebalance.plan_steps(plan),
@@ -139,6 +175,7 @@ def plan_list_page(request: HttpRequest) -> HttpResponse:
         template,
         {
             "plans": rows,
+            "ticks": rebalance.rebalance_ticks_recent(limit=30),
             "status": status or "",
             "statuses": PlanStatus.values,
             "error": error,
@@ -162,11 +199,13 @@ def plan_action_page(request: HttpRequest, plan_id: str, action: str) -> HttpRes
     plan = _plan(int(plan_id))
     raw_version = request.POST.get("version", "")
     error = ""
+    extra = {"reason": request.POST.get("reason", "")} if action == "reject" else {}
     try:
         ACTIONS[action](
             plan_id=plan.pk,
             actor=actor_from_request(request, source="ui"),
             version=int(raw_version) if raw_version.isdigit() else None,
+            **extra,
         )
     except ApiError as exc:
         error = exc.detail

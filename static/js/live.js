@@ -24,6 +24,7 @@
   };
 
   LiveSocket.prototype.status = function (text, on) {
+    if (this.handlers.quiet) return; // a page's second socket (the banner) leaves it alone
     var el = document.getElementById("live-status");
     if (!el) return;
     el.innerHTML = '<span class="live-dot" aria-hidden="true"></span>' + text;

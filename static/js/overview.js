@@ -12,7 +12,7 @@
   var linkSeries = {};       // link key -> Map(second -> Gbps)
   var queueHistory = [];     // [ts, {cluster: queued}]
   var instanceLoad = {};     // instance -> {queued, running}
-  var linkChart = null, queueChart = null, dirty = false;
+  var linkChart = null, queueChart = null, inflightChart = null, dirty = false;
 
   function el(id) { return document.getElementById(id); }
   function esc(s) { var d = document.createElement("div"); d.textContent = s == null ? "" : String(s); return d.innerHTML; }
@@ -61,21 +61,32 @@
   function chartWidth(node) { return Math.max(280, node.clientWidth || 600); }
 
   function buildCharts() {
-    var lc = el("link-chart"), qc = el("queue-chart");
-    lc.innerHTML = ""; qc.innerHTML = "";
-    var maxCap = 1;
-    var series = [{}];
+    var lc = el("link-chart"), qc = el("queue-chart"), ic = el("inflight-chart");
+    lc.innerHTML = ""; qc.innerHTML = ""; ic.innerHTML = "";
+    var series = [{}], iseries = [{}];
+    function gbps(u, v) { return v == null ? "–" : v.toFixed(2) + " Gbps"; }
+    function gb(u, v) { return v == null ? "–" : v.toFixed(2) + " GB"; }
     state.links.forEach(function (l, i) {
-      maxCap = Math.max(maxCap, l.capacity_gbps);
-      series.push({ label: l.label, stroke: colorOf(i), width: 2, spanGaps: true, value: function (u, v) { return v == null ? "–" : v.toFixed(2) + " Gbps"; } });
-      series.push({ label: l.label + " budget", stroke: colorOf(i), width: 1, dash: [6, 4] });
+      series.push({ label: l.label, stroke: colorOf(i), width: 2, spanGaps: true, value: gbps });
+      series.push({ label: "budget", stroke: colorOf(i), width: 1, dash: [6, 4], value: gbps });
+      series.push({ label: "capacity", stroke: colorOf(i), width: 1, dash: [2, 3], value: gbps });
+      iseries.push({ label: l.label + " in flight", stroke: colorOf(i), width: 2, spanGaps: true, value: gb });
+      iseries.push({ label: "in-flight budget", stroke: colorOf(i), width: 1, dash: [6, 4], value: gb });
     });
+    // Auto-scaled: a degraded link's few Gbps stay readable; capacity and budget are lines.
+    var auto = { range: function (u, min, max) { return [0, Math.max(0.1, (max || 0) * 1.08)]; } };
     linkChart = new uPlot({
       width: chartWidth(lc), height: 220,
-      scales: { x: { time: true }, y: { range: [0, maxCap] } },
+      scales: { x: { time: true }, y: auto },
       axes: [{}, { label: "Gbps", size: 50 }],
       series: series
     }, linkData(), lc);
+    inflightChart = new uPlot({
+      width: chartWidth(ic), height: 200,
+      scales: { x: { time: true }, y: auto },
+      axes: [{}, { label: "GB in flight", size: 50 }],
+      series: iseries
+    }, inflightData(), ic);
     var qseries = [{}];
     state.clusters.forEach(function (c, i) { qseries.push({ label: c.name, stroke: colorOf(i), width: 2 }); });
     queueChart = new uPlot({
@@ -91,17 +102,34 @@
     var xs = [], cols = [], points = 0, last = 0;
     for (var t = start; t <= end; t++) xs.push(t);
     state.links.forEach(function (l) {
-      var m = linkSeries[l.key] || new Map(), ys = [], bs = [];
+      var m = linkSeries[l.key] || new Map(), ys = [], bs = [], cs = [];
       for (var k = 0; k < xs.length; k++) {
         var v = m.has(xs[k]) ? m.get(xs[k]) : null;
         if (v !== null) { points++; last = Math.max(last, xs[k]); }
-        ys.push(v); bs.push(l.budget_gbps);
+        ys.push(v); bs.push(l.budget_gbps); cs.push(l.capacity_gbps);
       }
-      cols.push(ys, bs);
+      cols.push(ys, bs, cs);
     });
     var lc = el("link-chart");
     lc.dataset.points = String(points);
     lc.dataset.lastTs = String(last);
+    return [xs].concat(cols);
+  }
+
+  function inflightData() {
+    // The ticks' readings: [ts, in-flight bytes, budget bytes, capacity Gbps] per link.
+    var times = {}, cutoff = now() - state.window_s;
+    state.links.forEach(function (l) { (l.inflight || []).forEach(function (p) { if (p[0] >= cutoff) times[p[0]] = true; }); });
+    var xs = Object.keys(times).map(Number).sort(function (a, b) { return a - b; });
+    var cols = [], points = 0;
+    state.links.forEach(function (l) {
+      var at = {};
+      (l.inflight || []).forEach(function (p) { at[p[0]] = p; });
+      cols.push(xs.map(function (t) { if (at[t]) { points++; return at[t][1] / 1e9; } return null; }));
+      cols.push(xs.map(function (t) { return at[t] ? at[t][2] / 1e9 : null; }));
+    });
+    var ic = el("inflight-chart");
+    ic.dataset.points = String(points);
     return [xs].concat(cols);
   }
 
@@ -119,11 +147,25 @@
     dirty = false;
     if (linkChart) linkChart.setData(linkData());
     if (queueChart) queueChart.setData(queueData());
+    if (inflightChart) inflightChart.setData(inflightData());
     renderAll();
   }
 
+  function renderService() {
+    var levels = (state.service && state.service.clusters) || [];
+    el("service-rows").innerHTML = levels.map(function (c) {
+      var verdict = c.ttft_p90_s == null ? "no first token yet" : (c.ttft_p90_s <= c.slo_s ? "P90 within SLO" : "P90 over SLO");
+      return '<tr data-cluster="' + esc(c.cluster) + '" data-start="' + c.start + '" data-end="' + c.end + '"><th scope="row">' + esc(c.cluster) + "</th>" +
+        '<td class="num" data-metric="rate">' + P.fmt(c.rate_rps, 2) + "</td>" +
+        '<td class="num" data-metric="p50">' + P.fmt(c.ttft_p50_s, 3) + "</td>" +
+        '<td class="num" data-metric="p90">' + P.fmt(c.ttft_p90_s, 3) + "</td>" +
+        '<td class="num" data-metric="p99">' + P.fmt(c.ttft_p99_s, 3) + "</td>" +
+        '<td class="num">' + P.fmt(c.slo_s, 1) + "</td><td>" + esc(verdict) + "</td></tr>";
+    }).join("") || '<tr><td colspan="7" class="empty">No engine has reported service counters yet.</td></tr>';
+  }
+
   function renderAll() {
-    renderLinks(); renderMix(); renderTopology(); renderAlerts(); renderKpis();
+    renderService(); renderLinks(); renderMix(); renderTopology(); renderAlerts(); renderKpis();
     P.text(el("policy-version"), state.policy.version ? "v" + state.policy.version : "none yet");
   }
 
@@ -136,7 +178,9 @@
         '<div class="meter' + (u >= budget ? " hot" : "") + '" role="meter" aria-valuemin="0" aria-valuemax="' + l.capacity_gbps +
         '" aria-valuenow="' + P.fmt(l.gbps, 2) + '" aria-label="' + esc(l.label) + ' egress"><span style="width:' + Math.min(100, 100 * u).toFixed(1) +
         '%"></span><i class="budget" style="left:' + (100 * budget).toFixed(1) + '%" title="budget"></i></div>' +
-        '<div class="mono link-gbps">' + P.fmt(l.gbps, 2) + " / " + P.fmt(l.capacity_gbps, 0) + " Gbps</div></div>";
+        '<div class="mono link-gbps">' + P.fmt(l.gbps, 2) + " / " + P.fmt(l.capacity_gbps, 0) + " Gbps</div>" +
+        '<div class="mono link-inflight' + (l.kv_budget_bytes > 0 && l.reserved_bytes >= 0.9 * l.kv_budget_bytes ? " hot" : "") + '">in flight ' +
+        P.fmt(l.reserved_bytes / 1e9, 2) + " / " + P.fmt(l.kv_budget_bytes / 1e9, 2) + " GB</div></div>";
     }).join("");
     el("link-rows").innerHTML = html || '<p class="empty">No links in the inventory.</p>';
   }
@@ -215,6 +259,20 @@
       dirty = true;
     },
     alerts: function (d) { state.alerts = d.alerts; dirty = true; },
+    service_levels: function (d) { state.service = d; dirty = true; },
+    link_budgets: function (d) {
+      var cutoff = now() - state.window_s;
+      d.links.forEach(function (b) {
+        state.links.forEach(function (l) {
+          if (l.key !== b.link) return;
+          l.capacity_gbps = b.capacity_gbps; l.budget_gbps = b.egress_budget_gbps;
+          l.kv_budget_bytes = b.budget_bytes; l.reserved_bytes = b.inflight_bytes;
+          l.inflight = (l.inflight || []).filter(function (p) { return p[0] >= cutoff; });
+          l.inflight.push([d.ts, b.inflight_bytes, b.budget_bytes, b.capacity_gbps]);
+        });
+      });
+      dirty = true;
+    },
     policy_event: function (d) { state.policy.version = d.version; state.policy.thresholds = d.thresholds; dirty = true; }
   };
 
@@ -227,6 +285,7 @@
     window.addEventListener("resize", function () {
       if (linkChart) linkChart.setSize({ width: chartWidth(el("link-chart")), height: 220 });
       if (queueChart) queueChart.setSize({ width: chartWidth(el("queue-chart")), height: 220 });
+      if (inflightChart) inflightChart.setSize({ width: chartWidth(el("inflight-chart")), height: 200 });
     });
   });
 })();

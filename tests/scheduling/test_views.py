@@ -14,6 +14,7 @@ from clusters.models import Accelerator, Link, PerformanceProfile
 from controlplane.audit import CLI_ACTOR
 from controlplane.redis_connection import redis_sync
 from scheduling import whatif
+from scheduling.decision_log import decision_log_archive
 from scheduling.outcomes import ttft_key
 from scheduling.policies import policy_create
 from scheduling.traffic import recent_queue
@@ -47,18 +48,25 @@ def _decision(origin: str, reason: str, route: str) -> str:
     )
 
 
-def test_recent_decisions_show_inputs_and_reason_and_filter_by_reason(client_as) -> None:
+def test_logged_decisions_show_inputs_and_reason_and_filter_by_reason_and_request_id(
+    client_as,
+) -> None:
     pipe = redis_sync().pipeline()
     recent_queue(pipe, _decision("pd-a", "above_threshold", "prfaas"))
     recent_queue(pipe, _decision("pd-a", "link_congested", "local"))
     pipe.execute()
+    decision_log_archive(now=1.7e9 + 1)
     client = client_as("viewer")
     page = client.get(reverse("decision-list")).content.decode()
     assert "r-above_threshold" in page and "r-link_congested" in page
     filtered = client.get(reverse("decision-list"), {"reason": "link_congested"})
-    assert [d["inputs"]["request_id"] for d in filtered.context["decisions"]] == [
+    assert [d["inputs"]["request_id"] for d in filtered.context["page"].rows] == [
         "r-link_congested"
     ]
+    assert "the link is congested" in filtered.content.decode()  # the reason explained
+    found = client.get(reverse("decision-list"), {"request_id": "r-above_threshold", "rows": "1"})
+    assert "r-above_threshold" in found.content.decode()
+    assert "r-link_congested" not in found.content.decode()
 
 
 def test_the_decisions_page_compares_predicted_and_observed_ttft_per_cluster(client_as) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from django.urls import reverse
 
+from controlplane.redis_connection import redis_sync
 from scheduling.models import Plan, PlanStatus
+from scheduling.traffic import TrafficRecord, traffic_record_queue
 from tests.scheduling.plan_pages_support import proposed_plan
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
@@ -105,3 +110,52 @@ def test_the_plan_page_shows_predicted_and_simulated_figures_side_by_side(
     page = response.content.decode()
     assert "Simulated on the recent traffic" in page
     assert plan.simulated["detail"] in page
+
+
+def test_rejecting_from_the_page_keeps_the_reason_and_shows_it(client_as, plan: Plan) -> None:
+    response = client_as("operator").post(
+        reverse("plan-action", args=[plan.pk, "reject"]),
+        {"version": plan.version, "reason": "drains during the evening peak"},
+    )
+    assert "Rejected: drains during the evening peak" in response.content.decode()
+    plan.refresh_from_db()
+    assert plan.closed_reason == "drains during the evening peak"
+
+
+def test_an_applied_plan_shows_predicted_simulated_and_observed_figures(
+    client_as, plan: Plan
+) -> None:
+    applied = time.time() - 150
+    Plan.objects.filter(pk=plan.pk).update(
+        status=PlanStatus.APPLIED, applied_at=datetime.fromtimestamp(applied, tz=UTC)
+    )
+    pipe = redis_sync().pipeline()
+    for i in range(60):  # one offload a second, starting just after the apply
+        record = TrafficRecord(
+            origin=plan.cluster.name,
+            ts=applied + 1 + i,
+            route="prfaas",
+            reason="above_threshold",
+            incremental_tokens=20_000,
+            cached_tokens=0,
+        )
+        traffic_record_queue(pipe, record, None)
+    pipe.execute()
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    rows = {r["label"]: r for r in response.context["outcome"]}
+    throughput = rows["Throughput"]
+    assert throughput["predicted"] == plan.predictions["proposed"]["throughput_rps"]
+    run = (plan.simulated.get("observed") or plan.simulated["stress"])["proposed"]
+    assert throughput["simulated"] == run["rate_rps"] * run["sustained_fraction"]
+    assert rows["TTFT P90"]["simulated"] == run["ttft_p90_s"]
+    counted_from = math.ceil(applied / 60) * 60  # the traffic store's whole minutes
+    after = sum(1 for i in range(60) if applied + 1 + i >= counted_from)
+    assert throughput["observed"] == pytest.approx(after / (time.time() - counted_from), rel=0.05)
+    assert rows["Offloaded"]["observed"] == 1.0
+    assert "Observed over the" in response.content.decode()
+
+
+def test_the_plan_list_shows_the_rebalancers_reasoning_per_tick(client_as, plan: Plan) -> None:
+    page = client_as("viewer").get(reverse("plan-list")).content.decode()
+    assert "The rebalancer&#x27;s reasoning" in page or "The rebalancer's reasoning" in page
+    assert f"<code>{plan.tick.reason}</code>" in page

@@ -15,6 +15,7 @@ from django.test import Client
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
 from scheduling.core import kv_events as wire
+from scheduling.core.service_levels import TTFT_BUCKETS_S, ttft_bucket
 from tests.factories import (
     ClusterFactory,
     InstanceFactory,
@@ -66,6 +67,37 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
     assert r2.status_code == 200 and r2.json()["stored"] is False
     assert telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].queue_depth == 3
     assert telemetry.link_states_read(["prfaas-x>pd-a"])["prfaas-x>pd-a"].gbps == pytest.approx(4.0)
+
+
+def test_service_counters_in_telemetry_are_kept_per_pd_cluster_and_exported(
+    agent: dict[str, str],
+) -> None:
+    buckets = [0] * (len(TTFT_BUCKETS_S) + 1)
+    buckets[ttft_bucket(0.3)] = 7
+    body = {
+        "idempotency_key": "agent-7/43",
+        "clusters": [
+            {
+                "cluster": "pd-a",
+                "ts": time.time(),
+                "arrivals": 9,
+                "first_tokens": 7,
+                "ttft_buckets": buckets,
+                "ttft_sum_s": 2.1,
+            }
+        ],
+    }
+    response = post("/telemetry", body, agent)
+    assert response.status_code == 200, response.content
+    (stored,) = telemetry.service_counters_read().values()
+    assert stored[1:4] == [9, 7, buckets]
+    metrics = Client().get("/metrics").content.decode()
+    assert 'prfaas_cluster_requests_total{cluster="pd-a"} 9.0' in metrics
+    assert 'prfaas_cluster_ttft_seconds_sum{cluster="pd-a"} 2.1' in metrics
+    short = {**body, "idempotency_key": "agent-7/44"}
+    short["clusters"] = [{**body["clusters"][0], "ttft_buckets": [1, 2]}]
+    refused = post("/telemetry", short, agent)
+    assert refused.status_code == 422 and "ttft_buckets" in refused.json()["detail"]
 
 
 @pytest.mark.parametrize(

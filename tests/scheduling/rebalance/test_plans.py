@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from clusters.models import Cluster, Instance, InstanceState
@@ -210,15 +211,36 @@ def test_rollback_restores_the_previous_threshold_and_roles(fleet):
     assert current_policy().thresholds[PD] == 8500
 
 
-def test_a_newer_proposal_supersedes_the_waiting_one(fleet):
+def test_a_newer_proposal_waits_while_one_is_under_review_then_supersedes_it_once_stale(fleet):
     period, _ = drifted()
     first = Plan.objects.get(tick=tick(fleet, period))
     later = period + timedelta(seconds=PERIOD)
     traffic_record(later.timestamp(), sampled_lengths(2, 10.2, int(2.6 * PERIOD)))
     telemetry_fresh()
-    second = Plan.objects.get(tick=tick(fleet, later))
+    held = tick(fleet, later)
+    assert (held.action, held.reason) == ("hold", "plan_under_review")
+    assert f"plan {first.pk} is under review" in held.detail
+    first.refresh_from_db()
+    assert first.status == PlanStatus.PROPOSED
+    # Nobody reviewed it for longer than PLAN_REVIEW_STALE_S: the next proposal replaces it.
+    Plan.objects.filter(pk=first.pk).update(
+        proposed_at=timezone.now() - timedelta(seconds=settings.PLAN_REVIEW_STALE_S + 1)
+    )
+    latest = later + timedelta(seconds=PERIOD)
+    traffic_record(latest.timestamp(), sampled_lengths(2, 10.2, int(2.6 * PERIOD)))
+    telemetry_fresh()
+    second = Plan.objects.get(tick=tick(fleet, latest))
     first.refresh_from_db()
     assert first.status == PlanStatus.SUPERSEDED and second.status == PlanStatus.PROPOSED
+    assert first.closed_reason.startswith("stale")
+
+
+def test_a_rejected_plan_keeps_the_operators_reason(fleet):
+    period, _ = drifted()
+    plan = Plan.objects.get(tick=tick(fleet, period))
+    rebalance.plan_reject(plan_id=plan.pk, actor=OPERATOR, reason="  peak hour, not now ")
+    plan.refresh_from_db()
+    assert (plan.status, plan.closed_reason) == (PlanStatus.REJECTED, "peak hour, not now")
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ wall time per call and the functions that take the most of it (own time and cumu
 the HTTP server's share is what ``bench/route_api.py`` adds on top.
 
     .venv/bin/python bench/route_profile.py [--requests 3000] [--batches 20] [--top 25]
+
+``--top -1`` times without cProfile (to run under ``py-spy record -- ...``).
 """
 
 from __future__ import annotations

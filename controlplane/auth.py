@@ -38,7 +38,7 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, Forbidden, Unauthorized
-from controlplane.health import db_connection_reset
+from controlplane.health import db_call, db_connection_reset
 from controlplane.models import ApiToken, Scope, token_hash
 
 ALL_SCOPES = frozenset(Scope.values)
@@ -140,16 +140,13 @@ def _cache_put(digest: str, cached: _CachedToken | None) -> None:
 
 
 def _token_fetch(digest: str) -> _CachedToken | None:
-    db_connection_reset()
-    try:
-        row = (
+    row = db_call(
+        lambda: (
             ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
             .values("id", "name", "scopes", "expires_at")
             .first()
         )
-    except DatabaseError:
-        db_connection_reset()
-        raise
+    )
     if row is None:
         return None
     return _CachedToken(

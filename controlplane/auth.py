@@ -43,7 +43,7 @@ from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, Forbidden, Unauthorized
-from controlplane.health import db_connection_reset
+from controlplane.health import db_call, db_connection_reset
 from controlplane.models import ApiToken, Scope, token_hash
 
 ALL_SCOPES = frozenset(Scope.values)
@@ -172,16 +172,13 @@ def _cache_put(digest: str, cached: _CachedToken | None) -> None:
 
 
 def _token_fetch(digest: str) -> _CachedToken | None:
-    db_connection_reset()
-    try:
-        row = (
+    row = db_call(
+        lambda: (
             ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
             .values("id", "name", "scopes", "expires_at", "instances", "links", "fleet_wide")
             .first()
         )
-    except DatabaseError:
-        db_connection_reset()
-        raise
+    )
     if row is None:
         return None
     scopes = frozenset(row["scopes"])

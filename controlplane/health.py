@@ -13,15 +13,19 @@ dead connection would fail every query after the database is back.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
 
 from controlplane.redis_connection import redis_sync
 
 BROKER_TIMEOUT_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,21 @@ def db_connection_reset() -> None:
     broken = connection.connection is not None and connection.errors_occurred
     if broken and not connection.in_atomic_block:
         connection.close_if_unusable_or_obsolete()
+
+
+def db_call(fn: Callable[[], T]) -> T:
+    """``fn()``, tried again once on a fresh connection when the connection it found had been
+    dropped by the database (a restart, an idle timeout, an outage just ended); a database
+    that is really away fails both, and the error is raised."""
+    db_connection_reset()
+    reused = connection.connection is not None and not connection.in_atomic_block
+    try:
+        return fn()
+    except DatabaseError:
+        db_connection_reset()
+        if not reused:
+            raise
+    return fn()
 
 
 def _failure(exc: BaseException) -> str:

@@ -46,7 +46,7 @@ from clusters.models import (
     table_errors,
 )
 from controlplane.errors import ApiError
-from controlplane.health import db_connection_reset
+from controlplane.health import db_call, db_connection_reset
 from controlplane.redis_connection import redis_async, redis_sync
 from scheduling.core import bounds, routing
 from scheduling.models import Policy
@@ -339,8 +339,7 @@ def snapshot_refresh(redis_version: int | None = None, *, force: bool = False) -
             return snap
         try:
             _dirty = False
-            db_connection_reset()
-            snap = snapshot_build(redis_version)
+            snap = db_call(lambda: snapshot_build(redis_version))
         except Exception as exc:
             db_connection_reset()
             _last_failure = time.monotonic()

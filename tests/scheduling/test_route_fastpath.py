@@ -143,3 +143,32 @@ async def test_calls_without_a_bearer_token_go_through_django(
     )
     assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
     assert r.headers["x-request-id"] == "abc"
+
+
+async def test_fast_path_answers_carry_the_security_headers(
+    fast: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    r = await fast.post(
+        "/api/v1/route", json={"origin": "pd-a", "prompt_tokens": 1}, headers=fleet.router
+    )
+    assert r.status_code == 200
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["referrer-policy"] == "same-origin"
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+
+
+async def test_fast_path_refuses_a_host_outside_allowed_hosts(
+    fast: httpx.AsyncClient, fleet: Fleet, settings: Any
+) -> None:
+    # Issue 13: this door skipped Django's ALLOWED_HOSTS check.
+    settings.ALLOWED_HOSTS = ["cp.example.org"]
+    body = {"origin": "pd-a", "prompt_tokens": 1}
+    r = await fast.post(
+        "/api/v1/route", json=body, headers={**fleet.router, "Host": "evil.example"}
+    )
+    assert (r.status_code, r.json()["code"]) == (400, "bad_host")
+    ok = await fast.post(
+        "/api/v1/route", json=body, headers={**fleet.router, "Host": "cp.example.org"}
+    )
+    assert ok.status_code == 200, ok.text

@@ -217,6 +217,10 @@ def test_the_overview_shows_each_pd_clusters_rate_and_ttft_p90_as_the_emulator_r
         counts = [b - a for a, b in zip(first["ttft_buckets"], last["ttft_buckets"], strict=True)]
         p90 = histogram_quantile(counts, 0.9)
         assert p90 is not None
+        print(
+            f"{tile['cluster']}: overview {tile['rate']} req/s, P90 {tile['p90']} s;"
+            f" emulator {rate:.3f} req/s, P90 {p90:.3f} s over {last['ts'] - first['ts']:.0f} s"
+        )
         assert tile["rate"] == pytest.approx(rate, rel=0.10), (tile, rate)
         assert tile["p90"] == pytest.approx(p90, rel=0.10), (tile, p90)
     assert shown

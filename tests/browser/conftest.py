@@ -136,8 +136,3 @@ def page_as(
     yield login
     for context in contexts:
         context.close()
-
-
-def screenshot(page: Any, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)

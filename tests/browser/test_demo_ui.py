@@ -217,6 +217,10 @@ def test_the_overview_shows_each_pd_clusters_rate_and_ttft_p90_as_the_emulator_r
         counts = [b - a for a, b in zip(first["ttft_buckets"], last["ttft_buckets"], strict=True)]
         p90 = histogram_quantile(counts, 0.9)
         assert p90 is not None
+        print(
+            f"{tile['cluster']}: overview {tile['rate']} req/s, P90 {tile['p90']} s;"
+            f" emulator {rate:.3f} req/s, P90 {p90:.3f} s over {last['ts'] - first['ts']:.0f} s"
+        )
         assert tile["rate"] == pytest.approx(rate, rel=0.10), (tile, rate)
         assert tile["p90"] == pytest.approx(p90, rel=0.10), (tile, p90)
     assert shown
@@ -305,6 +309,33 @@ def test_every_page_of_the_live_demo_is_photographed_and_has_no_axe_violation(
         found = _axe(page)
         if found:
             violations[path] = found
+    # A what-if run on the demo's inventory, small enough to finish in seconds.
+    page.goto(f"{demo.base}/whatif/")
+    page.get_by_label("Arrival rate (req/s)").fill("2")
+    page.get_by_label("Requests").fill("2000")
+    page.get_by_label("Link capacity (Gbps)").fill("25")
+    page.get_by_role("button", name="Run simulation").click()
+    page.wait_for_url(f"{demo.base}/whatif/*/")
+    page.locator("#whatif-results").wait_for(timeout=180_000)
+    page.locator("#chart-links canvas").first.wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "whatif.png"), full_page=True)
+    if found := _axe(page):
+        violations["/whatif/<run>/"] = found
+    # A phone: the overview reflows (nothing wider than the screen).
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{demo.base}/")
+    page.wait_for_timeout(1500)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+    page.screenshot(path=str(SCREENSHOTS / "overview-mobile.png"), full_page=True)
+    page.set_viewport_size({"width": 1360, "height": 900})
+    # The login page, as a logged-out visitor sees it.
+    visitor = page.context.browser.new_context(viewport={"width": 1360, "height": 900})
+    login = visitor.new_page()
+    login.goto(f"{demo.base}/accounts/login/")
+    login.screenshot(path=str(SCREENSHOTS / "login.png"), full_page=True)
+    if found := _axe(login):
+        violations["/accounts/login/"] = found
+    visitor.close()
     assert not violations, json.dumps(violations, indent=1)[:4000]
 
 

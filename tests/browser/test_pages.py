@@ -1,4 +1,6 @@
-"""The operator UI in a real browser: login, the live overview, what-if runs, roles."""
+"""The operator UI in a real browser: login, the live overview, what-if runs, roles.
+
+(The screenshots in docs/screenshots/ come from the live demo: tests/browser/test_demo_ui.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import pytest
 from django.db import connection
 
 from clusters.models import Instance, Link
-from tests.browser.conftest import screenshot
 from tests.factories import InstanceFactory, LinkFactory, PrfaasClusterFactory, api_token
 from tests.scheduling.plan_pages_support import proposed_plan
 
@@ -128,7 +129,6 @@ def test_the_overview_link_chart_moves_within_two_seconds_of_posted_telemetry(
     page.wait_for_function(
         f"Number(document.getElementById('link-chart').dataset.points) > {points + 100}"
     )
-    screenshot(page, "overview.png")
     page.set_viewport_size({"width": 390, "height": 844})  # a phone: the layout reflows
     page.wait_for_timeout(300)
     widest = page.evaluate(
@@ -137,7 +137,6 @@ def test_the_overview_link_chart_moves_within_two_seconds_of_posted_telemetry(
              .sort((a, b) => b[0] - a[0]).slice(0, 5)"""
     )
     assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1, widest
-    screenshot(page, "overview-mobile.png")
 
 
 def test_an_operator_drains_an_instance_after_confirming_without_a_reload(
@@ -190,7 +189,6 @@ def test_a_what_if_run_shows_progress_then_its_results(
     page.get_by_label("Arrival rate (req/s)").fill("2")
     page.get_by_label("Requests").fill("20000")
     page.get_by_label("Link capacity (Gbps)").fill("25")
-    screenshot(page, "whatif-form.png")
     page.get_by_role("button", name="Run simulation").click()
     page.wait_for_url(f"{live_url}/whatif/*/")
     page.locator("#whatif-results").wait_for(timeout=60_000)
@@ -199,7 +197,6 @@ def test_a_what_if_run_shows_progress_then_its_results(
     assert progress[-1] == 100
     assert float(page.locator("#whatif-throughput").inner_text()) > 0
     page.locator("#chart-links canvas").first.wait_for()
-    screenshot(page, "whatif.png")
 
 
 def test_approving_a_plan_updates_this_page_and_a_viewers_page_without_a_reload(
@@ -215,7 +212,6 @@ def test_approving_a_plan_updates_this_page_and_a_viewers_page_without_a_reload(
     page = page_as("operator")
     page.goto(f"{live_url}/plans/{plan.pk}/")
     page.wait_for_function("document.getElementById('live-status').textContent === 'Live'")
-    screenshot(page, "plan.png")
     page.evaluate("window.__notReloaded = true")
     page.get_by_role("button", name="Approve").click()  # the confirmation is accepted
     page.wait_for_function("document.getElementById('plan-status').textContent !== 'proposed'")

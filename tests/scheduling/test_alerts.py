@@ -85,8 +85,7 @@ def test_a_down_instance_and_a_growing_local_queue_alert() -> None:
     found = _codes(_evaluate(past))
     assert found["instance_down"] == f"pd-0 ({link.target.name}) is down"
     # The queue grows from 5 to 60 in 10 s: the telemetry says so.
-    body = {"pd-0": f"{now!r},60,0,0,0.0,0"}
-    redis_sync().hset("live:insts", mapping=body)
+    redis_sync().hset("live:insts", "pd-0", f"{now!r},60,0,0,0.0,0")
     assert "5 → 60" in _codes(_evaluate(past))["pd_queue_growing"]
 
 

@@ -149,8 +149,16 @@ class Command(BaseCommand):
                 "worker",
                 "--loglevel",
                 "WARNING",
+                # One process for the long tasks (a rebalance tick simulates for up to
+                # REBALANCE_SIMULATION_WALL_S, a what-if run longer), the others free for the
+                # 2 s overview tick and decision-log copy: no process reserves tasks it cannot
+                # start, so alerts never wait behind a simulation.
                 "--concurrency",
-                "2",
+                "3",
+                "--prefetch-multiplier",
+                "1",
+                "-O",
+                "fair",
             ]
             commands["beat"] = [
                 python,

@@ -74,29 +74,23 @@ def test_service_counters_in_telemetry_are_kept_per_pd_cluster_and_exported(
 ) -> None:
     buckets = [0] * (len(TTFT_BUCKETS_S) + 1)
     buckets[ttft_bucket(0.3)] = 7
-    body = {
-        "idempotency_key": "agent-7/43",
-        "clusters": [
-            {
-                "cluster": "pd-a",
-                "ts": time.time(),
-                "arrivals": 9,
-                "first_tokens": 7,
-                "ttft_buckets": buckets,
-                "ttft_sum_s": 2.1,
-            }
-        ],
+    counters: dict[str, Any] = {
+        "cluster": "pd-a",
+        "ts": time.time(),
+        "arrivals": 9,
+        "first_tokens": 7,
+        "ttft_buckets": buckets,
+        "ttft_sum_s": 2.1,
     }
-    response = post("/telemetry", body, agent)
+    response = post("/telemetry", {"idempotency_key": "agent-7/43", "clusters": [counters]}, agent)
     assert response.status_code == 200, response.content
     (stored,) = telemetry.service_counters_read().values()
     assert stored[1:4] == [9, 7, buckets]
     metrics = Client().get("/metrics").content.decode()
     assert 'prfaas_cluster_requests_total{cluster="pd-a"} 9.0' in metrics
     assert 'prfaas_cluster_ttft_seconds_sum{cluster="pd-a"} 2.1' in metrics
-    short = {**body, "idempotency_key": "agent-7/44"}
-    short["clusters"] = [{**body["clusters"][0], "ttft_buckets": [1, 2]}]
-    refused = post("/telemetry", short, agent)
+    short = {**counters, "ttft_buckets": [1, 2]}
+    refused = post("/telemetry", {"idempotency_key": "agent-7/44", "clusters": [short]}, agent)
     assert refused.status_code == 422 and "ttft_buckets" in refused.json()["detail"]
 
 

@@ -24,6 +24,7 @@ def pd_prfaas_fleet(
     h20_prefill_seconds: list[list[float]],
     kv_budget_bytes: int | None = None,
     block_tokens: int = BLOCK_TOKENS,
+    h200_prefill_seconds: list[list[float]] | None = None,
 ) -> tuple[Cluster, Cluster]:
     """``pd_name`` (H20: 2 prefill, 2 decode) <- 100 Gbps, 10 ms <- ``prfaas_name`` (H200:
     2 prefill, no decode profile), blocks of ``block_tokens`` (512); returns (PD cluster,
@@ -35,8 +36,15 @@ def pd_prfaas_fleet(
     h20 = AcceleratorFactory(name="H20")
     h200 = AcceleratorFactory(name="H200")
     PerformanceProfileFactory(accelerator=h20, model=model, prefill_seconds=h20_prefill_seconds)
+    h200_profile: dict[str, object] = {}
+    if h200_prefill_seconds is not None:
+        h200_profile["prefill_seconds"] = h200_prefill_seconds
     PerformanceProfileFactory(
-        accelerator=h200, model=model, decode_max_batch=None, decode_step_seconds=None
+        accelerator=h200,
+        model=model,
+        decode_max_batch=None,
+        decode_step_seconds=None,
+        **h200_profile,
     )
     pd = ClusterFactory(name=pd_name, accelerator=h20, model=model)
     pf = PrfaasClusterFactory(name=prfaas_name, accelerator=h200, model=model)

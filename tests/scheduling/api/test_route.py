@@ -30,10 +30,7 @@ from controlplane.audit import CLI_ACTOR
 from scheduling import decisions
 from scheduling.policies import policy_create
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
-from tests.factories import (
-    api_token,
-    bearer,
-)
+from tests.factories import PREFILL_SECONDS, api_token, bearer
 from tests.support.fleets import BLOCK_TOKENS, LINK_GBPS, pd_prfaas_fleet
 from tests.support.servers import (
     control_plane_serve,
@@ -56,12 +53,19 @@ class Fleet:
     budget_bytes: int
 
 
-def _fleet(budget_bytes: int) -> Fleet:
+H20_PREFILL_SECONDS = [[1024, 0.9], [8192, 2.4], [32768, 7.5], [131072, 36.0]]
+
+
+def _fleet(budget_bytes: int, *, slowdown: float = 1.0) -> Fleet:
+    """The test fleet; ``slowdown`` multiplies both clusters' prefill times (the decisions stay
+    the same, the predicted transfer ends, when reservations expire, move out)."""
+    slow = [[tokens, seconds * slowdown] for tokens, seconds in H20_PREFILL_SECONDS]
     pd_prfaas_fleet(
         "pd-a",
         "prfaas-x",
-        h20_prefill_seconds=[[1024, 0.9], [8192, 2.4], [32768, 7.5], [131072, 36.0]],
+        h20_prefill_seconds=slow,
         kv_budget_bytes=budget_bytes,
+        h200_prefill_seconds=[[t, s * slowdown] for t, s in PREFILL_SECONDS],
     )
     return Fleet(
         router=bearer(api_token("router")[1]),
@@ -464,7 +468,11 @@ def uvicorn_two_workers(
     """The real app under uvicorn with 2 worker processes, on the test database."""
     from django.db import connection
 
-    fleet = _fleet(budget_bytes=6 * 2**30)
+    # Reservations expire at their transfer's predicted end (a few seconds here): a burst
+    # slower than that on a loaded machine would see early ones released and the bytes
+    # rightly reserved again. Slow prefill makes every hold outlast the burst, so the sum of
+    # the burst's reservations is what is in flight at once.
+    fleet = _fleet(budget_bytes=6 * 2**30, slowdown=50.0)
     served = control_plane_serve(connection.settings_dict, settings.REDIS_URL, workers=2)
     with served as (base, _):
         yield base, fleet

@@ -68,7 +68,7 @@ class ClusterServiceIn(Schema):
         max_length=len(TTFT_BUCKETS_S) + 1,
         description="first tokens per TTFT bucket (upper bounds TTFT_BUCKETS_S, then above)",
     )
-    ttft_sum_s: float = Field(0.0, ge=0, le=1e15, allow_inf_nan=False)
+    ttft_sum_s: float = Field(0.0, ge=0, le=1e15, allow_inf_nan=False, strict=True)
 
 
 class TelemetryIn(Schema):

@@ -97,11 +97,12 @@ async def test_a_page_upload_stops_being_read_at_djangos_form_limit() -> None:
 
 
 async def test_a_body_within_the_limit_reaches_the_api() -> None:
-    # 128 KiB of non-JSON from an unknown token: the API itself answers (401), having read it.
+    # 128 KiB of non-JSON from an unknown token: the API's strict JSON check answers (400, in
+    # the error shape), having read it all.
     status, answer, pulled = await upload(
         "/api/v1/telemetry", [(b"authorization", b"Bearer nope")], total=2 * len(CHUNK)
     )
-    assert (status, answer["code"]) == (401, "unauthorized")
+    assert (status, answer["code"]) == (400, "http_400")
     assert pulled == 2 * len(CHUNK)
 
 

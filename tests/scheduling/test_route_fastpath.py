@@ -118,7 +118,7 @@ async def test_fast_path_decodes_every_field_like_the_django_path(
         headers={"Authorization": fleet.router["Authorization"]},
     )  # fmt: skip
     # Decided a moment apart: only the estimates' clock and the live state's age may differ.
-    same_moment = {k: via_fast[k] for k in ("ttft_estimate_s", "live_age_s")}
+    same_moment = {k: via_fast[k] for k in ("ttft_estimate_s", "live_age_s", "snapshot_age_s")}
     assert via_fast == via_django.json() | same_moment
     assert via_fast["cached_tokens"] < 20_000  # capped at the prompt, then one token computed
 

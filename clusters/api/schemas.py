@@ -14,7 +14,6 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
 from scheduling.core import bounds
-from scheduling.core.bounds import Bound
 
 # A table as read back: [[tokens, value], ...]. Pairs are fixed-length arrays rather than tuples
 # because some OpenAPI tools (schemathesis among them) mis-read ``prefixItems`` in responses.
@@ -24,45 +23,61 @@ Table = list[Annotated[list[int | float], Field(min_length=2, max_length=2)]]
 # What a request may send as a table: at least two points (interpolation needs a segment) of a
 # positive token count and a positive value, no point twice. That tokens increase, which JSON
 # Schema cannot say, is checked by the model (422).
-def _table_in(values: Bound) -> Any:
-    return Annotated[
-        list[
-            tuple[
-                Annotated[int, Field(**bounds.TABLE_TOKENS.schema)],
-                Annotated[float, Field(allow_inf_nan=False, **values.schema)],
-            ]
-        ],
-        Field(
-            min_length=2,
-            max_length=1_000,
-            description="[[tokens, value], ...] with tokens strictly increasing",
-            json_schema_extra={"uniqueItems": True},
-        ),
-    ]
-
-
-def _bounded(bound: Bound, **extra: Any) -> Any:
-    """A finite number within ``bound`` (scheduling.core.bounds), as the schema says."""
-    kind = int if isinstance(bound.low, int) and isinstance(bound.high, int) else float
-    if kind is int:
-        return Annotated[int, Field(**bound.schema, **extra)]
-    return Annotated[float, Field(allow_inf_nan=False, **bound.schema, **extra)]
-
-
-KvTableIn = _table_in(bounds.KV_CACHE_MIB)
-PrefillTableIn = _table_in(bounds.PREFILL_SECONDS)
-Gbps = _bounded(bounds.LINK_GBPS, description="0 means the link is down")
-RttMs = _bounded(bounds.LINK_RTT_MS)
-KvBudgetBytes = Annotated[int, Field(gt=0, le=int(bounds.LINK_KV_BUDGET_BYTES.high))]
-TargetUtilisation = _bounded(
-    bounds.LINK_TARGET_UTILISATION, description="mean egress share planned at most"
+_TABLE = Field(
+    min_length=2,
+    max_length=1_000,
+    description="[[tokens, value], ...] with tokens strictly increasing",
+    json_schema_extra={"uniqueItems": True},
 )
-GpuHourCost = _bounded(bounds.GPU_HOUR_COST)
-BlockTokens = _bounded(bounds.BLOCK_TOKENS)
-LinearStateMib = _bounded(bounds.LINEAR_STATE_MIB)
-GpusPerInstance = _bounded(bounds.GPUS_PER_INSTANCE)
-DecodeMaxBatch = _bounded(bounds.DECODE_MAX_BATCH)
-DecodeStepSeconds = _bounded(bounds.DECODE_STEP_SECONDS)
+_TOKENS = Annotated[int, Field(ge=bounds.TABLE_TOKENS.low, le=bounds.TABLE_TOKENS.high)]
+KvTableIn = Annotated[
+    list[
+        tuple[
+            _TOKENS,
+            Annotated[
+                float,
+                Field(allow_inf_nan=False, gt=0, le=bounds.KV_CACHE_MIB.high),
+            ],
+        ]
+    ],
+    _TABLE,
+]
+PrefillTableIn = Annotated[
+    list[
+        tuple[
+            _TOKENS,
+            Annotated[
+                float,
+                Field(allow_inf_nan=False, gt=0, le=bounds.PREFILL_SECONDS.high),
+            ],
+        ]
+    ],
+    _TABLE,
+]
+# Finite numbers within their physical bounds (scheduling.core.bounds), as the schema says.
+Gbps = Annotated[
+    float,
+    Field(
+        allow_inf_nan=False,
+        ge=0,
+        le=bounds.LINK_GBPS.high,
+        description="0 means the link is down",
+    ),
+]
+RttMs = Annotated[float, Field(allow_inf_nan=False, ge=0, le=bounds.LINK_RTT_MS.high)]
+KvBudgetBytes = Annotated[int, Field(gt=0, le=int(bounds.LINK_KV_BUDGET_BYTES.high))]
+TargetUtilisation = Annotated[
+    float,
+    Field(allow_inf_nan=False, gt=0, le=1, description="mean egress share planned at most"),
+]
+GpuHourCost = Annotated[float, Field(allow_inf_nan=False, gt=0, le=bounds.GPU_HOUR_COST.high)]
+BlockTokens = Annotated[int, Field(ge=1, le=bounds.BLOCK_TOKENS.high)]
+LinearStateMib = Annotated[float, Field(allow_inf_nan=False, ge=0, le=bounds.LINEAR_STATE_MIB.high)]
+GpusPerInstance = Annotated[int, Field(ge=1, le=bounds.GPUS_PER_INSTANCE.high)]
+DecodeMaxBatch = Annotated[int, Field(ge=1, le=bounds.DECODE_MAX_BATCH.high)]
+DecodeStepSeconds = Annotated[
+    float, Field(allow_inf_nan=False, gt=0, le=bounds.DECODE_STEP_SECONDS.high)
+]
 # PostgreSQL integer columns: a larger number is a bad request, not a database error.
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1

@@ -23,7 +23,7 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from schemathesis.specs.openapi.checks import ignored_auth
 
@@ -97,6 +97,9 @@ def admin_headers(
 # of bad data too (schemathesis builds some over-long arrays bigger than the limit).
 CONFIG = schemathesis.Config.from_dict(
     {
+        # A NUL character is refused by design (422, docs/api.md: PostgreSQL text cannot hold
+        # one), which JSON Schema cannot say; tests/controlplane/test_parser.py covers it.
+        "generation": {"allow-x00": False},
         "checks": {
             "negative_data_rejection": {
                 "expected-statuses": [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
@@ -193,6 +196,10 @@ def test_api_workflows_answer_every_step_within_the_schema(admin_headers: dict[s
             stateful_step_count=STATEFUL_STEPS,
             deadline=None,
             derandomize=True,
+            # No shrinking: a replayed scenario meets the rows the earlier ones made (the
+            # database is real and shared across scenarios), which hypothesis would call a
+            # flaky strategy; a failure is reported as found, with its curl.
+            phases=[Phase.explicit, Phase.generate],
             suppress_health_check=list(HealthCheck),
         ),
     )

@@ -81,6 +81,9 @@ DecodeStepSeconds = Annotated[
 # PostgreSQL integer columns: a larger number is a bad request, not a database error.
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
+# A reference to another row: a 64-bit integer, as JSON parsers and the database read it (an
+# unknown one is a 404 naming it).
+RefId = Annotated[int, Field(ge=-MAX_BIGINT - 1, le=MAX_BIGINT)]
 Kind = Literal["prfaas", "pd"]
 KvConnectorName = Literal["nixl", "shared_storage"]
 Role = Literal["prefill", "decode"]
@@ -206,8 +209,8 @@ class ModelProfileOut(VersionedOut):
 
 
 class PerformanceProfileIn(StrictIn):
-    accelerator_id: int
-    model_id: int
+    accelerator_id: RefId
+    model_id: RefId
     gpus_per_instance: GpusPerInstance
     prefill_seconds: PrefillTableIn
     decode_max_batch: DecodeMaxBatch | None = None
@@ -215,8 +218,8 @@ class PerformanceProfileIn(StrictIn):
 
 
 class PerformanceProfilePatch(PatchIn):
-    accelerator_id: int | Omitted = None
-    model_id: int | Omitted = None
+    accelerator_id: RefId | Omitted = None
+    model_id: RefId | Omitted = None
     gpus_per_instance: GpusPerInstance | Omitted = None
     prefill_seconds: PrefillTableIn | Omitted = None
     decode_max_batch: DecodeMaxBatch | None = None
@@ -235,18 +238,18 @@ class PerformanceProfileOut(VersionedOut):
 class ClusterIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
     kind: Kind
-    site_id: int
-    accelerator_id: int
-    model_id: int
+    site_id: RefId
+    accelerator_id: RefId
+    model_id: RefId
     kv_connector: KvConnectorName = "nixl"
 
 
 class ClusterPatch(PatchIn):
     name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
     kind: Kind | Omitted = None
-    site_id: int | Omitted = None
-    accelerator_id: int | Omitted = None
-    model_id: int | Omitted = None
+    site_id: RefId | Omitted = None
+    accelerator_id: RefId | Omitted = None
+    model_id: RefId | Omitted = None
     kv_connector: KvConnectorName | Omitted = None
 
 
@@ -275,7 +278,7 @@ class ClusterOut(VersionedOut):
 
 
 class InstanceIn(StrictIn):
-    cluster_id: int
+    cluster_id: RefId
     name: str = Field(min_length=1, max_length=150)
     role: Role
     state: State = "active"
@@ -284,7 +287,7 @@ class InstanceIn(StrictIn):
 
 
 class InstancePatch(PatchIn):
-    cluster_id: int | Omitted = None
+    cluster_id: RefId | Omitted = None
     name: Annotated[str, Field(min_length=1, max_length=150)] | Omitted = None
     role: Role | Omitted = None
     state: State | Omitted = None
@@ -307,8 +310,8 @@ class InstanceOut(VersionedOut):
 
 
 class LinkIn(StrictIn):
-    source_id: int
-    target_id: int
+    source_id: RefId
+    target_id: RefId
     gbps: Gbps
     rtt_ms: RttMs
     kv_budget_bytes: KvBudgetBytes | None = None
@@ -318,8 +321,8 @@ class LinkIn(StrictIn):
 
 
 class LinkPatch(PatchIn):
-    source_id: int | Omitted = None
-    target_id: int | Omitted = None
+    source_id: RefId | Omitted = None
+    target_id: RefId | Omitted = None
     gbps: Gbps | Omitted = None
     rtt_ms: RttMs | Omitted = None
     kv_budget_bytes: KvBudgetBytes | None = None

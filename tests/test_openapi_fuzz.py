@@ -4,8 +4,8 @@ token, on a small real fleet (PostgreSQL and Redis). No 5xx, no response outside
 Bounded: ``FUZZ_EXAMPLES`` examples per operation (hypothesis, derandomised so CI is stable),
 12 in the default run. Every check schemathesis has runs (its checks are all enabled by
 default: the CLI's ``--checks all``). The stateful phase (sequences of calls linked by the
-schema's inferred dependencies) and the large runs are marked ``fuzz``: ``make test-fuzz``
-(``FUZZ_EXAMPLES=300``), a CI stage of its own.
+schema's inferred dependencies) is marked ``fuzz`` and runs with the large example count in
+``make test-fuzz``, a CI stage of its own (50 examples: the Makefile says why not 300).
 """
 
 from __future__ import annotations

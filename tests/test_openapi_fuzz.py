@@ -5,7 +5,7 @@ Bounded: ``FUZZ_EXAMPLES`` examples per operation (hypothesis, derandomised so C
 12 in the default run. Every check schemathesis has runs (its checks are all enabled by
 default: the CLI's ``--checks all``). The stateful phase (sequences of calls linked by the
 schema's inferred dependencies) is marked ``fuzz`` and runs with the large example count in
-``make test-fuzz``, a CI stage of its own (50 examples: the Makefile says why not 300).
+``make test-fuzz`` (300 examples), a CI stage of its own.
 """
 
 from __future__ import annotations
@@ -114,6 +114,16 @@ CONFIG = schemathesis.Config.from_dict(
         # what goes inside each key, and the names its parts use to refer to each other, is the
         # scenario format the reader checks (422 naming the key path), beyond JSON Schema.
         "operations": [
+            # An instance's role must fit its cluster's kind (no decode in a prfaas cluster): a
+            # rule across two tables, beyond JSON Schema (422, tested in tests/clusters).
+            {
+                "include-path-regex": "^/api/v1/instances",
+                "checks": {
+                    "positive_data_acceptance": {
+                        "expected-statuses": ["2xx", 401, 403, 404, 409, 413, 422, 429]
+                    }
+                },
+            },
             {
                 "include-path": "/api/v1/topology",
                 "include-method": "POST",
@@ -122,7 +132,7 @@ CONFIG = schemathesis.Config.from_dict(
                         "expected-statuses": ["2xx", 401, 403, 404, 409, 413, 422, 429]
                     }
                 },
-            }
+            },
         ],
     }
 )

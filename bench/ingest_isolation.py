@@ -98,7 +98,7 @@ def largest_kv_events(instance: str, limit: int, n: int, block_tokens: int) -> b
     size = 64
     block = n * 10**6
     while True:
-        hashes = list(range(block, block + 16))
+        hashes: list[int | bytes] = list(range(block, block + 16))
         block += 16
         event = wire.BlockStored(hashes, None, [], block_tokens, None, "GPU", None)
         payload = wire.batch_encode([event], time.time())

@@ -99,9 +99,9 @@ class BodySizeLimitMiddleware:
 
 
 class NulRefusalMiddleware:
-    """Refuse a NUL character in the path or the query string with 400 before any view: the
-    database cannot store one, and a query reaching it failed with an HTML 500. API paths get
-    the API's error shape."""
+    """Refuse a NUL character in the path or the query string before any view: the database
+    cannot store one, and a query reaching it failed with an HTML 500. API paths get a 422 in
+    the API's error shape, pages a plain 400."""
 
     sync_capable = True
     async_capable = True
@@ -117,8 +117,9 @@ class NulRefusalMiddleware:
         if "\x00" not in request.path and "%00" not in query and "\x00" not in query:
             return None
         if request.path.startswith("/api/"):
-            refused = ApiError("a NUL character in the path or query", code="http_400", status=400)
-            return JsonResponse(refused.payload(), status=400)
+            # 422 as for any value that breaks a rule (every operation documents it).
+            refused = ApiError("a NUL character in the path or query", code="invalid", status=422)
+            return JsonResponse(refused.payload(), status=422)
         return HttpResponseBadRequest("a NUL character in the path or query")
 
     def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:

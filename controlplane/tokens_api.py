@@ -50,7 +50,7 @@ class TokenBindingIn(Schema):
 
 @router.get("/tokens", response=list[TokenOut], auth=ADMIN)
 @paginate(BoundedLimitOffsetPagination)
-def token_list_api(request: HttpRequest):  # type: ignore[no-untyped-def]
+def token_list_api(request: HttpRequest):
     return token_list()
 
 

@@ -171,6 +171,11 @@ async def kv_events_ingest_async(
             code="live_store_unavailable",
             status=503,
         ) from None
+    try:
+        # A bounded step of removing what earlier clears left (a few ms, never a stall).
+        await prefix_index.prefix_index_sweep_async(client=redis_async_ingest())
+    except (redis.exceptions.RedisError, OSError) as exc:  # applied already; the next post sweeps
+        log.warning("prefix index sweep failed: %s", exc)
     for result in results:
         state = result.state
         evicted += result.evicted

@@ -119,6 +119,7 @@ def test_every_curl_example_answers_2xx_against_a_docs_server(
             "agent",
             "--scope",
             "read",
+            "--fleet-wide",
         ],
         cwd=ROOT,
         env=env,

@@ -14,7 +14,6 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
 from scheduling.core import bounds
-from scheduling.core.bounds import Bound
 
 # A table as read back: [[tokens, value], ...]. Pairs are fixed-length arrays rather than tuples
 # because some OpenAPI tools (schemathesis among them) mis-read ``prefixItems`` in responses.
@@ -24,48 +23,67 @@ Table = list[Annotated[list[int | float], Field(min_length=2, max_length=2)]]
 # What a request may send as a table: at least two points (interpolation needs a segment) of a
 # positive token count and a positive value, no point twice. That tokens increase, which JSON
 # Schema cannot say, is checked by the model (422).
-def _table_in(values: Bound) -> Any:
-    return Annotated[
-        list[
-            tuple[
-                Annotated[int, Field(**bounds.TABLE_TOKENS.schema)],
-                Annotated[float, Field(allow_inf_nan=False, **values.schema)],
-            ]
-        ],
-        Field(
-            min_length=2,
-            max_length=1_000,
-            description="[[tokens, value], ...] with tokens strictly increasing",
-            json_schema_extra={"uniqueItems": True},
-        ),
-    ]
-
-
-def _bounded(bound: Bound, **extra: Any) -> Any:
-    """A finite number within ``bound`` (scheduling.core.bounds), as the schema says."""
-    kind = int if isinstance(bound.low, int) and isinstance(bound.high, int) else float
-    if kind is int:
-        return Annotated[int, Field(**bound.schema, **extra)]
-    return Annotated[float, Field(allow_inf_nan=False, **bound.schema, **extra)]
-
-
-KvTableIn = _table_in(bounds.KV_CACHE_MIB)
-PrefillTableIn = _table_in(bounds.PREFILL_SECONDS)
-Gbps = _bounded(bounds.LINK_GBPS, description="0 means the link is down")
-RttMs = _bounded(bounds.LINK_RTT_MS)
-KvBudgetBytes = Annotated[int, Field(gt=0, le=int(bounds.LINK_KV_BUDGET_BYTES.high))]
-TargetUtilisation = _bounded(
-    bounds.LINK_TARGET_UTILISATION, description="mean egress share planned at most"
+_TABLE = Field(
+    min_length=2,
+    max_length=1_000,
+    description="[[tokens, value], ...] with tokens strictly increasing",
+    json_schema_extra={"uniqueItems": True},
 )
-GpuHourCost = _bounded(bounds.GPU_HOUR_COST)
-BlockTokens = _bounded(bounds.BLOCK_TOKENS)
-LinearStateMib = _bounded(bounds.LINEAR_STATE_MIB)
-GpusPerInstance = _bounded(bounds.GPUS_PER_INSTANCE)
-DecodeMaxBatch = _bounded(bounds.DECODE_MAX_BATCH)
-DecodeStepSeconds = _bounded(bounds.DECODE_STEP_SECONDS)
+_TOKENS = Annotated[int, Field(ge=bounds.TABLE_TOKENS.low, le=bounds.TABLE_TOKENS.high)]
+KvTableIn = Annotated[
+    list[
+        tuple[
+            _TOKENS,
+            Annotated[
+                float,
+                Field(allow_inf_nan=False, gt=0, le=bounds.KV_CACHE_MIB.high),
+            ],
+        ]
+    ],
+    _TABLE,
+]
+PrefillTableIn = Annotated[
+    list[
+        tuple[
+            _TOKENS,
+            Annotated[
+                float,
+                Field(allow_inf_nan=False, gt=0, le=bounds.PREFILL_SECONDS.high),
+            ],
+        ]
+    ],
+    _TABLE,
+]
+# Finite numbers within their physical bounds (scheduling.core.bounds), as the schema says.
+Gbps = Annotated[
+    float,
+    Field(
+        allow_inf_nan=False,
+        ge=0,
+        le=bounds.LINK_GBPS.high,
+        description="0 means the link is down",
+    ),
+]
+RttMs = Annotated[float, Field(allow_inf_nan=False, ge=0, le=bounds.LINK_RTT_MS.high)]
+KvBudgetBytes = Annotated[int, Field(gt=0, le=int(bounds.LINK_KV_BUDGET_BYTES.high))]
+TargetUtilisation = Annotated[
+    float,
+    Field(allow_inf_nan=False, gt=0, le=1, description="mean egress share planned at most"),
+]
+GpuHourCost = Annotated[float, Field(allow_inf_nan=False, gt=0, le=bounds.GPU_HOUR_COST.high)]
+BlockTokens = Annotated[int, Field(ge=1, le=bounds.BLOCK_TOKENS.high)]
+LinearStateMib = Annotated[float, Field(allow_inf_nan=False, ge=0, le=bounds.LINEAR_STATE_MIB.high)]
+GpusPerInstance = Annotated[int, Field(ge=1, le=bounds.GPUS_PER_INSTANCE.high)]
+DecodeMaxBatch = Annotated[int, Field(ge=1, le=bounds.DECODE_MAX_BATCH.high)]
+DecodeStepSeconds = Annotated[
+    float, Field(allow_inf_nan=False, gt=0, le=bounds.DECODE_STEP_SECONDS.high)
+]
 # PostgreSQL integer columns: a larger number is a bad request, not a database error.
 MAX_INT = 2**31 - 1
 MAX_BIGINT = 2**63 - 1
+# A reference to another row: a 64-bit integer, as JSON parsers and the database read it (an
+# unknown one is a 404 naming it).
+RefId = Annotated[int, Field(ge=-MAX_BIGINT - 1, le=MAX_BIGINT)]
 Kind = Literal["prfaas", "pd"]
 KvConnectorName = Literal["nixl", "shared_storage"]
 Role = Literal["prefill", "decode"]
@@ -191,8 +209,8 @@ class ModelProfileOut(VersionedOut):
 
 
 class PerformanceProfileIn(StrictIn):
-    accelerator_id: int
-    model_id: int
+    accelerator_id: RefId
+    model_id: RefId
     gpus_per_instance: GpusPerInstance
     prefill_seconds: PrefillTableIn
     decode_max_batch: DecodeMaxBatch | None = None
@@ -200,8 +218,8 @@ class PerformanceProfileIn(StrictIn):
 
 
 class PerformanceProfilePatch(PatchIn):
-    accelerator_id: int | Omitted = None
-    model_id: int | Omitted = None
+    accelerator_id: RefId | Omitted = None
+    model_id: RefId | Omitted = None
     gpus_per_instance: GpusPerInstance | Omitted = None
     prefill_seconds: PrefillTableIn | Omitted = None
     decode_max_batch: DecodeMaxBatch | None = None
@@ -220,18 +238,18 @@ class PerformanceProfileOut(VersionedOut):
 class ClusterIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
     kind: Kind
-    site_id: int
-    accelerator_id: int
-    model_id: int
+    site_id: RefId
+    accelerator_id: RefId
+    model_id: RefId
     kv_connector: KvConnectorName = "nixl"
 
 
 class ClusterPatch(PatchIn):
     name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
     kind: Kind | Omitted = None
-    site_id: int | Omitted = None
-    accelerator_id: int | Omitted = None
-    model_id: int | Omitted = None
+    site_id: RefId | Omitted = None
+    accelerator_id: RefId | Omitted = None
+    model_id: RefId | Omitted = None
     kv_connector: KvConnectorName | Omitted = None
 
 
@@ -260,7 +278,7 @@ class ClusterOut(VersionedOut):
 
 
 class InstanceIn(StrictIn):
-    cluster_id: int
+    cluster_id: RefId
     name: str = Field(min_length=1, max_length=150)
     role: Role
     state: State = "active"
@@ -269,7 +287,7 @@ class InstanceIn(StrictIn):
 
 
 class InstancePatch(PatchIn):
-    cluster_id: int | Omitted = None
+    cluster_id: RefId | Omitted = None
     name: Annotated[str, Field(min_length=1, max_length=150)] | Omitted = None
     role: Role | Omitted = None
     state: State | Omitted = None
@@ -292,8 +310,8 @@ class InstanceOut(VersionedOut):
 
 
 class LinkIn(StrictIn):
-    source_id: int
-    target_id: int
+    source_id: RefId
+    target_id: RefId
     gbps: Gbps
     rtt_ms: RttMs
     kv_budget_bytes: KvBudgetBytes | None = None
@@ -303,8 +321,8 @@ class LinkIn(StrictIn):
 
 
 class LinkPatch(PatchIn):
-    source_id: int | Omitted = None
-    target_id: int | Omitted = None
+    source_id: RefId | Omitted = None
+    target_id: RefId | Omitted = None
     gbps: Gbps | Omitted = None
     rtt_ms: RttMs | Omitted = None
     kv_budget_bytes: KvBudgetBytes | None = None

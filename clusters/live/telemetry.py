@@ -349,7 +349,8 @@ def link_bandwidth_series(
     rate = [0.0] * (width + 1)
     covered = [0] * (width + 1)
     for raw in members:
-        end_s, seconds, per_second, _ = (raw.decode() if isinstance(raw, bytes) else raw).split("|")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        end_s, seconds, per_second, _ = text.split("|")
         hi = min(int(end_s), last) - first
         lo = max(int(end_s) - int(seconds) + 1, first) - first
         if hi < lo:

@@ -3,7 +3,7 @@
 from django.db import migrations, models
 
 
-def agent_tokens_keep_fleet_wide(apps, schema_editor):  # type: ignore[no-untyped-def]
+def agent_tokens_keep_fleet_wide(apps, schema_editor):
     """Tokens made before bindings existed keep reporting for the whole fleet (documented in
     docs/agent.md); an operator binds them with ``manage.py token bind``."""
     ApiToken = apps.get_model("controlplane", "ApiToken")

@@ -132,7 +132,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
 
     A bound agent token gets 403 for a sample of any instance or link outside its binding."""
     binding_check(
-        request.auth,
+        getattr(request, "auth", None),
         instances=[s.instance for s in payload.instances],
         links=[link_key(s.source, s.target) for s in payload.links],
     )
@@ -155,7 +155,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
 @router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **KV_ERRORS})
 async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
     """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
-    binding_check(request.auth, instances=[payload.instance])
+    binding_check(getattr(request, "auth", None), instances=[payload.instance])
     return await ingest.kv_events_ingest_async(
         payload.instance, [(b.seq, b.batch) for b in payload.batches]
     )
@@ -218,7 +218,7 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
         raise Invalid("instance: 1 to 150 characters", code="invalid")
     if not 1 <= len(body.batches) <= MAX_FRAME_BATCHES:
         raise Invalid(f"batches: 1 to {MAX_FRAME_BATCHES} batches", code="invalid")
-    binding_check(request.auth, instances=[body.instance])
+    binding_check(getattr(request, "auth", None), instances=[body.instance])
     for i, (seq, _) in enumerate(body.batches):
         if seq is not None and not 0 <= seq <= kv_wire.MAX_SEQ:
             raise Invalid(f"batches[{i}].seq: must be in [0, 2^53)", code="invalid")
@@ -233,7 +233,7 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
 def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.InstanceIndexState:
     """Where the index stands for one instance (``last_seq``): an agent that (re)starts
     replays from the engine what came after it, instead of leaving a gap."""
-    binding_check(request.auth, instances=[instance])
+    binding_check(getattr(request, "auth", None), instances=[instance])
     snap = snapshot_refresh()
     if instance not in snap.known_instances:
         raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")

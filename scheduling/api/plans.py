@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Path, Query, Router, Schema
+from pydantic import ConfigDict
 
 from clusters.models import Cluster, ClusterKind
 from controlplane.audit import actor_from_request
@@ -254,6 +255,10 @@ class RebalanceSettingsOut(Schema):
 
 
 class RebalanceSettingsPatch(Schema):
+    # Unknown names are refused, and a body must name a setting (the schema says both): an
+    # empty change is no change to version.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
     enabled: bool | None = None
     mode: Literal["auto", "manual"] | None = None
     guards: dict[str, float | int | None] | None = Field(

@@ -4,7 +4,7 @@ from django.db import migrations, models
 from django.utils import timezone
 
 
-def extra_proposals_supersede(apps, schema_editor):  # type: ignore[no-untyped-def]
+def extra_proposals_supersede(apps, schema_editor):
     """Concurrent ticks could leave several proposed plans of a cluster (issue 13): the newest
     stays proposed, the others are superseded, as a later tick would have done."""
     Plan = apps.get_model("scheduling", "Plan")

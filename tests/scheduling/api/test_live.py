@@ -456,3 +456,39 @@ def test_telemetry_while_redis_is_away_is_a_json_503(agent: dict[str, str], sett
     assert response.status_code == 503, response.content
     assert set(response.json()) == {"detail", "code"}
     assert response.json()["code"] == "live_store_unavailable"
+
+
+def test_all_blocks_cleared_on_400k_entries_answers_2xx_and_is_swept_in_bounded_steps(
+    agent: dict[str, str], redis_client: redis.Redis
+) -> None:
+    """Issue 13: the clear deleted 400,000 records in one script (Redis held 1.5 s, the post
+    answered 500 although applied). Now the entries vanish at once and are swept later."""
+    n = 400_000
+    for start in range(0, n, 10_000):
+        keys = b"".join((start + k + 1).to_bytes(8, "big") for k in range(10_000))
+        prefix_index.kv_batch_apply("pd-a-p0", None, [prefix_index.StoredBlocks(keys)], cap=n + 1)
+    first = [prefix_index.block_hash_key(b) for b in (1, 2, 3)]
+    assert prefix_index.prefix_match(first, 32).tokens_by_instance == {"pd-a-p0": 96}
+
+    clear = {"instance": "pd-a-p0", "batches": [{"seq": 0, "batch": [0, [["AllBlocksCleared"]]]}]}
+    response = post("/kv-events", clear, agent)
+    assert response.status_code == 200, response.content
+    assert (response.json()["applied"], response.json()["state"]) == (1, "exact")
+    assert prefix_index.prefix_match(first, 32).tokens_by_instance == {}
+    assert prefix_index.prefix_index_states(["pd-a-p0"])[0].blocks == 0
+    assert redis_client.llen("pfx:graveyard") > 0  # the records wait for the sweeper
+
+    steps = 0
+    while prefix_index.prefix_index_sweep(budget=50_000):
+        steps += 1
+    assert steps >= n // 50_000 - 2  # bounded steps, not one long script
+    assert redis_client.llen("pfx:graveyard") == 0
+    assert not redis_client.keys("pfx:gy:[0-9]*")
+    assert all(redis_client.hlen(key) == 0 for key in redis_client.scan_iter("pfx:h:*", count=1000))
+    # a block the instance stores again is its own, once
+    again = {
+        "instance": "pd-a-p0",
+        "batches": [{"seq": 1, "batch": [0, [["BlockStored", [1], None, [], 32]]]}],
+    }
+    assert post("/kv-events", again, agent).status_code == 200
+    assert prefix_index.prefix_match(first[:1], 32).tokens_by_instance == {"pd-a-p0": 32}

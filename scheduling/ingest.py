@@ -29,6 +29,9 @@ from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snap
 
 log = logging.getLogger(__name__)
 
+# Link samples per link that one telemetry post sends to the screens (5 minutes at 1 s).
+FRAME_LINK_SAMPLES = 300
+
 # Samples stamped further ahead than this are refused (clock skew larger than any agent's).
 MAX_FUTURE_S = 300.0
 
@@ -92,13 +95,24 @@ async def telemetry_ingest_async(
             await control_tick_async()
         except Exception as exc:  # stored already; the route path advances control too
             log.warning("control tick after telemetry failed: %s", exc)
-        # Screens show the latest point of each instance and link: a batch of many samples of
-        # one link is one point, not a frame as large as the post.
+        # Screens get the latest point of each instance and each link's recent samples (an
+        # agent catching up after a gap posts its backlog, and the chart should show it), at
+        # most FRAME_LINK_SAMPLES per link: a frame stays small whatever the post.
         await telemetry_frames_apublish(
-            list({s.instance: s for s in instances}.values()),
-            list({ls.link: ls for ls in links}.values()),
+            list({s.instance: s for s in instances}.values()), _recent_per_link(links)
         )
     return TelemetryResult(stored=stored, instances=len(instances), links=len(links))
+
+
+def _recent_per_link(links: Sequence[LinkSample]) -> list[LinkSample]:
+    by_link: dict[str, list[LinkSample]] = {}
+    for sample in links:
+        by_link.setdefault(sample.link, []).append(sample)
+    return [
+        sample
+        for samples in by_link.values()
+        for sample in sorted(samples, key=lambda x: x.ts)[-FRAME_LINK_SAMPLES:]
+    ]
 
 
 def _service_json(c: ServiceCounters) -> str:

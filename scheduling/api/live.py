@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import msgspec
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
-from pydantic import BaseModel, StringConstraints
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
@@ -58,6 +58,9 @@ class LinkSampleIn(BaseModel):
 
 class ClusterServiceIn(Schema):
     """A PD cluster's cumulative service counters (as an engine's Prometheus histograms)."""
+
+    # Counters are counts: a boolean or a fraction is a broken reporter, not a number to coerce.
+    model_config = ConfigDict(strict=True)
 
     cluster: Name
     ts: UnixTime

@@ -51,10 +51,9 @@ class RequestIdMiddleware:
         return response
 
 
-class BodySizeLimitMiddleware:
-    """Refuse API request bodies over ``settings.API_MAX_BODY_BYTES`` with 413 and the API's
-    error shape, before any view parses them: first by ``Content-Length``, then by the body's
-    actual length (chunked uploads carry no length header)."""
+class RefusalMiddleware:
+    """A check that may answer instead of the view: :meth:`refused` returns the refusal, or
+    None to pass the request on. Sync and async capable (the route path stays async)."""
 
     sync_capable = True
     async_capable = True
@@ -65,7 +64,33 @@ class BodySizeLimitMiddleware:
             markcoroutinefunction(self)
 
     @staticmethod
-    def _too_large(request: HttpRequest) -> HttpResponse | None:
+    def refused(request: HttpRequest) -> HttpResponse | None:
+        raise NotImplementedError
+
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)  # type: ignore[attr-defined]
+        refused = self.refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        refused = self.refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
+        return response
+
+
+class BodySizeLimitMiddleware(RefusalMiddleware):
+    """Refuse API request bodies over ``settings.API_MAX_BODY_BYTES`` with 413 and the API's
+    error shape, before any view parses them: first by ``Content-Length``, then by the body's
+    actual length (chunked uploads carry no length header)."""
+
+    @staticmethod
+    def refused(request: HttpRequest) -> HttpResponse | None:
         if not request.path.startswith("/api/"):
             return None
         limit = int(settings.API_MAX_BODY_BYTES)
@@ -81,38 +106,14 @@ class BodySizeLimitMiddleware:
         refused = PayloadTooLarge(limit)
         return JsonResponse(refused.payload(), status=refused.status)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if iscoroutinefunction(self):
-            return self.__acall__(request)  # type: ignore[attr-defined]
-        refused = self._too_large(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = self.get_response(request)
-        return response
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        refused = self._too_large(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = await self.get_response(request)
-        return response
-
-
-class NulRefusalMiddleware:
+class NulRefusalMiddleware(RefusalMiddleware):
     """Refuse a NUL character in the path or the query string before any view: the database
     cannot store one, and a query reaching it failed with an HTML 500. API paths get a 422 in
     the API's error shape, pages a plain 400."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(self.get_response):
-            markcoroutinefunction(self)
-
     @staticmethod
-    def _refused(request: HttpRequest) -> HttpResponse | None:
+    def refused(request: HttpRequest) -> HttpResponse | None:
         query = request.META.get("QUERY_STRING", "")
         if "\x00" not in request.path and "%00" not in query and "\x00" not in query:
             return None
@@ -122,37 +123,13 @@ class NulRefusalMiddleware:
             return JsonResponse(refused.payload(), status=422)
         return HttpResponseBadRequest("a NUL character in the path or query")
 
-    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if iscoroutinefunction(self):
-            return self.__acall__(request)  # type: ignore[attr-defined]
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = self.get_response(request)
-        return response
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = await self.get_response(request)
-        return response
-
-
-class StrictJsonMiddleware:
+class StrictJsonMiddleware(RefusalMiddleware):
     """API bodies are strict JSON (controlplane.parser), checked before ninja so that each
     refusal keeps its status and the error shape."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(self.get_response):
-            markcoroutinefunction(self)
-
     @staticmethod
-    def _refused(request: HttpRequest) -> HttpResponse | None:
+    def refused(request: HttpRequest) -> HttpResponse | None:
         if not request.path.startswith("/api/"):
             return None
         try:
@@ -160,22 +137,6 @@ class StrictJsonMiddleware:
         except ApiError as exc:
             return JsonResponse(exc.payload(), status=exc.status)
         return None
-
-    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
-        if iscoroutinefunction(self):
-            return self.__acall__(request)  # type: ignore[attr-defined]
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = self.get_response(request)
-        return response
-
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        refused = self._refused(request)
-        if refused is not None:
-            return refused
-        response: HttpResponse = await self.get_response(request)
-        return response
 
 
 class ContentSecurityPolicyMiddleware:

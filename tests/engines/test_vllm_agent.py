@@ -172,7 +172,7 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
     config = {
         "control_plane": {"url": plane, "token_env": "PRFAAS_AGENT_TOKEN"},
         "listen": {"host": "127.0.0.1", "port": metrics_port},
-        "interval_s": 0.25,
+        "interval_s": 0.1,
         "flush_s": 0.05,
         "engines": [
             {
@@ -257,7 +257,10 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
         assert decision["incremental_tokens"] == len(tokens_c) - cached_c
 
         # -- 3. the engine's running and waiting, scraped from its /metrics, reach the plane --
-        long_prompts = [f"Once upon a time {i} " * 8 for i in range(3)]
+        # Eight requests through two slots: on an idle machine the tiny model decodes 400
+        # tokens in well under a second, so three requests could come and go between two
+        # scrapes; four rounds keep both running and waiting up for several scrapes.
+        long_prompts = [f"Once upon a time {i} " * 8 for i in range(8)]
         seen: dict[str, int] = {"running": 0, "waiting": 0}
         stop = threading.Event()
 

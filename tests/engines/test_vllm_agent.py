@@ -262,12 +262,15 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
         # scrapes; four rounds keep both running and waiting up for several scrapes.
         long_prompts = [f"Once upon a time {i} " * 8 for i in range(8)]
         seen: dict[str, int] = {"running": 0, "waiting": 0}
+        series: list[tuple[float, float, int, int]] = []  # (read at, sample ts, running, waiting)
         stop = threading.Event()
 
         def watch() -> None:
             while not stop.is_set():
                 sample = telemetry.instance_states_read([INSTANCE]).get(INSTANCE)
                 if sample is not None:
+                    if not series or series[-1][1] != sample.ts:
+                        series.append((time.time(), sample.ts, sample.running, sample.waiting))
                     seen["running"] = max(seen["running"], sample.running)
                     seen["waiting"] = max(seen["waiting"], sample.waiting)
                 time.sleep(0.1)
@@ -280,14 +283,17 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
             )
             for p in long_prompts
         ]
+        load_from = time.time()
         for w in workers:
             w.start()
         for w in workers:
             w.join(timeout=300)
+        load_to = time.time()
         time.sleep(1.0)
         stop.set()
         watcher.join()
-        assert seen["running"] == 2 and seen["waiting"] >= 1, seen
+        print("load from", load_from, "to", load_to, "samples read", series)  # shown on failure
+        assert seen["running"] == 2 and seen["waiting"] >= 1, (seen, load_from, load_to, series)
         assert agent.metric("prfaas_agent_engine_requests_running") == 0  # all done
         timings["load_seen_s"] = time.monotonic() - t0
 

@@ -124,6 +124,20 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
         proc.wait(timeout=10)
 
 
+def engine_cpu() -> int | None:
+    """The core vLLM runs on: the last one this process may use (None on a single core).
+    ``PRFAAS_ENGINE_CPU`` overrides it; ``PRFAAS_ENGINE_CPU=all`` leaves vLLM unpinned."""
+    chosen = os.environ.get("PRFAAS_ENGINE_CPU", "")
+    allowed = sorted(os.sched_getaffinity(0))
+    if chosen == "all" or len(allowed) < 2:
+        return None
+    if chosen:
+        if not chosen.isdigit() or int(chosen) not in allowed:
+            raise ValueError(f"PRFAAS_ENGINE_CPU={chosen!r}: not one of the cores {allowed}")
+        return int(chosen)
+    return allowed[-1]
+
+
 @contextlib.contextmanager
 def vllm_server(
     env: VllmEnv,
@@ -184,6 +198,9 @@ def vllm_server(
         "HOME": str(work),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        # One compute thread (see engine_cpu below for where it runs).
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
         **(extra_env or {}),
     }
     # The test process's own interpreter settings must not leak into vLLM's.
@@ -191,8 +208,15 @@ def vllm_server(
         child_env.pop(name, None)
     log_path = work / "vllm.log"
     log = open(log_path, "wb")  # noqa: SIM115 (closed in the finally below)
+    cpu = engine_cpu()
     proc = subprocess.Popen(
         argv,
+        # vLLM's engine process spins (sched_yield) on its worker's queue while it serves and
+        # its worker computes, so by default the tiny model held both cores of a 2-core
+        # machine under load: the control plane, the agent and vLLM's own API server (which
+        # updates the /metrics gauges) stalled for seconds. Pinned to one core, the spinner
+        # yields to its own processes and the rest of the test keeps the other cores.
+        preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None,
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

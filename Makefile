@@ -53,8 +53,11 @@ $(RUNTIME_STAMP): pyproject.toml requirements.lock
 demo: $(RUNTIME_STAMP) node_modules/.setup-stamp
 	$(PY) manage.py demo
 
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process), a file at a time, so a module's
+# fixtures (a demo stack, a browser) start once; each worker has its own PostgreSQL and Redis.
+TEST_WORKERS ?= 2
 test: setup system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Real engines (a real vLLM on CPU): the vLLM venv and the tiny model are built once into
 # $${PRFAAS_CACHE_DIR:-~/.cache/prfaas} (~4 min cold, a few seconds warm), then the tests

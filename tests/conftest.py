@@ -77,3 +77,14 @@ def captured_frames(shared_dir: Path) -> list[Any]:
     from tests.fleet.captured import captured_frames as parse
 
     return parse(shared_dir)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis gives every operation's item the test function's node id (the operation is
+    only in its name). pytest-xdist's file scheduling keys work by node id, so under
+    ``make test`` it ran one operation of 65; each item gets its operation in its id."""
+    for item in items:
+        if type(item).__name__ != "SchemathesisFunction" or item.nodeid.endswith("]"):
+            continue
+        own = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
+        item._id = type(item._id).parse(own)  # pytest 9's structured node id

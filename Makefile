@@ -55,7 +55,9 @@ demo: $(RUNTIME_STAMP) node_modules/.setup-stamp
 
 # Two pytest-xdist workers (TEST_WORKERS=0 runs in one process), a file at a time, so a module's
 # fixtures (a demo stack, a browser) start once; each worker has its own PostgreSQL and Redis.
-TEST_WORKERS ?= 2
+# A Redis of your own (REDIS_URL set) would be one database and one pub/sub space for both
+# workers, so the suite then runs in one process.
+TEST_WORKERS ?= $(if $(REDIS_URL),0,2)
 test: setup system-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -299,17 +299,6 @@ def test_list_with_an_unknown_or_repeated_query_parameter_is_a_422_naming_it(
     assert_error(response, 422, "name", "more than once")
 
 
-@pytest.mark.parametrize("written", ["0.0", "1e2", "2.5", " 3", "0x10", "-"])
-def test_an_integer_query_parameter_written_as_anything_but_an_integer_is_a_422(
-    admin_client: Client, written: str
-) -> None:
-    """Pydantic's lax parsing took ``0.0`` as accelerator 0 (schemathesis at 300 examples)."""
-    response = admin_client.get(f"/api/v1/clusters?accelerator_id={written}")
-    assert_error(response, 422, "accelerator_id", "integer")
-    assert_error(admin_client.get(f"/api/v1/sites?limit={written}"), 422, "limit", "integer")
-    assert admin_client.get("/api/v1/clusters?accelerator_id=-3&limit=%2B5").status_code == 200
-
-
 def test_a_boolean_or_a_string_for_a_number_is_a_422(admin_client: Client) -> None:
     payload = RESOURCES["links"].create() | {"gbps": True}
     assert_error(_send(admin_client, "post", "/api/v1/links", payload), 422, "gbps", "number")

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
@@ -212,8 +214,6 @@ def test_the_data_migration_is_applied_and_creates_the_three_groups() -> None:
     this process, in whatever order xdist hands them out) empties the groups table, so the
     migration's function is run again on the schema as it stood, after the rows are gone."""
     from django.contrib.auth.models import Group
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
 
     migration = importlib.import_module("controlplane.migrations.0002_access_groups")
     executor = MigrationExecutor(connection)

@@ -292,8 +292,10 @@ def test_the_agent_feeds_a_real_vllm_into_the_index_route_and_load(
         time.sleep(1.0)
         stop.set()
         watcher.join()
-        print("load from", load_from, "to", load_to, "samples read", series)  # shown on failure
-        assert seen["running"] == 2 and seen["waiting"] >= 1, (seen, load_from, load_to, series)
+        assert seen["running"] == 2 and seen["waiting"] >= 1, (
+            f"{seen} under a load from {load_from:.2f} to {load_to:.2f}; "
+            f"samples read (read at, sample ts, running, waiting): {series}"
+        )
         assert agent.metric("prfaas_agent_engine_requests_running") == 0  # all done
         timings["load_seen_s"] = time.monotonic() - t0
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
@@ -152,6 +153,10 @@ def _batches_decode(
     return decoded
 
 
+def _redis_share() -> float:
+    return float(settings.INGEST_REDIS_SHARE)
+
+
 async def kv_events_ingest_async(
     instance: str, batches: Sequence[tuple[int | None, Any]]
 ) -> KvIngestResult:
@@ -175,7 +180,7 @@ async def kv_events_ingest_async(
     state = "exact"
     try:
         results = await prefix_index.kv_batches_apply_async(
-            instance, decoded, client=redis_async_ingest()
+            instance, decoded, client=redis_async_ingest(), redis_share=_redis_share()
         )
     except (redis.exceptions.RedisError, OSError) as exc:
         # Some slices may be applied: a retry re-sends them and their seq skips them.
@@ -187,7 +192,9 @@ async def kv_events_ingest_async(
         ) from None
     try:
         # A bounded step of removing what earlier clears left (a few ms, never a stall).
-        await prefix_index.prefix_index_sweep_async(client=redis_async_ingest())
+        await prefix_index.prefix_index_sweep_async(
+            client=redis_async_ingest(), redis_share=_redis_share()
+        )
     except (redis.exceptions.RedisError, OSError) as exc:  # applied already; the next post sweeps
         log.warning("prefix index sweep failed: %s", exc)
     for result in results:

@@ -25,7 +25,7 @@ API, 8 raw bytes here):
                               ``instance id (3) | flags (1) | epoch (1)`` of its holders.
                               Small buckets are listpack-encoded by Redis (~15 bytes/entry).
 ``pfx:i:{inst}:m``      HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
-                              events, blocks, ckpts, stores, g{group_idx} (kind of a group)
+                              events, blocks, ckpts, stores, drop, g{group_idx} (kind of a group)
 ``pfx:i:{inst}:e:{n}``  STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
 ``pfx:ids``/``pfx:names`` HASH instance name <-> 3-byte id
 ``pfx:degraded``        SET   instances whose event stream showed a sequence gap
@@ -38,7 +38,9 @@ API, 8 raw bytes here):
 
 Memory is bounded per instance by ``cap``: stores are counted in epochs of ``cap / K`` (K = 16,
 or ``cap`` when smaller); when a new epoch starts, the entries still held from the epoch K back
-are evicted (an entry stored again later carries the newer epoch and stays). vLLM sends
+are evicted (an entry stored again later carries the newer epoch and stays), at the pace of
+the stores that follow, so no script holds Redis for a whole epoch's eviction (the index may hold
+up to one epoch over ``cap`` meanwhile; the drop's progress is ``drop`` in the meta hash). vLLM sends
 ``BlockRemoved`` for what it evicts, so the cap only bounds what missed removals (gaps) leave
 behind; it evicts oldest-stored first, to within one epoch.
 
@@ -57,6 +59,7 @@ The scripts touch keys they compute, so this store needs a single Redis (not Red
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +226,7 @@ local epoch_len = math.ceil(cap / k_epochs)
 local pre = 'pfx:i:' .. inst .. ':'
 local meta = pre .. 'm'
 
-local m = call('HMGET', meta, 'id', 'blocks', 'ckpts', 'stores', 'last_seq', 'state')
+local m = call('HMGET', meta, 'id', 'blocks', 'ckpts', 'stores', 'last_seq', 'state', 'drop')
 local idb = m[1]
 if not idb then
   idb = call('HGET', 'pfx:ids', inst)
@@ -239,6 +242,12 @@ local counts = {tonumber(m[2]) or 0, tonumber(m[3]) or 0}
 local stores = tonumber(m[4]) or 0
 local last = tonumber(m[5])
 local state = m[6] or 'exact'
+-- the epoch being evicted and how far (bytes into its key), or nil: see epoch_drop_step
+local drop_e, drop_at = nil, 0
+if m[7] then
+  local sep = string.find(m[7], ':', 1, true)
+  drop_e, drop_at = tonumber(sub(m[7], 1, sep - 1)), tonumber(sub(m[7], sep + 1))
+end
 local evicted = 0
 local groups = {}  -- group_idx -> kind, cached for this call
 
@@ -281,14 +290,32 @@ local function rec_clear(h, mask, only_epoch)
   return true
 end
 
-local function epoch_drop(e)
-  local ekey = pre .. 'e:' .. e
-  local packed = call('GET', ekey)
-  if not packed then return end
-  call('DEL', ekey)
+-- Evicting a whole epoch at once (cap / K = 12,500 entries at the default cap) held Redis for
+-- ~80 ms inside one script, and every route lookup waited behind it. Instead the epoch K back
+-- is evicted at the pace of the stores that follow (EVICT_STEP entries every EVICT_STEP
+-- stores, one GETRANGE each): its cap / K entries are gone by the time the next epoch is due,
+-- so memory stays within the cap plus one epoch, and every script's cost stays proportional
+-- to what it stores (~5 us a block here, eviction included).
+local EVICT_STEP = 64
+local function epoch_drop_step(n)
+  if drop_e == nil then return end
+  local ekey = pre .. 'e:' .. drop_e
+  local packed = call('GETRANGE', ekey, drop_at, drop_at + n * 8 - 1)
   for q = 1, #packed, 8 do
-    if rec_clear(sub(packed, q, q + 7), 255, e) then evicted = evicted + 1 end
+    if rec_clear(sub(packed, q, q + 7), 255, drop_e) then evicted = evicted + 1 end
   end
+  drop_at = drop_at + #packed
+  if #packed < n * 8 then
+    call('DEL', ekey)
+    drop_e, drop_at = nil, 0
+  end
+end
+
+local function epoch_drop(e)
+  -- (a drop still under way is finished first: at the stores' pace there is at most one
+  -- step of it left)
+  while drop_e ~= nil do epoch_drop_step(epoch_len) end
+  drop_e, drop_at = e, 0
 end
 
 local function new_id()
@@ -321,6 +348,7 @@ local function clear()
   counts[1] = 0
   counts[2] = 0
   stores = 0
+  drop_e, drop_at = nil, 0  -- its key went to the graveyard with the rest
   call('SREM', 'pfx:degraded', inst)
   state = 'exact'
 end
@@ -343,6 +371,9 @@ local function store(kind, medium, group, packed)
       epoch = math.floor(stores / epoch_len) % 256
       ekey = pre .. 'e:' .. epoch
       epoch_drop((epoch - k_epochs) % 256)
+      epoch_drop_step(math.min(EVICT_STEP, epoch_len))
+    elseif stores % EVICT_STEP == 0 then
+      epoch_drop_step(EVICT_STEP)
     end
     stores = stores + 1
     local h = sub(packed, q, q + 7)
@@ -435,6 +466,12 @@ while i <= #ARGV do
   out[#out + 1] = state
 end
 local fields = {'blocks', counts[1], 'ckpts', counts[2], 'stores', stores, 'state', state}
+if drop_e ~= nil then
+  fields[#fields + 1] = 'drop'
+  fields[#fields + 1] = drop_e .. ':' .. drop_at
+else
+  call('HDEL', meta, 'drop')
+end
 if last ~= nil then
   fields[#fields + 1] = 'last_seq'
   fields[#fields + 1] = last
@@ -496,10 +533,12 @@ def _results(raw: Sequence[Any]) -> list[BatchResult]:
     ]
 
 
-# Block hashes per script call: a script holds Redis for its duration (~5 us a block here), and
-# route lookups wait behind it, so a big post is applied in slices of ~1,000 blocks (a few ms
-# each; each slice atomic, in order) rather than in one long script.
-MAX_BLOCKS_PER_CALL = 1_000
+# Block hashes per script call: a script holds Redis for its duration (~3 us a block here, ~5
+# with the cap's eviction), and route lookups wait behind it, so a big post is applied in
+# slices of ~200 blocks (~1 ms each; each slice atomic, in order), one call at a time: Redis
+# reads a pipeline greedily and ran five queued slices back to back (48 ms without a reply to
+# anyone else, measured with a PING loop beside the largest post).
+MAX_BLOCKS_PER_CALL = 200
 
 
 def _blocks_of(events: Sequence[KvEvent]) -> int:
@@ -564,23 +603,39 @@ return call('LLEN', 'pfx:graveyard')
 """
 )
 SWEEP_SCRIPT = lua_script(_SWEEP_LUA)
-#: Records a sweep removes per call: a few ms of Redis, like an apply slice.
+#: Records a sweep removes after a post, in calls of SWEEP_STEP (~1 ms of Redis each, like an
+#: apply slice; other clients are served between them).
 SWEEP_BUDGET = 2_000
+SWEEP_STEP = 250
 
 
 def prefix_index_sweep(budget: int = SWEEP_BUDGET, client: redis.Redis | None = None) -> int:
     """Remove up to ``budget`` records of cleared instances; the graveyard keys left (0: done).
     Run after every KV-event post (bounded), so a clear costs a few ms per post, not a stall."""
     r = client or redis_sync()
-    return int(r.eval(_SWEEP_LUA, 0, budget))
+    left = budget
+    while True:
+        keys = int(r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
+        left -= SWEEP_STEP
+        if not keys or left <= 0:
+            return keys
 
 
 async def prefix_index_sweep_async(
-    budget: int = SWEEP_BUDGET, client: aioredis.Redis | None = None
+    budget: int = SWEEP_BUDGET, client: aioredis.Redis | None = None, redis_share: float = 1.0
 ) -> int:
-    """Async twin of :func:`prefix_index_sweep`."""
+    """Async twin of :func:`prefix_index_sweep`; its calls spaced like
+    :func:`kv_batches_apply_async`'s by ``redis_share``."""
     r = client or redis_async()
-    return int(await r.eval(_SWEEP_LUA, 0, budget))
+    left, busy = budget, 0.0
+    while True:
+        await _pace(busy, redis_share)
+        began = time.perf_counter()
+        keys = int(await r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
+        busy = time.perf_counter() - began
+        left -= SWEEP_STEP
+        if not keys or left <= 0:
+            return keys
 
 
 def kv_batch_apply(
@@ -616,25 +671,43 @@ async def kv_batches_apply_async(
     batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
     cap: int = DEFAULT_CAP_PER_INSTANCE,
     client: aioredis.Redis | None = None,
+    redis_share: float = 1.0,
 ) -> list[BatchResult]:
-    """Apply several batches of one instance in order, in one round trip (a script call per
-    ~``MAX_BLOCKS_PER_CALL`` blocks)."""
+    """Apply several batches of one instance in order: a script call per
+    ~``MAX_BLOCKS_PER_CALL`` blocks, one after the other (not pipelined, so other clients'
+    commands are served between them).
+
+    ``redis_share`` (0 < share <= 1): the calls are spaced so that they hold Redis at most this
+    share of the apply's time. Route lookups queue behind every script Redis runs: the largest
+    post, applied flat out, kept Redis ~75% busy and tripled the route p99
+    (``bench/ingest_isolation.py``); at 0.5 the post takes twice as long and routing keeps
+    half of Redis whatever the agents send.
+    """
+    if not 0 < redis_share <= 1:
+        raise ValueError(f"redis_share must be in (0, 1], not {redis_share}")
     r = client or redis_async()
     now = time.time()
-    argsets = [_apply_args(instance, part, cap, now) for part in _slices(batches)]
-    for attempt in (0, 1):
-        pipe = r.pipeline(transaction=False)
-        for args in argsets:
-            if attempt == 0:
-                pipe.evalsha(APPLY_SCRIPT.sha, 0, *args)
-            else:
-                pipe.eval(_APPLY_LUA, 0, *args)
+    results: list[BatchResult] = []
+    busy = 0.0  # the previous call's time (the Redis time it took, at most)
+    for part in _slices(batches):
+        args = _apply_args(instance, part, cap, now)
+        await _pace(busy, redis_share)
+        began = time.perf_counter()
         try:
-            return [res for raw in await pipe.execute() for res in _results(raw)]
+            raw = await r.evalsha(APPLY_SCRIPT.sha, 0, *args)
         except redis.exceptions.NoScriptError:
-            # the first call failed on NOSCRIPT, so none was applied: send the source once
-            await r.script_load(_APPLY_LUA)
-    raise RuntimeError("unreachable")
+            # not applied; EVAL runs it and caches it for the next slices
+            raw = await r.eval(_APPLY_LUA, 0, *args)
+        busy = time.perf_counter() - began
+        results.extend(_results(raw))
+    return results
+
+
+async def _pace(busy_s: float, share: float) -> None:
+    """Wait so that the ``busy_s`` of Redis time just taken is at most ``share`` of the time
+    spent (nothing to wait before the first call, or at share 1)."""
+    if busy_s > 0 and share < 1:
+        await asyncio.sleep(busy_s * (1 / share - 1))
 
 
 def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None) -> None:

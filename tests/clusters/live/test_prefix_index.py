@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 import pytest
 import redis
 
 from clusters.live import prefix_index as px
-from clusters.live.prefix_index import AllCleared, RemovedBlocks, StoredBlocks
+from clusters.live.prefix_index import AllCleared, KvEvent, RemovedBlocks, StoredBlocks
+from controlplane.redis_connection import redis_async
 
 
 def chain(n: int, start: int = 1) -> list[str]:
@@ -59,6 +63,55 @@ def test_memory_is_capped_per_instance_by_evicting_oldest(redis_client: redis.Re
     assert px.prefix_index_states(["a"])[0].blocks == 4
     assert px.prefix_match(c, 1).tokens_by_instance == {}  # the oldest, c[0], is gone
     assert px.prefix_match(c[6:], 1).tokens_by_instance == {"a": 4}
+
+
+def test_an_old_epoch_is_evicted_at_the_pace_of_the_stores_that_follow(
+    redis_client: redis.Redis,
+) -> None:
+    # Cap 2,048: epochs of 128 stores. Store 2,049 opens epoch 16, and epoch 0 is to go.
+    cap = 16 * 128
+    c = chain(cap + 128)
+    px.kv_batch_apply("a", 0, [StoredBlocks(c[:cap])], cap=cap)
+    first = px.kv_batch_apply("a", 1, [StoredBlocks(c[cap : cap + 1])], cap=cap)
+    # One store does not pay for the whole epoch (that held Redis ~80 ms at the default cap)...
+    assert 0 < first.evicted < 128
+    rest = px.kv_batch_apply("a", 2, [StoredBlocks(c[cap + 1 :])], cap=cap)
+    # ... and the stores that follow evict the rest of it: the index is back at the cap.
+    assert first.evicted + rest.evicted == 128
+    assert px.prefix_index_states(["a"])[0].blocks == cap
+    assert px.prefix_match(c, 1).tokens_by_instance == {}  # c[0] went with epoch 0
+    assert px.prefix_match(c[128:], 1).tokens_by_instance == {"a": cap}
+
+
+def _apply_async(
+    batches: Sequence[tuple[int | None, Sequence[KvEvent]]], share: float
+) -> list[px.BatchResult]:
+    async def run() -> list[px.BatchResult]:
+        client = redis_async()
+        try:
+            return await px.kv_batches_apply_async("a", batches, client=client, redis_share=share)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_post_applied_at_a_share_of_redis_gives_the_same_index(redis_client: redis.Redis) -> None:
+    # 50 batches of 16 blocks: four script calls of at most MAX_BLOCKS_PER_CALL, spaced out.
+    c = chain(800)
+    batches: list[tuple[int | None, Sequence[KvEvent]]] = [
+        (k, [StoredBlocks(c[16 * k : 16 * (k + 1)])]) for k in range(50)
+    ]
+    results = _apply_async(batches, share=0.25)
+    assert [r.status for r in results] == ["applied"] * 50
+    assert px.prefix_match(c, 1).tokens_by_instance == {"a": 800}
+    assert _apply_async(batches[-2:], share=0.25)[0].status == "duplicate"
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5])
+def test_a_share_of_redis_outside_0_to_1_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match="redis_share"):
+        _apply_async([(0, [StoredBlocks(chain(1))])], share=share)
 
 
 def test_the_cap_keeps_a_block_stored_again_since(redis_client: redis.Redis) -> None:

@@ -20,6 +20,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+# Open-loop connections idle this long are not reused (uvicorn closes idle keep-alive
+# connections after 5 s by default, and a request racing that close fails).
+IDLE_REUSE_S = 2.0
 LOAD_PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 # Open loop: a call not answered within this is an error (an overloaded server must not make
 # the run last for minutes).
@@ -108,11 +111,20 @@ async def _rate_slice(port: int, requests: list[bytes], rate: float, keep: int) 
     latencies: list[float] = []
     errors: Counter[int] = Counter()
     answers: list[bytes] = []
-    free: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    # (reader, writer, idle since): last in, first out, so few connections stay in use
+    free: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
     opened: list[asyncio.StreamWriter] = []
 
     async def one(raw: bytes, due: float) -> None:
-        conn = free.pop() if free else None
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        while free and conn is None:
+            reader, writer, since = free.pop()
+            if time.perf_counter() - since < IDLE_REUSE_S:
+                conn = reader, writer
+            else:
+                # the server may be closing it (keep-alive timeout): a request sent on it now
+                # would fail for the harness's sake, not the server's
+                writer.close()
         if conn is None:
             try:
                 conn = await asyncio.open_connection("127.0.0.1", port)
@@ -135,7 +147,7 @@ async def _rate_slice(port: int, requests: list[bytes], rate: float, keep: int) 
             errors[status] += 1
         elif len(answers) < keep:
             answers.append(body)
-        free.append(conn)
+        free.append((reader, writer, time.perf_counter()))
 
     began = time.perf_counter()
     tasks = []

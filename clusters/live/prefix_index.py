@@ -60,8 +60,10 @@ The scripts touch keys they compute, so this store needs a single Redis (not Red
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -625,14 +627,12 @@ async def prefix_index_sweep_async(
     budget: int = SWEEP_BUDGET, client: aioredis.Redis | None = None, redis_share: float = 1.0
 ) -> int:
     """Async twin of :func:`prefix_index_sweep`; its calls spaced like
-    :func:`kv_batches_apply_async`'s by ``redis_share``."""
+    :func:`kv_batches_apply_async`'s (``redis_share``, :data:`INGEST_PACER`)."""
     r = client or redis_async()
-    left, busy = budget, 0.0
+    left = budget
     while True:
-        await _pace(busy, redis_share)
-        began = time.perf_counter()
-        keys = int(await r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
-        busy = time.perf_counter() - began
+        async with INGEST_PACER.turn(redis_share):
+            keys = int(await r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
         left -= SWEEP_STEP
         if not keys or left <= 0:
             return keys
@@ -666,6 +666,49 @@ async def kv_batch_apply_async(
     return (await kv_batches_apply_async(instance, [(seq, events)], cap, client))[0]
 
 
+class RedisPacer:
+    """Spaces a process's KV-index script calls so that, together, they hold Redis at most a
+    share of the time: one call at a time (per event loop), each followed by a pause in
+    proportion to how long it took (its wall time: the Redis time it took, at most).
+
+    Route lookups queue behind every script Redis runs: two agents' largest posts, applied flat
+    out, kept Redis ~75% busy and tripled the route p99 (``bench/ingest_isolation.py``). At a
+    share of 0.5 a post takes about twice its Redis time and routing keeps at least half of
+    Redis, however many posts this process is applying at once.
+    """
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._free_at = 0.0
+
+    @contextlib.asynccontextmanager
+    async def turn(self, share: float) -> AsyncIterator[None]:
+        """Hold Redis for one call (at share 1: at once, nothing spaced)."""
+        if not 0 < share <= 1:
+            raise ValueError(f"redis_share must be in (0, 1], not {share}")
+        if share == 1:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        lock = self._locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            wait = self._free_at - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            began = time.perf_counter()
+            try:
+                yield
+            finally:
+                ended = time.perf_counter()
+                self._free_at = ended + (ended - began) * (1 / share - 1)
+
+
+#: The pacer of this process's KV-event posts and sweeps.
+INGEST_PACER = RedisPacer()
+
+
 async def kv_batches_apply_async(
     instance: str,
     batches: Sequence[tuple[int | None, Sequence[KvEvent]]],
@@ -675,39 +718,23 @@ async def kv_batches_apply_async(
 ) -> list[BatchResult]:
     """Apply several batches of one instance in order: a script call per
     ~``MAX_BLOCKS_PER_CALL`` blocks, one after the other (not pipelined, so other clients'
-    commands are served between them).
-
-    ``redis_share`` (0 < share <= 1): the calls are spaced so that they hold Redis at most this
-    share of the apply's time. Route lookups queue behind every script Redis runs: the largest
-    post, applied flat out, kept Redis ~75% busy and tripled the route p99
-    (``bench/ingest_isolation.py``); at 0.5 the post takes twice as long and routing keeps
-    half of Redis whatever the agents send.
-    """
+    commands are served between them), spaced by :data:`INGEST_PACER` to hold Redis at most
+    ``redis_share`` of the time (0 < share <= 1)."""
     if not 0 < redis_share <= 1:
         raise ValueError(f"redis_share must be in (0, 1], not {redis_share}")
     r = client or redis_async()
     now = time.time()
     results: list[BatchResult] = []
-    busy = 0.0  # the previous call's time (the Redis time it took, at most)
     for part in _slices(batches):
         args = _apply_args(instance, part, cap, now)
-        await _pace(busy, redis_share)
-        began = time.perf_counter()
-        try:
-            raw = await r.evalsha(APPLY_SCRIPT.sha, 0, *args)
-        except redis.exceptions.NoScriptError:
-            # not applied; EVAL runs it and caches it for the next slices
-            raw = await r.eval(_APPLY_LUA, 0, *args)
-        busy = time.perf_counter() - began
+        async with INGEST_PACER.turn(redis_share):
+            try:
+                raw = await r.evalsha(APPLY_SCRIPT.sha, 0, *args)
+            except redis.exceptions.NoScriptError:
+                # not applied; EVAL runs it and caches it for the next slices
+                raw = await r.eval(_APPLY_LUA, 0, *args)
         results.extend(_results(raw))
     return results
-
-
-async def _pace(busy_s: float, share: float) -> None:
-    """Wait so that the ``busy_s`` of Redis time just taken is at most ``share`` of the time
-    spent (nothing to wait before the first call, or at share 1)."""
-    if busy_s > 0 and share < 1:
-        await asyncio.sleep(busy_s * (1 / share - 1))
 
 
 def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None) -> None:

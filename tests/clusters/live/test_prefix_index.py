@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -208,3 +210,27 @@ def test_instances_sharing_blocks_are_matched_and_removed_apart(redis_client: re
     assert px.prefix_match(c, 16).tokens_by_instance == {"a": 80, "b": 48}
     px.prefix_index_instance_reset("a")
     assert px.prefix_match(c, 16).tokens_by_instance == {"b": 48}
+
+
+def test_the_pacer_runs_one_call_at_a_time_and_leaves_redis_the_rest() -> None:
+    # Two posts applied at once by one process: their calls take turns, and after a call of
+    # d seconds at a share of 1/3 the next one waits 2d (sleeps never end early).
+    pacer = px.RedisPacer()
+    spans: list[tuple[float, float]] = []
+
+    async def post() -> None:
+        for _ in range(3):
+            async with pacer.turn(1 / 3):
+                began = time.perf_counter()
+                await asyncio.sleep(0.01)
+                spans.append((began, time.perf_counter()))
+
+    async def both() -> None:
+        await asyncio.gather(post(), post())
+
+    asyncio.run(both())
+    spans.sort()
+    assert len(spans) == 6
+    for (began, ended), (start, _) in itertools.pairwise(spans):
+        assert start >= ended  # never two at once
+        assert start - ended >= 2 * (ended - began) * 0.999

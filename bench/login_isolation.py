@@ -196,7 +196,16 @@ def main() -> None:
                 "ops@example.com",
             )
             secret = manage(
-                env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
+                env,
+                "token",
+                "create",
+                "--name",
+                "bench",
+                "--scope",
+                "router",
+                "--scope",
+                "agent",
+                "--fleet-wide",
             )
             run(args, env, secret)
         finally:

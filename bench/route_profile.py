@@ -113,7 +113,16 @@ def main() -> None:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
             secret = manage(
-                env, "token", "create", "--name", "bench", "--scope", "router", "--scope", "agent"
+                env,
+                "token",
+                "create",
+                "--name",
+                "bench",
+                "--scope",
+                "router",
+                "--scope",
+                "agent",
+                "--fleet-wide",
             )
             run(args, secret)
         finally:
@@ -149,7 +158,7 @@ def run(args: argparse.Namespace, secret: str) -> None:
         }
         for k, r in enumerate(rows)
     ]
-    headers = [(b"authorization", f"Bearer {secret}".encode())]
+    headers = [(b"authorization", f"Bearer {secret}".encode()), (b"host", b"127.0.0.1")]
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.run_until_complete(_live_state(snap, rows))

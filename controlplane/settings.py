@@ -320,8 +320,9 @@ ENGINE_SCRAPE_INTERVAL_S = env_number("ENGINE_SCRAPE_INTERVAL_S", 0.0, low=0, hi
 # call reads itself; 0 reads on every call).
 LIVE_STATE_REFRESH_S = env_number("LIVE_STATE_REFRESH_S", 0.1, low=0.01, high=10)
 LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
-# The largest share of Redis's time one KV-event post may hold: its script calls are spaced so
-# that route lookups, which queue behind every script, keep the rest (1: apply flat out).
+# The largest share of Redis's time a process's KV-event posts may hold together: their script
+# calls take turns and are spaced so that route lookups, which queue behind every script, keep
+# the rest (1: apply flat out; clusters.live.prefix_index.RedisPacer).
 INGEST_REDIS_SHARE = env_number("INGEST_REDIS_SHARE", 0.5, low=0.05, high=1)
 # Traffic counters, metrics and recent entries of route decisions that reserve nothing are
 # summed in process and written at most this many seconds later (one command per period).

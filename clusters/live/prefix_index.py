@@ -39,9 +39,9 @@ API, 8 raw bytes here):
 Memory is bounded per instance by ``cap``: stores are counted in epochs of ``cap / K`` (K = 16,
 or ``cap`` when smaller); when a new epoch starts, the entries still held from the epoch K back
 are evicted (an entry stored again later carries the newer epoch and stays), at the pace of
-the stores that follow, so no script holds Redis for a whole epoch's eviction (the index may hold
-up to one epoch over ``cap`` meanwhile; the drop's progress is ``drop`` in the meta hash). vLLM sends
-``BlockRemoved`` for what it evicts, so the cap only bounds what missed removals (gaps) leave
+the stores that follow, so no script holds Redis for a whole epoch's eviction (the index may
+hold up to one epoch over ``cap`` meanwhile; the drop's progress is ``drop`` in the meta
+hash). vLLM sends ``BlockRemoved`` for what it evicts, so the cap only bounds what missed removals (gaps) leave
 behind; it evicts oldest-stored first, to within one epoch.
 
 Lookup: a chain ``h0..hn`` is matched by intersecting holders block by block until the run is

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
@@ -50,12 +50,23 @@ async def _snapshot_knowing(names: Sequence[str], kind: str) -> Snapshot:
     return snap
 
 
-def _ts_clamp(ts: float, path: str, now: float) -> float:
-    """A sample's time, checked; stamps ahead of this clock by more than ``MAX_FUTURE_S`` are
-    taken as now (a skewed agent clock must not make its samples look fresh for ever)."""
-    if not math.isfinite(ts) or ts < 0:
-        raise Invalid(f"{path}: must be a unix time in seconds")
-    return now if ts > now + MAX_FUTURE_S else ts
+_Sample = TypeVar("_Sample", InstanceSample, LinkSample)
+
+
+def _ts_clamped(samples: Sequence[_Sample], where: str, now: float) -> list[_Sample]:
+    """The samples with their times checked; stamps ahead of this clock by more than
+    ``MAX_FUTURE_S`` are taken as now (a skewed agent clock must not make its samples look
+    fresh for ever). Only those are copied: the largest post has ~2,600 samples, and copying
+    each cost ~10 ms of a web worker's event loop."""
+    out = list(samples)
+    ahead = now + MAX_FUTURE_S
+    for i, s in enumerate(out):
+        ts = s.ts
+        if not math.isfinite(ts) or ts < 0:
+            raise Invalid(f"{where}[{i}].ts: must be a unix time in seconds")
+        if ts > ahead:
+            out[i] = dataclasses.replace(s, ts=now)
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,14 +85,8 @@ async def telemetry_ingest_async(
     """Store one agent batch once (a repeated key is acknowledged, not stored again);
     ``clusters``: PD clusters' service counters (latest kept, see :mod:`scheduling.alerts`)."""
     now = time.time()
-    instances = [
-        dataclasses.replace(s, ts=_ts_clamp(s.ts, f"instances[{i}].ts", now))
-        for i, s in enumerate(instances)
-    ]
-    links = [
-        dataclasses.replace(ls, ts=_ts_clamp(ls.ts, f"links[{i}].ts", now))
-        for i, ls in enumerate(links)
-    ]
+    instances = _ts_clamped(instances, "instances", now)
+    links = _ts_clamped(links, "links", now)
     if instances:
         await _snapshot_knowing([s.instance for s in instances], "instance")
     if links:

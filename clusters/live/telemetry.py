@@ -159,7 +159,8 @@ def _queue_batch(
     every link (the latest sample of each wins, as one HSET after another would), and per
     link one ZADD of its samples and its trims. Command count is what costs the web worker
     (and Redis) most: a command per sample made a 1,000-sample post 7,000 commands."""
-    latest_instances = {s.instance: _instance_packed(s) for s in instances}
+    latest = {s.instance: s for s in instances}  # packed once per instance, not per sample
+    latest_instances = {name: _instance_packed(s) for name, s in latest.items()}
     if latest_instances:
         pipe.hset(INSTANCES_KEY, mapping=latest_instances)
     by_link: dict[str, list[LinkSample]] = {}

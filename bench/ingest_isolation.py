@@ -47,7 +47,7 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 
 from bench.support.load import drive_rate, percentile  # noqa: E402
-from bench.support.setup import free_port, manage  # noqa: E402
+from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 from scheduling.core import kv_events as wire  # noqa: E402
 
@@ -153,7 +153,7 @@ def poster(
             took = time.perf_counter() - began
             seen.append((kind, r.status_code, took))
             stop.wait(max(0.0, period_s - took))
-        sys.exit("bench: an agent ran out of prepared bodies before the load ended")
+        raise RuntimeError("an agent ran out of prepared bodies before the load ended")
 
 
 def run(args: argparse.Namespace, env: dict[str, str], secret: str) -> dict[str, Any]:
@@ -283,10 +283,7 @@ def main() -> None:
         try:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
-            secret = manage(
-                env, "token", "create", "--name", "bench", "--scope", "router", "--scope",
-                "agent", "--fleet-wide",
-            )  # fmt: skip
+            secret = bench_token(env, "router", "agent")
             print(json.dumps(run(args, env, secret)))
         finally:
             server.stop()

@@ -31,7 +31,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,32 +47,17 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 import redis  # noqa: E402
 
+from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from fleet.agent.kv import compact  # noqa: E402
 from fleet.agent.uplink import UplinkLimits  # noqa: E402
 from scheduling.core import kv_events as wire  # noqa: E402
 
 SCENARIO = ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml"
-PY = str(ROOT / ".venv" / "bin" / "python")
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 STEP_BLOCKS = 16
 SHARED_FRACTION = 0.3
 TARGET_EVENTS_PER_S = 50_000
 TARGET_BYTES_PER_ENTRY = 150
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
-    return done.stdout.strip()
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -256,18 +240,7 @@ def main() -> None:
             )
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
-            token = manage(
-                env,
-                "token",
-                "create",
-                "--name",
-                "bench",
-                "--scope",
-                "agent",
-                "--scope",
-                "router",
-                "--fleet-wide",
-            )
+            token = bench_token(env, "agent", "router")
             app = subprocess.Popen(
                 [
                     UVICORN,

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.support.load import drive  # noqa: E402
-from bench.support.setup import free_port, manage  # noqa: E402
+from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
 SCENARIO = ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml"
@@ -195,18 +195,7 @@ def main() -> None:
                 "--email",
                 "ops@example.com",
             )
-            secret = manage(
-                env,
-                "token",
-                "create",
-                "--name",
-                "bench",
-                "--scope",
-                "router",
-                "--scope",
-                "agent",
-                "--fleet-wide",
-            )
+            secret = bench_token(env, "router", "agent")
             run(args, env, secret)
         finally:
             if server is not None:

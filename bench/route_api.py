@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.support.load import cpu_seconds, drive, process_tree  # noqa: E402
-from bench.support.setup import free_port, manage  # noqa: E402
+from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
@@ -516,18 +516,7 @@ def main() -> None:
         try:
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
-            secret = manage(
-                env,
-                "token",
-                "create",
-                "--name",
-                "bench",
-                "--scope",
-                "router",
-                "--scope",
-                "agent",
-                "--fleet-wide",
-            )
+            secret = bench_token(env, "router", "agent")
             print(f"topology: {SCENARIO.name}; Redis: {'embedded' if server else env['REDIS_URL']}")
             if server is not None and server.proc is not None:
                 env["BENCH_REDIS_PID"] = str(server.proc.pid)

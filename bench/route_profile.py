@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.support.setup import manage  # noqa: E402
+from bench.support.setup import bench_token, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
@@ -112,18 +112,7 @@ def main() -> None:
             env = dict(os.environ)
             manage(env, "migrate", "-v", "0")
             manage(env, "topology", "apply", str(SCENARIO))
-            secret = manage(
-                env,
-                "token",
-                "create",
-                "--name",
-                "bench",
-                "--scope",
-                "router",
-                "--scope",
-                "agent",
-                "--fleet-wide",
-            )
+            secret = bench_token(env, "router", "agent")
             run(args, secret)
         finally:
             server.stop()

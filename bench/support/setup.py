@@ -25,3 +25,12 @@ def manage(env: dict[str, str], *args: str) -> str:
     if done.returncode != 0:
         sys.exit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
     return done.stdout.strip()
+
+
+def bench_token(env: dict[str, str], *scopes: str) -> str:
+    """A fleet-wide API token with ``scopes`` (agent tokens must be bound to instances or be
+    fleet-wide); its secret."""
+    args = ["token", "create", "--name", "bench"]
+    for scope in scopes:
+        args += ["--scope", scope]
+    return manage(env, *args, "--fleet-wide")

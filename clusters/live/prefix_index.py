@@ -720,8 +720,6 @@ async def kv_batches_apply_async(
     ~``MAX_BLOCKS_PER_CALL`` blocks, one after the other (not pipelined, so other clients'
     commands are served between them), spaced by :data:`INGEST_PACER` to hold Redis at most
     ``redis_share`` of the time (0 < share <= 1)."""
-    if not 0 < redis_share <= 1:
-        raise ValueError(f"redis_share must be in (0, 1], not {redis_share}")
     r = client or redis_async()
     now = time.time()
     results: list[BatchResult] = []

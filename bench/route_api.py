@@ -216,20 +216,30 @@ async def keep_fresh(
 
 def row(label: str, r: dict[str, Any], cpu_ms: float | None, extra: str = "") -> str:
     cpu = f"{cpu_ms:9.3f}" if cpu_ms is not None else "        -"
+    busiest = f"{r['busiest_share']:8.0%}" if r.get("busiest_share") is not None else "       -"
     return (
         f"  {label:24} {r['decisions_per_s']:12.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f}"
-        f" {cpu}  {r['errors'] or '-'}{extra}"
+        f" {cpu} {busiest}  {r['errors'] or '-'}{extra}"
     )
 
 
-HEADER = f"  {'':24} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/dec':>9}  errors"
+HEADER = (
+    f"  {'':24} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/dec':>9}"
+    f" {'busiest':>8}  errors"
+)
 
 
 def measured(pids: list[int], go: Callable[[], dict[str, Any]], per_call: int = 1) -> Any:
-    """``go()`` and the CPU ms its servers (``pids``) spent per decision."""
-    before = cpu_seconds(pids)
+    """``go()`` and the CPU ms its servers (``pids``) spent per decision; ``go()``'s result
+    also says which share of that CPU its busiest process spent (``busiest_share``: 50% is
+    an even split over 2 workers; a server whose workers share one listening socket can leave
+    most connections to one of them)."""
+    before = {pid: cpu_seconds([pid]) for pid in pids}
     r = go()
-    return r, (cpu_seconds(pids) - before) / max(1, r["calls"] * per_call) * 1e3
+    spent = {pid: cpu_seconds([pid]) - before[pid] for pid in pids}
+    total = sum(spent.values())
+    r["busiest_share"] = max(spent.values()) / total if total > 0 else None
+    return r, total / max(1, r["calls"] * per_call) * 1e3
 
 
 def ratio(a: float, b: float) -> str:
@@ -431,12 +441,24 @@ async def run(
         bconc = args.batch_concurrency
         path = "/api/v1/route/batch"
         await asyncio.to_thread(drive, app_base, path, batches[:4], headers, bconc, size)
+        redis_before = cpu_seconds(redis_pids)
         app_b, app_b_cpu = await asyncio.to_thread(
             measured,
             pids["uvicorn"],
             partial(drive, app_base, path, batches, headers, bconc, size),
             size,
         )
+        redis_b_ms = (cpu_seconds(redis_pids) - redis_before) / (len(batches) * size) * 1e3
+        gran_b = None
+        if args.granian:
+            gran_base = bases["granian"]
+            await asyncio.to_thread(drive, gran_base, path, batches[:4], headers, bconc, size)
+            gran_b, gran_b_cpu = await asyncio.to_thread(
+                measured,
+                pids["granian"],
+                partial(drive, gran_base, path, batches, headers, bconc, size),
+                size,
+            )
         bare_b, bare_b_cpu = await asyncio.to_thread(
             measured,
             pids["bare"],
@@ -445,12 +467,19 @@ async def run(
         )
         print(f"\nbatches of {size}, {bconc} in flight, {len(batches)} calls each")
         print(HEADER)
-        print(row("app (uvicorn)", app_b, app_b_cpu))
+        print(row("app (uvicorn)", app_b, app_b_cpu, f"   + Redis {redis_b_ms:.3f} ms/dec"))
+        if gran_b is not None:
+            print(row("app (granian)", gran_b, gran_b_cpu))
         print(row("bare ASGI (uvicorn)", bare_b, bare_b_cpu))
         print(
             f"  ratio app/bare: rate {ratio(app_b['decisions_per_s'], bare_b['decisions_per_s'])}"
-        )
+            + (f"; granian/uvicorn rate "
+               f"{ratio(gran_b['decisions_per_s'], app_b['decisions_per_s'])}"
+               if gran_b is not None else "")
+        )  # fmt: skip
         out["batch_rps"] = round(app_b["decisions_per_s"], 1)
+        if gran_b is not None:
+            out["batch_rps_granian"] = round(gran_b["decisions_per_s"], 1)
 
         stop_fresh.set()
         await fresh
@@ -522,7 +551,7 @@ def main() -> None:
                 env["BENCH_REDIS_PID"] = str(server.proc.pid)
             out = asyncio.run(run(args, env, secret, Path(tmp)))
             keys = ("single32_rps", "single32_p99_ms", "router_pd_rps", "router_pd_p99_ms",
-                    "batch_rps", "cpu_ms_per_decision")  # fmt: skip
+                    "batch_rps", "cpu_ms_per_decision", "batch_rps_granian")  # fmt: skip
             print(json.dumps({k: out.get(k) for k in keys}))
         finally:
             if server is not None:

@@ -85,11 +85,12 @@ class RouteUnavailableError(ApiError):
 
 @dataclass(frozen=True)
 class RouteInput:
-    """One request as the API validated it (block hashes already folded to 64-bit keys)."""
+    """One request as the API validated it. ``chain``: its block hashes folded to 64-bit keys
+    and packed as the prefix index holds them (8 bytes big-endian each)."""
 
     origin: str
     prompt_tokens: int
-    chain: tuple[str, ...] = ()
+    chain: bytes = b""
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
     request_id: str | None = None
     expected_output_tokens: int | None = None
@@ -117,7 +118,7 @@ def _redis_failed(exc: BaseException) -> None:
 
 
 async def _matches_run(
-    hybrid: bool, block_tokens: int, chains: list[tuple[str, ...]]
+    hybrid: bool, block_tokens: int, chains: list[bytes]
 ) -> list[prefix_index.IndexMatch]:
     r = redis_async()
     await scripts_ensure_async(r)
@@ -128,10 +129,10 @@ async def _matches_run(
 
 
 # One group-committed script per model shape (it changes only with the snapshot).
-_MATCHERS: dict[tuple[bool, int], Coalesced[tuple[str, ...], prefix_index.IndexMatch]] = {}
+_MATCHERS: dict[tuple[bool, int], Coalesced[bytes, prefix_index.IndexMatch]] = {}
 
 
-async def _matches(snap: Snapshot, chains: list[tuple[str, ...]]) -> list[prefix_index.IndexMatch]:
+async def _matches(snap: Snapshot, chains: list[bytes]) -> list[prefix_index.IndexMatch]:
     """The longest cached prefix per instance of every chain: ONE scripted command, shared
     with the concurrent calls of this process (:mod:`scheduling.coalesce`)."""
     key = (snap.hybrid, snap.block_tokens)
@@ -163,27 +164,35 @@ def _requests(
     out = []
     cluster_of = snap.cluster_of
     found_iter = iter(found_by_chain or ())
+    # Requests of one call share prefixes, hence (instance, tokens) pairs: each match is built
+    # once per call (the degraded set is the same for all of them).
+    made: dict[tuple[str, int], routing.PrefixMatch | None] = {}
     for item in inputs:
         matches: tuple[routing.PrefixMatch, ...] = ()
         if found_by_chain is not None and item.chain:
             found = next(found_iter)
-            matches = tuple(
-                routing.PrefixMatch(
-                    cluster=cluster_of[inst],
-                    tokens=tokens,
-                    instance=inst,
-                    exact=inst not in found.degraded,
-                )
-                for inst, tokens in found.tokens_by_instance.items()
-                if inst in cluster_of
-            )
+            got = []
+            for pair in found.tokens_by_instance.items():
+                m = made.get(pair)
+                if m is None and pair not in made:
+                    inst, tokens = pair
+                    cluster = cluster_of.get(inst)
+                    m = made[pair] = (
+                        None
+                        if cluster is None
+                        else routing.PrefixMatch(
+                            cluster, tokens, inst, exact=inst not in found.degraded
+                        )
+                    )
+                if m is not None:
+                    got.append(m)
+            matches = tuple(got)
         out.append(
             routing.RouteRequest(
                 origin=item.origin,
                 prompt_tokens=item.prompt_tokens,
                 prefix_matches=matches,
-                cached_tokens=dict(item.cached_tokens),
-                block_hashes=item.chain,
+                cached_tokens=item.cached_tokens,
                 request_id=item.request_id,
                 expected_output_tokens=item.expected_output_tokens,
             )
@@ -221,7 +230,7 @@ def _recent_entry(
             "inputs": {
                 "origin": item.origin,
                 "prompt_tokens": item.prompt_tokens,
-                "block_hashes": len(item.chain),
+                "block_hashes": len(item.chain) // 8,
                 "cached_tokens": dict(item.cached_tokens),
                 "request_id": item.request_id,
             },
@@ -251,7 +260,7 @@ def _error(exc: routing.RouteError, batch: bool) -> ApiError:
 
 
 async def _live_and_matches(
-    snap: Snapshot, chains: list[tuple[str, ...]], now: float
+    snap: Snapshot, chains: list[bytes], now: float
 ) -> tuple[Snapshot, livestate.LiveRead, list[prefix_index.IndexMatch] | None]:
     """The live state (in process, age bounded) and the chains' prefix matches; the snapshot
     rebuilt first when the version counter of the live read moved."""

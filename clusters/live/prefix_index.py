@@ -770,29 +770,52 @@ local wanted = {}
 local wanted_list = {}
 for c = 2, #ARGV do
   local packed = ARGV[c]
+  -- The run goes on with the holders (in a full-attention medium) of every block so far.
+  -- Consecutive blocks stored together have the very same holder string (Lua strings are
+  -- interned: comparing them is one pointer test), so the holders are intersected only when
+  -- it changes, and each one's match (the last block it was in the run; hybrid: its last
+  -- checkpoint there) is written when a stretch of equal strings ends.
   local alive = nil
+  local run_val = nil
+  local depth = 0
   local full = {}
   local usable = {}
   for q = 1, #packed, 8 do
-    local i = (q + 7) / 8
-    local bkey, f = bucket_of(sub(packed, q, q + 7))
-    local val = call('HGET', bkey, f)
+    -- bucket_of, inlined: this line runs for every block of every chain. (Remembering the
+    -- holders of blocks seen earlier in the call cost more than the reads it saved.)
+    local val = call('HGET', 'pfx:h:' .. sub(packed, q + 6, q + 7), sub(packed, q, q + 5))
     if not val then break end
-    local next_alive = {}
-    local any = false
-    for p = 1, #val, 5 do
-      local idb = sub(val, p, p + 2)
-      local flags = byte(val, p + 3)
-      if (alive == nil or alive[idb]) and bit.band(flags, 15) ~= 0 then
-        next_alive[idb] = flags
-        any = true
+    if val ~= run_val then
+      if alive then
+        for idb, flags in pairs(alive) do
+          full[idb] = depth
+          if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
+        end
       end
+      local next_alive = {}
+      local any = false
+      for p = 1, #val, 5 do
+        local idb = sub(val, p, p + 2)
+        if alive == nil or alive[idb] then
+          local flags = byte(val, p + 3)
+          if bit.band(flags, 15) ~= 0 then
+            next_alive[idb] = flags
+            any = true
+          end
+        end
+      end
+      if not any then
+        alive = nil
+        break
+      end
+      alive, run_val = next_alive, val
     end
-    if not any then break end
-    alive = next_alive
+    depth = depth + 1
+  end
+  if alive then
     for idb, flags in pairs(alive) do
-      full[idb] = i
-      if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = i end
+      full[idb] = depth
+      if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
     end
   end
   local entries = {}
@@ -835,12 +858,12 @@ MATCH_SCRIPT = lua_script(_MATCH_LUA)
 
 
 def prefix_matches_queue(
-    pipe: Any, chains: Sequence[Sequence[str]], hybrid: bool, by_sha: bool = False
+    pipe: Any, chains: Sequence[BlockKeys], hybrid: bool, by_sha: bool = False
 ) -> None:
     """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
 
-    Chains hold folded keys (16 hex digits, :func:`block_hash_key`); each travels as one
-    binary string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
+    Chains hold folded keys (:data:`BlockKeys`: 16 hex digits each, :func:`block_hash_key`, or
+    already packed); each travels as one binary string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
     """
     args: list[Any] = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
     if by_sha:

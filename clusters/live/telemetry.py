@@ -385,51 +385,81 @@ local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local list_key = ARGV[3]
 local list_cap = tonumber(ARGV[4])
+local call = redis.call
 local out = {}
+-- Per link, once per call: expired reservations swept and the sum read (now is one instant
+-- for the whole call, so a second sweep would find nothing new); the sums written back and
+-- the keys' lifetimes renewed once at the end.
+local used_of, links = {}, {}
+-- The branches' counters summed per (key, field) and applied once each: a batch's decisions
+-- share a handful of counters, and one HINCRBY and EXPIRE per decision and counter were most
+-- of the script's time.
+local incr_of, incr_rows, ttl_of, ttl_keys = {}, {}, {}, {}
+local entries = {}
 local pos = 5
 while pos <= #ARGV do
   local z = 'live:resv:' .. ARGV[pos]
   local hb = z .. ':b'
-  local sum = z .. ':sum'
   local id = ARGV[pos + 1]
   local want = tonumber(ARGV[pos + 2])
-  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
-  if #expired > 0 then
-    local vals = redis.call('HMGET', hb, unpack(expired))
-    local freed = 0
-    for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
-    redis.call('ZREM', z, unpack(expired))
-    redis.call('HDEL', hb, unpack(expired))
-    redis.call('DECRBY', sum, freed)
+  local used = used_of[z]
+  if used == nil then
+    local sum = z .. ':sum'
+    local expired = call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
+    if #expired > 0 then
+      local vals = call('HMGET', hb, unpack(expired))
+      local freed = 0
+      for _, v in ipairs(vals) do if v then freed = freed + tonumber(v) end end
+      call('ZREM', z, unpack(expired))
+      call('HDEL', hb, unpack(expired))
+      call('DECRBY', sum, freed)
+    end
+    used = tonumber(call('GET', sum) or '0')
+    if used < 0 then used = 0 end
+    links[#links + 1] = z
   end
-  local used = tonumber(redis.call('GET', sum) or '0')
-  if used < 0 then used = 0; redis.call('SET', sum, 0) end
   local admitted = 0
-  if used + want <= tonumber(ARGV[pos + 4]) and redis.call('HEXISTS', hb, id) == 0 then
+  if used + want <= tonumber(ARGV[pos + 4]) and call('HEXISTS', hb, id) == 0 then
     admitted = 1
-    redis.call('ZADD', z, tonumber(ARGV[pos + 3]), id)
-    redis.call('HSET', hb, id, want)
-    used = redis.call('INCRBY', sum, want)
+    call('ZADD', z, tonumber(ARGV[pos + 3]), id)
+    call('HSET', hb, id, want)
+    used = used + want
   end
-  redis.call('EXPIRE', z, ttl)
-  redis.call('EXPIRE', hb, ttl)
-  redis.call('EXPIRE', sum, ttl)
+  used_of[z] = used
   local incr, entry = ARGV[pos + 5], ARGV[pos + 7]
   if admitted == 0 then incr, entry = ARGV[pos + 6], ARGV[pos + 8] end
   if incr ~= '[]' and incr ~= '' then
     for _, e in ipairs(cjson.decode(incr)) do
-      redis.call('HINCRBY', e[1], e[2], e[3])
-      if e[4] > 0 then redis.call('EXPIRE', e[1], e[4]) end
+      local k = e[1] .. '\\0' .. e[2]
+      local row = incr_of[k]
+      if row == nil then
+        row = {e[1], e[2], 0}
+        incr_of[k] = row
+        incr_rows[#incr_rows + 1] = row
+      end
+      row[3] = row[3] + e[3]
+      local old = ttl_of[e[1]]
+      if old == nil then ttl_keys[#ttl_keys + 1] = e[1] end
+      if old == nil or e[4] > old then ttl_of[e[1]] = e[4] end
     end
   end
-  if entry ~= '' then
-    redis.call('LPUSH', list_key, entry)
-    redis.call('LTRIM', list_key, 0, list_cap - 1)
-  end
+  if entry ~= '' then entries[#entries + 1] = entry end
   out[#out + 1] = admitted
   out[#out + 1] = used
   pos = pos + 9
 end
+for _, z in ipairs(links) do
+  call('SET', z .. ':sum', used_of[z])
+  call('EXPIRE', z, ttl)
+  call('EXPIRE', z .. ':b', ttl)
+  call('EXPIRE', z .. ':sum', ttl)
+end
+for _, row in ipairs(incr_rows) do call('HINCRBY', row[1], row[2], row[3]) end
+for _, key in ipairs(ttl_keys) do
+  if ttl_of[key] > 0 then call('EXPIRE', key, ttl_of[key]) end
+end
+for _, entry in ipairs(entries) do call('LPUSH', list_key, entry) end
+if #entries > 0 then call('LTRIM', list_key, 0, list_cap - 1) end
 return out
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
 RESERVE_SCRIPT = lua_script(_RESERVE_LUA)

@@ -7,6 +7,7 @@ with an ETag. Prompts are described by token counts and block hashes only, never
 
 from __future__ import annotations
 
+import struct
 from typing import Annotated, Any
 
 import msgspec
@@ -83,7 +84,7 @@ class RouteIn(Schema):
         return RouteInput(
             origin=self.origin,
             prompt_tokens=self.prompt_tokens,
-            chain=tuple(str(h) for h in self.block_hashes),
+            chain=bytes.fromhex("".join(str(h) for h in self.block_hashes)),
             cached_tokens=self.cached_tokens,
             request_id=self.request_id,
             expected_output_tokens=self.expected_output_tokens,
@@ -124,18 +125,19 @@ ROUTE_DECODER = msgspec.json.Decoder(RouteWire)
 ROUTE_BATCH_DECODER = msgspec.json.Decoder(RouteBatchWire)
 
 
-def _chain(values: list[int | str], where: str) -> tuple[str, ...]:
-    """Block hashes folded to their 64-bit keys (:func:`block_hash_key`, inlined for ints)."""
-    out: list[str] = []
+def _chain(values: list[int | str], where: str) -> bytes:
+    """Block hashes folded to their 64-bit keys (:func:`block_hash_key`), packed as the prefix
+    index holds them: 8 bytes big-endian each (ints in one ``struct`` call, the common case)."""
+    ints = [h & _MASK for h in values if type(h) is int and _MIN_HASH <= h < _U64]
+    if len(ints) == len(values):
+        return struct.pack(f">{len(ints)}Q", *ints)
+    keys: list[str] = []
     for i, h in enumerate(values):
-        if type(h) is int and _MIN_HASH <= h < _U64:
-            out.append(f"{h & _MASK:016x}")
-            continue
         try:
-            out.append(block_hash_key(h))
+            keys.append(block_hash_key(h))
         except BlockHashError as exc:
             raise Invalid(f"{where}block_hashes[{i}]: {exc}", code="invalid") from None
-    return tuple(out)
+    return bytes.fromhex("".join(keys))
 
 
 def route_wire_input(item: RouteWire, where: str = "") -> RouteInput:
@@ -147,7 +149,7 @@ def route_wire_input(item: RouteWire, where: str = "") -> RouteInput:
     return RouteInput(
         origin=item.origin,
         prompt_tokens=item.prompt_tokens,
-        chain=_chain(item.block_hashes, where) if item.block_hashes else (),
+        chain=_chain(item.block_hashes, where) if item.block_hashes else b"",
         cached_tokens=cached,
         request_id=item.request_id,
         expected_output_tokens=item.expected_output_tokens,

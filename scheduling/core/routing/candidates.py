@@ -9,13 +9,12 @@ cost. :mod:`scheduling.core.routing.decide` chooses among them.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
 from scheduling.core.link import link_admits
 from scheduling.core.routing.live import (
-    InstanceLoad,
     LiveState,
     prefill_pool,
 )
@@ -160,11 +159,27 @@ class PrefixHits:
         return self.best.get(cluster, (0, None, True))
 
 
+def _active_prefill(topology: Topology, live: LiveState) -> dict[str, str]:
+    """Prefill instances that are active now, name -> cluster (built once per live state and
+    topology, :attr:`LiveState.derived`)."""
+    memo = live.derived.get("active_prefill")
+    if memo is not None and memo[0] is topology:
+        return memo[1]
+    loads = live.instances
+    active: dict[str, str] = {}
+    for inst in topology.instances:
+        if inst.role != "prefill":
+            continue
+        load = loads.get(inst.name)
+        state = load.state if load is not None and load.state is not None else inst.state
+        if state == "active":
+            active[inst.name] = inst.cluster
+    live.derived["active_prefill"] = (topology, active)
+    return active
+
+
 def hits_collect(
-    request: RouteRequest,
-    topology: Topology,
-    guards: RouteGuards,
-    loads: Mapping[str, InstanceLoad],
+    request: RouteRequest, topology: Topology, guards: RouteGuards, live: LiveState
 ) -> PrefixHits:
     """The request's prefix matches that can be used: on a known active prefill instance of
     the named cluster (or a cluster-wide pool), degraded ones discounted, capped below the
@@ -175,38 +190,41 @@ def hits_collect(
     block = topology.model.block_tokens
     # At least one token is always computed: the engine needs it for the first output token.
     cap = request.prompt_tokens - 1
-    instances = topology.instance_by_name
     clusters = topology.cluster_by_name
+    active = _active_prefill(topology, live)
+    by_instance, by_cluster, pool, best = hits.by_instance, hits.by_cluster, hits.pool, hits.best
     matches: Iterable[PrefixMatch] = request.prefix_matches
     if request.cached_tokens:
         matches = list(matches) + [
             PrefixMatch(cluster=c, tokens=n) for c, n in request.cached_tokens.items()
         ]
     for m in matches:
-        if m.cluster not in clusters or m.tokens <= 0:
-            continue
-        tokens = m.tokens
-        if not m.exact:
-            tokens = int(tokens * guards.degraded_match_factor) // block * block
-        tokens = min(tokens, cap)
+        cluster, tokens, name = m.cluster, m.tokens, m.instance
         if tokens <= 0:
             continue
-        if m.instance is not None:
-            inst = instances.get(m.instance)
-            if inst is None or inst.cluster != m.cluster or inst.role != "prefill":
-                continue
-            load = loads.get(m.instance)
-            state = load.state if load is not None and load.state is not None else inst.state
-            if state != "active":
-                continue
-            if tokens > hits.by_instance.get(m.instance, 0):
-                hits.by_instance[m.instance] = tokens
-                hits.by_cluster.setdefault(m.cluster, {})[m.instance] = tokens
-        elif tokens > hits.pool.get(m.cluster, 0):
-            hits.pool[m.cluster] = tokens
-        prev = hits.best.get(m.cluster)
+        if name is not None:
+            if active.get(name) != cluster:
+                continue  # unknown, not prefill, elsewhere, or not active now
+        elif cluster not in clusters:
+            continue
+        if not m.exact:
+            tokens = int(tokens * guards.degraded_match_factor) // block * block
+        if tokens > cap:
+            tokens = cap
+        if tokens <= 0:
+            continue
+        if name is not None:
+            if tokens > by_instance.get(name, 0):
+                by_instance[name] = tokens
+                own = by_cluster.get(cluster)
+                if own is None:
+                    own = by_cluster[cluster] = {}
+                own[name] = tokens
+        elif tokens > pool.get(cluster, 0):
+            pool[cluster] = tokens
+        prev = best.get(cluster)
         if prev is None or tokens > prev[0] or (tokens == prev[0] and m.exact and not prev[2]):
-            hits.best[m.cluster] = (tokens, m.instance, m.exact)
+            best[cluster] = (tokens, name, m.exact)
     return hits
 
 

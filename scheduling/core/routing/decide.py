@@ -181,7 +181,7 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
     guards = ctx.policy.guards
     origin = request.origin
     prompt = request.prompt_tokens
-    hits = hits_collect(request, topology, guards, ctx.live.instances)
+    hits = hits_collect(request, topology, guards, ctx.live)
     t0 = ctx.policy.threshold(origin)
     control = None if stale else ctx.live.control.get(origin)
     t_eff = t0 if control is None else control.effective_threshold(t0)
@@ -351,7 +351,7 @@ def route_fallback_local(
     _validate(request, topology)
     ctx = DecisionContext(policy, topology, live, books=False)
     stale = live_is_stale(live, policy.guards)
-    hits = hits_collect(request, topology, policy.guards, live.instances)
+    hits = hits_collect(request, topology, policy.guards, live)
     decode = decode_pick(ctx, request, policy.guards, not stale)
     t0 = policy.threshold(request.origin)
     control = None if stale else live.control.get(request.origin)
@@ -389,7 +389,7 @@ def route_fallback_local_many(
         if not ctx.prefill_pool(request.origin):
             out.append(None)
             continue
-        hits = hits_collect(request, topology, policy.guards, live.instances)
+        hits = hits_collect(request, topology, policy.guards, live)
         decode = decode_pick(ctx, request, policy.guards, not stale)
         t0 = policy.threshold(request.origin)
         control = None if stale else live.control.get(request.origin)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import Sequence
 
@@ -234,3 +235,57 @@ def test_the_pacer_runs_one_call_at_a_time_and_leaves_redis_the_rest() -> None:
     for (began, ended), (start, _) in itertools.pairwise(spans):
         assert start >= ended  # never two at once
         assert start - ended >= 2 * (ended - began) * 0.999
+
+
+def _walk(
+    c: Sequence[str], full: dict[str, set[str]], linear: dict[str, set[str]], hybrid: bool
+) -> dict[str, int]:
+    """The match block by block, in Python: what the server-side walk must give."""
+    alive, last, usable = set(full), {}, {}
+    for depth, key in enumerate(c, start=1):
+        alive = {inst for inst in alive if key in full[inst]}
+        if not alive:
+            break
+        for inst in alive:
+            last[inst] = depth
+            if key in linear[inst]:
+                usable[inst] = depth
+    out = {}
+    for inst, blocks in last.items():
+        if hybrid and linear[inst]:
+            blocks = usable.get(inst, 0)
+        if blocks:
+            out[inst] = blocks
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_are_the_block_by_block_walk_whatever_the_holders(
+    redis_client: redis.Redis, seed: int
+) -> None:
+    rng = random.Random(seed)
+    c = chain(40)
+    instances = ["a", "b", "c", "d"]
+    full: dict[str, set[str]] = {inst: set() for inst in instances}
+    linear: dict[str, set[str]] = {inst: set() for inst in instances}
+    for seq, inst in enumerate(instances):
+        stored = c[: rng.randint(0, 40)]
+        holes = set(rng.sample(stored, k=min(len(stored), rng.randint(0, 3))))
+        checkpoints = [k for k in stored if rng.random() < 0.2] if inst in "ab" else []
+        events: list[KvEvent] = [StoredBlocks(stored[i : i + 7]) for i in range(0, len(stored), 7)]
+        if checkpoints:
+            events.append(StoredBlocks(checkpoints, linear=True))
+        if holes:
+            events.append(RemovedBlocks(sorted(holes), group=0))
+        px.kv_batch_apply(inst, 0, events)
+        full[inst] = set(stored) - holes
+        linear[inst] = set(checkpoints)
+    # Chains that diverge, stop early, or start elsewhere, in one call.
+    chains = [c, c[:25], c[:10] + chain(5, start=1000), c[3:], c[:1]]
+    for hybrid in (False, True):
+        pipe = redis_client.pipeline()
+        px.prefix_matches_queue(pipe, chains, hybrid)
+        got = px.prefix_matches_parse(pipe.execute()[0], len(chains), 1)
+        assert [m.tokens_by_instance for m in got] == [
+            _walk(one, full, linear, hybrid) for one in chains
+        ]

@@ -268,7 +268,7 @@ def test_matches_are_the_block_by_block_walk_whatever_the_holders(
     instances = ["a", "b", "c", "d"]
     full: dict[str, set[str]] = {inst: set() for inst in instances}
     linear: dict[str, set[str]] = {inst: set() for inst in instances}
-    for seq, inst in enumerate(instances):
+    for inst in instances:
         stored = c[: rng.randint(0, 40)]
         holes = set(rng.sample(stored, k=min(len(stored), rng.randint(0, 3))))
         checkpoints = [k for k in stored if rng.random() < 0.2] if inst in "ab" else []

@@ -775,11 +775,8 @@ for c = 2, #ARGV do
   -- interned: comparing them is one pointer test), so the holders are intersected only when
   -- it changes, and each one's match (the last block it was in the run; hybrid: its last
   -- checkpoint there) is written when a stretch of equal strings ends.
-  local alive = nil
-  local run_val = nil
-  local depth = 0
-  local full = {}
-  local usable = {}
+  local alive, run_val, depth = nil, nil, 0
+  local full, usable = nil, nil
   for q = 1, #packed, 8 do
     -- bucket_of, inlined: this line runs for every block of every chain. (Remembering the
     -- holders of blocks seen earlier in the call cost more than the reads it saved.)
@@ -808,6 +805,7 @@ for c = 2, #ARGV do
         alive = nil
         break
       end
+      if full == nil then full, usable = {}, {} end
       alive, run_val = next_alive, val
     end
     depth = depth + 1
@@ -818,21 +816,26 @@ for c = 2, #ARGV do
       if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
     end
   end
-  local entries = {}
-  for idb, blocks in pairs(full) do
-    local b = blocks
-    if hybrid and linear[idb] then b = usable[idb] or 0 end
-    if b > 0 then
-      if not wanted[idb] then
-        wanted[idb] = true
-        wanted_list[#wanted_list + 1] = idb
+  -- [k, inst1, blocks1, ..., instk, blocksk], written in place.
+  local at = #out + 1
+  local k = 0
+  out[at] = 0
+  if full then
+    for idb, blocks in pairs(full) do
+      local b = blocks
+      if hybrid and linear[idb] then b = usable[idb] or 0 end
+      if b > 0 then
+        if not wanted[idb] then
+          wanted[idb] = true
+          wanted_list[#wanted_list + 1] = idb
+        end
+        out[at + 2 * k + 1] = idb
+        out[at + 2 * k + 2] = b
+        k = k + 1
       end
-      entries[#entries + 1] = idb
-      entries[#entries + 1] = b
     end
   end
-  out[#out + 1] = #entries / 2
-  for _, v in ipairs(entries) do out[#out + 1] = v end
+  out[at] = k
 end
 if #wanted_list > 0 then
   local names = call('HMGET', 'pfx:names', unpack(wanted_list))
@@ -877,15 +880,19 @@ def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> 
     out: list[IndexMatch] = []
     at = 0
     per_chain: list[dict[str, int]] = []
+    # A call names a few instances thousands of times: each name is decoded once.
+    names: dict[Any, str] = {}
     for _ in range(n_chains):
         k = int(raw[at])
         at += 1
         tokens: dict[str, int] = {}
-        for j in range(k):
-            inst = raw[at + 2 * j]
-            name = inst.decode() if isinstance(inst, bytes) else str(inst)
+        for j in range(at, at + 2 * k, 2):
+            inst = raw[j]
+            name = names.get(inst)
+            if name is None:
+                name = names[inst] = inst.decode() if isinstance(inst, bytes) else str(inst)
             if name:  # '' is a cleared instance's old id, its records not yet swept
-                tokens[name] = int(raw[at + 2 * j + 1]) * block_size
+                tokens[name] = int(raw[j + 1]) * block_size
         at += 2 * k
         per_chain.append(tokens)
     n_degraded = int(raw[at])

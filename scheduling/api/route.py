@@ -7,6 +7,7 @@ with an ETag. Prompts are described by token counts and block hashes only, never
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Annotated, Any
 
@@ -99,9 +100,6 @@ class RouteBatchIn(Schema):
 # (pydantic above stays the schema of the ninja operations and the OpenAPI document;
 # tests/scheduling/test_route_fastpath.py holds both doors to the same answers and errors).
 
-_U64 = 1 << 64
-_MASK = _U64 - 1
-_MIN_HASH = -(1 << 63)
 _WireName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
 _WireCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PROMPT_TOKENS)]
 
@@ -128,9 +126,9 @@ ROUTE_BATCH_DECODER = msgspec.json.Decoder(RouteBatchWire)
 def _chain(values: list[int | str], where: str) -> bytes:
     """Block hashes folded to their 64-bit keys (:func:`block_hash_key`), packed as the prefix
     index holds them: 8 bytes big-endian each (ints in one ``struct`` call, the common case)."""
-    ints = [h & _MASK for h in values if type(h) is int and _MIN_HASH <= h < _U64]
-    if len(ints) == len(values):
-        return struct.pack(f">{len(ints)}Q", *ints)
+    with contextlib.suppress(struct.error):
+        # Non-negative ints below 2**64 (msgspec gives ints and strings only, never bools).
+        return struct.pack(f">{len(values)}Q", *values)
     keys: list[str] = []
     for i, h in enumerate(values):
         try:

@@ -24,10 +24,13 @@ import redis
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from clusters.live.prefix_index import block_hash_key
 from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
 from controlplane.audit import CLI_ACTOR
+from controlplane.errors import Invalid
 from scheduling import decisions
+from scheduling.api.route import route_wire_decode
 from scheduling.policies import policy_create
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from tests.factories import PREFILL_SECONDS, api_token, bearer
@@ -608,3 +611,26 @@ async def test_route_keeps_its_snapshot_when_the_database_is_unreachable(
         await sync_to_async(repair_database)()
     assert (after["route"], after["reason"]) == (before["route"], before["reason"])
     assert after["policy_version"] == before["policy_version"]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [
+        [0, 7, (1 << 64) - 1],
+        [-1, -(1 << 63), 5],
+        ["00000000000000ff", "0x" + "ab" * 32, 9],
+    ],
+)
+def test_block_hashes_in_any_encoding_travel_as_the_index_keys(hashes: list[int | str]) -> None:
+    body = json.dumps({"origin": "pd-a", "prompt_tokens": 10, "block_hashes": hashes}).encode()
+    [item] = route_wire_decode(body, batch=False)
+    assert item.chain == b"".join(bytes.fromhex(block_hash_key(h)) for h in hashes)
+
+
+def test_a_block_hash_beyond_64_bits_is_named_in_the_error() -> None:
+    body = json.dumps(
+        {"requests": [{"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1, 1 << 64]}]}
+    ).encode()
+    with pytest.raises(Invalid) as err:
+        route_wire_decode(body, batch=True)
+    assert "requests[0].block_hashes[1]" in err.value.detail

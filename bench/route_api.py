@@ -18,9 +18,12 @@ In one run it:
    output length) against the app and the bare endpoint, single requests at several levels in
    flight, then batches; sglang-router gets short completions (64-1,024-word prompts, 16
    tokens) at the same levels;
-5. prints each one's rate, p50/p99 per HTTP call and CPU per request (user + system of the
-   server processes, from /proc: the app's workers, and Redis apart), the ratios, and as the
-   LAST line one JSON object.
+5. prints each one's rate, p50/p99 per HTTP call, CPU per request (user + system of the
+   server processes, from /proc: the app's workers, and Redis apart) and the busiest worker's
+   share of it (50%: an even split; workers that share one listening socket can leave a
+   burst of new connections all to one of them), the ratios, and as the LAST line one JSON
+   object. Batches run ``--batch-rounds`` times per server, each round on new connections;
+   the JSON gives the median round.
 
 The load comes from a few processes of raw keep-alive HTTP/1.1 connections (pre-built
 request bytes, ``bench/support/load.py``), not from an HTTP client library. Loopback only,
@@ -29,7 +32,8 @@ Targets (issue 16): at 32 in flight the app's rate >= sglang-router's and its p9
 batches of 500 >= 30,000 decisions/s; CPU per single decision <= 0.3 ms.
 
     .venv/bin/python bench/route_api.py [--requests 4000] [--concurrency 8,16,32]
-                                        [--batches 40] [--batch-size 500] [--no-router]
+                                        [--batches 40] [--batch-size 500] [--batch-rounds 5]
+                                        [--no-router]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -440,46 +445,54 @@ async def run(
         ]
         bconc = args.batch_concurrency
         path = "/api/v1/route/batch"
-        await asyncio.to_thread(drive, app_base, path, batches[:4], headers, bconc, size)
-        redis_before = cpu_seconds(redis_pids)
-        app_b, app_b_cpu = await asyncio.to_thread(
-            measured,
-            pids["uvicorn"],
-            partial(drive, app_base, path, batches, headers, bconc, size),
-            size,
-        )
-        redis_b_ms = (cpu_seconds(redis_pids) - redis_before) / (len(batches) * size) * 1e3
-        gran_b = None
-        if args.granian:
-            gran_base = bases["granian"]
-            await asyncio.to_thread(drive, gran_base, path, batches[:4], headers, bconc, size)
-            gran_b, gran_b_cpu = await asyncio.to_thread(
-                measured,
-                pids["granian"],
-                partial(drive, gran_base, path, batches, headers, bconc, size),
-                size,
-            )
+        rounds = args.batch_rounds
+
+        async def batch_rounds(name: str) -> list[tuple[dict[str, Any], float, float]]:
+            """``rounds`` runs of every batch, each on fresh connections (which worker
+            accepts them is the server's, and can differ run to run); with Redis's CPU."""
+            base = bases[name]
+            await asyncio.to_thread(drive, base, path, batches[:4], headers, bconc, size)
+            got = []
+            for _ in range(rounds):
+                redis_before = cpu_seconds(redis_pids)
+                r, cpu = await asyncio.to_thread(
+                    measured,
+                    pids[name],
+                    partial(drive, base, path, batches, headers, bconc, size),
+                    size,
+                )
+                redis_ms = (cpu_seconds(redis_pids) - redis_before) / (len(batches) * size) * 1e3
+                got.append((r, cpu, redis_ms))
+            return got
+
+        servers = ["uvicorn", "granian"] if args.granian else ["uvicorn"]
+        by_server = {name: await batch_rounds(name) for name in servers}
         bare_b, bare_b_cpu = await asyncio.to_thread(
             measured,
             pids["bare"],
             partial(drive, bare_base, path, batches, headers, bconc, size),
             size,
         )
-        print(f"\nbatches of {size}, {bconc} in flight, {len(batches)} calls each")
+        print(
+            f"\nbatches of {size}, {bconc} in flight, {len(batches)} calls a round, "
+            f"{rounds} rounds on fresh connections"
+        )
         print(HEADER)
-        print(row("app (uvicorn)", app_b, app_b_cpu, f"   + Redis {redis_b_ms:.3f} ms/dec"))
-        if gran_b is not None:
-            print(row("app (granian)", gran_b, gran_b_cpu))
+        medians: dict[str, float] = {}
+        for name, got in by_server.items():
+            for k, (r, cpu, redis_ms) in enumerate(got, start=1):
+                print(row(f"app ({name}) round {k}", r, cpu, f"   + Redis {redis_ms:.3f} ms/dec"))
+            medians[name] = statistics.median(r["decisions_per_s"] for r, _, _ in got)
         print(row("bare ASGI (uvicorn)", bare_b, bare_b_cpu))
         print(
-            f"  ratio app/bare: rate {ratio(app_b['decisions_per_s'], bare_b['decisions_per_s'])}"
-            + (f"; granian/uvicorn rate "
-               f"{ratio(gran_b['decisions_per_s'], app_b['decisions_per_s'])}"
-               if gran_b is not None else "")
-        )  # fmt: skip
-        out["batch_rps"] = round(app_b["decisions_per_s"], 1)
-        if gran_b is not None:
-            out["batch_rps_granian"] = round(gran_b["decisions_per_s"], 1)
+            "  medians: "
+            + ", ".join(f"{name} {rate:.0f}/s" for name, rate in medians.items())
+            + f"; ratio app (uvicorn)/bare: rate "
+            f"{ratio(medians['uvicorn'], bare_b['decisions_per_s'])}"
+        )
+        out["batch_rps"] = round(medians["uvicorn"], 1)
+        if "granian" in medians:
+            out["batch_rps_granian"] = round(medians["granian"], 1)
 
         stop_fresh.set()
         await fresh
@@ -508,6 +521,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-concurrency", type=int, default=4)
     parser.add_argument(
+        "--batch-rounds", type=int, default=5, help="batch runs per server, each on new connections"
+    )
+    parser.add_argument(
         "--no-router", dest="router", action="store_false", help="skip sglang-router"
     )
     parser.add_argument(
@@ -522,7 +538,7 @@ def main() -> None:
         parser.error("--batch-size must be between 1 and 1000 (the API's batch limit)")
     if min(args.concurrency) < 1:
         parser.error("--concurrency levels must be at least 1")
-    for name in ("requests", "batches", "batch_concurrency"):
+    for name in ("requests", "batches", "batch_concurrency", "batch_rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 

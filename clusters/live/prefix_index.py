@@ -768,6 +768,14 @@ end
 local out = {}
 local wanted = {}
 local wanted_list = {}
+-- A stretch of blocks with one holder string ends at ``depth``: each holder's match reaches
+-- it (and, hybrid, its last checkpoint too when the string says it holds one there).
+local function close_run(alive, depth, full, usable)
+  for idb, flags in pairs(alive) do
+    full[idb] = depth
+    if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
+  end
+end
 for c = 2, #ARGV do
   local packed = ARGV[c]
   -- The run goes on with the holders (in a full-attention medium) of every block so far.
@@ -783,12 +791,7 @@ for c = 2, #ARGV do
     local val = call('HGET', 'pfx:h:' .. sub(packed, q + 6, q + 7), sub(packed, q, q + 5))
     if not val then break end
     if val ~= run_val then
-      if alive then
-        for idb, flags in pairs(alive) do
-          full[idb] = depth
-          if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
-        end
-      end
+      if alive then close_run(alive, depth, full, usable) end
       local next_alive = {}
       local any = false
       for p = 1, #val, 5 do
@@ -810,12 +813,7 @@ for c = 2, #ARGV do
     end
     depth = depth + 1
   end
-  if alive then
-    for idb, flags in pairs(alive) do
-      full[idb] = depth
-      if hybrid and linear[idb] and bit.band(flags, 240) ~= 0 then usable[idb] = depth end
-    end
-  end
+  if alive then close_run(alive, depth, full, usable) end
   -- [k, inst1, blocks1, ..., instk, blocksk], written in place.
   local at = #out + 1
   local k = 0

@@ -24,6 +24,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -159,34 +160,49 @@ def run(args: argparse.Namespace, secret: str) -> None:
         for i in range(args.batches)
     ]
 
-    async def warm() -> None:
-        for body in singles[:200]:
-            await call(app, "/api/v1/route", body, headers)
+    reasons: Counter[str] = Counter()
 
+    async def warm() -> None:
+        await _telemetry_fresh(snap)
+        for body in singles[:200]:
+            reasons[json.loads(await call(app, "/api/v1/route", body, headers))["reason"]] += 1
+
+    # Telemetry is sent again before each run: older than the policy's stale_after_s (5 s),
+    # the calls would be decided by the static rule, another path than the one to profile.
     async def single_run() -> None:
+        await _telemetry_fresh(snap)
         for body in singles:
             await call(app, "/api/v1/route", body, headers)
 
     async def batch_run() -> None:
+        await _telemetry_fresh(snap)
         for body in batches:
             await call(app, "/api/v1/route/batch", body, headers)
 
     loop.run_until_complete(warm())
+    print(f"decisions by reason (the first {sum(reasons.values())} calls): {dict(reasons)}")
     profiled("single requests", len(singles), 1, single_run, args.top)
     profiled(f"batches of {size}", len(batches), size, batch_run, args.top)
 
 
-async def _live_state(snap: Any, rows: list[dict[str, Any]]) -> None:
-    """Fresh telemetry of every instance and link, and a third of the trace's blocks cached
-    (through the ingest services, as the API would)."""
+async def _telemetry_fresh(snap: Any) -> None:
+    """A sample of every instance and link, stamped now."""
     from clusters.live import telemetry
-    from scheduling.ingest import kv_events_ingest_async
 
     now = time.time()
     await telemetry.telemetry_batch_store_async(
         [telemetry.InstanceSample(n, now, 1, 8, 0, 0.4) for n in snap.instance_names],
         [telemetry.LinkSample(k, now, int(5e9 / 8), 1.0) for k in snap.link_keys],
     )
+
+
+async def _live_state(snap: Any, rows: list[dict[str, Any]]) -> None:
+    """Fresh telemetry of every instance and link, and a third of the trace's blocks cached
+    (through the ingest services, as the API would)."""
+    from scheduling.ingest import kv_events_ingest_async
+
+    await _telemetry_fresh(snap)
+    now = time.time()
     prefill = [i.name for i in snap.topology.instances if i.role == "prefill"]
     for k, r in enumerate(rows[: len(rows) // 3]):
         batch = [now, [["BlockStored", r["hash_ids"], None, [], snap.block_tokens]]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -60,10 +61,34 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def shared_dir(base: Path) -> Path:
+    """Shared material (scenarios, traces, samples): ``SHARED_DIR``, else ``../shared`` beside
+    the checkout, else beside the checkout it was cloned from when that is a local folder (a
+    clone into a temporary directory for a clean run), else ``../shared`` (missing: the tests
+    that need it say so)."""
+    explicit = os.environ.get("SHARED_DIR")
+    if explicit:
+        return Path(explicit)
+    beside = base.parent / "shared"
+    if beside.is_dir():
+        return beside
+    try:
+        origin = subprocess.run(
+            ["git", "-C", str(base), "config", "--get", "remote.origin.url"],
+            capture_output=True, text=True, timeout=5, check=False,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin and not origin.startswith(("http:", "https:", "ssh:", "git@", "file:")):
+        candidate = Path(origin).resolve().parent / "shared"
+        if candidate.is_dir():
+            return candidate
+    return beside
+
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
-# Shared material (scenarios, traces, samples) lives beside the project checkout.
-SHARED_DIR = Path(os.environ.get("SHARED_DIR") or BASE_DIR.parent / "shared")
+SHARED_DIR = shared_dir(BASE_DIR)
 # Where scenario files named by `extends:` in the topology API are looked up.
 SCENARIOS_DIR = Path(os.environ.get("SCENARIOS_DIR") or SHARED_DIR / "scenarios")
 

@@ -16,8 +16,8 @@ def shared_dir() -> Path:
     path = Path(settings.SHARED_DIR)
     if not (path / "scenarios").is_dir():
         pytest.fail(
-            f"shared material not found at {path} (expected ../shared beside the checkout, "
-            "or set SHARED_DIR)",
+            f"shared material not found at {path} (expected ../shared beside the checkout or "
+            "beside the local checkout it was cloned from, or set SHARED_DIR)",
             pytrace=False,
         )
     return path

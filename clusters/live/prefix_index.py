@@ -864,7 +864,8 @@ def prefix_matches_queue(
     """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
 
     Chains hold folded keys (:data:`BlockKeys`: 16 hex digits each, :func:`block_hash_key`, or
-    already packed); each travels as one binary string. ``by_sha``: the caller loaded the script (:mod:`clusters.live.scripts`).
+    already packed); each travels as one binary string. ``by_sha``: the caller loaded the
+    script (:mod:`clusters.live.scripts`).
     """
     args: list[Any] = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
     if by_sha:

@@ -167,13 +167,13 @@ def _active_prefill(topology: Topology, live: LiveState) -> dict[str, str]:
         return memo[1]
     loads = live.instances
     active: dict[str, str] = {}
-    for inst in topology.instances:
-        if inst.role != "prefill":
-            continue
-        load = loads.get(inst.name)
-        state = load.state if load is not None and load.state is not None else inst.state
-        if state == "active":
-            active[inst.name] = inst.cluster
+    # The rule of prefill_pool: a reported state wins over the inventory's.
+    for cluster, rows in topology.prefill_rows.items():
+        for name, _inst, listed_active in rows:
+            load = loads.get(name)
+            state = load.state if load is not None else None
+            if (state == "active") if state is not None else listed_active:
+                active[name] = cluster
     live.derived["active_prefill"] = (topology, active)
     return active
 

@@ -6,8 +6,10 @@ In one run it:
 1. makes a private database (SQLite in a temporary directory unless ``BENCH_DATABASE_URL``)
    with the paper's case-study topology (``../shared/scenarios/paper-case-study.yaml``) and a
    router+agent token; Redis is a private embedded one (or ``BENCH_REDIS_URL``);
-2. serves the real app (2 workers; uvicorn, and granian at 32 in flight to compare the ASGI
-   servers), a bare ASGI app (uvicorn, 2 workers) that parses the same JSON and answers a
+2. serves the real app (2 workers) as deployed (``python -m controlplane.serve``: uvicorn
+   workers on listening sockets of their own, SO_REUSEPORT), and for comparison under
+   ``uvicorn --workers 2`` (one shared socket; batches) and granian (32 in flight, batches),
+   a bare ASGI app (uvicorn, 2 workers) that parses the same JSON and answers a
    fixed decision (the floor of "HTTP + JSON in Python"), and sglang-router 0.3.2 in PD mode
    (``bench/support/sglang_router.py``: PyPI, its own cached venv) in front of two fake
    workers (``fleet.fake_engine``, one prefill and one decode process, granian), a whole
@@ -126,8 +128,12 @@ async def bare_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
 def serve(
     env: dict[str, str], app: str, port: int, app_dir: Path, server: str = "uvicorn"
 ) -> subprocess.Popen[bytes]:
-    """``app`` with 2 worker processes under ``server`` (uvicorn or granian)."""
-    if server == "granian":
+    """``app`` with 2 worker processes under ``server`` (serve: the project's launcher,
+    uvicorn, or granian)."""
+    if server == "serve":
+        argv = [PY, "-m", "controlplane.serve", app, "--workers", "2", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    elif server == "granian":
         # asginl: ASGI without lifespan (Django's ASGI app has none).
         argv = [GRANIAN, "--interface", "asginl", "--workers", "2", "--loop", "uvloop",
                 "--host", "127.0.0.1", "--port", str(port), "--no-log",
@@ -307,8 +313,9 @@ async def run(
 ) -> dict[str, Any]:
     import httpx
 
-    ports = {name: port() for name in ("uvicorn", "granian", "bare")}
+    ports = {name: port() for name in ("serve", "uvicorn", "granian", "bare")}
     procs = {
+        "serve": serve(env, "controlplane.asgi:application", ports["serve"], ROOT, "serve"),
         "uvicorn": serve(env, "controlplane.asgi:application", ports["uvicorn"], ROOT),
         "bare": serve(env, "route_api:bare_app", ports["bare"], ROOT / "bench"),
     }
@@ -321,7 +328,7 @@ async def run(
         bases = {name: f"http://127.0.0.1:{ports[name]}" for name in procs}
         for name in procs:
             wait_up(f"{bases[name]}/api/v1/health" if name != "bare" else f"{bases[name]}/")
-        app_base, bare_base = bases["uvicorn"], bases["bare"]
+        app_base, bare_base = bases["serve"], bases["bare"]
         headers = {"Authorization": f"Bearer {secret}"}
         policy = httpx.get(f"{app_base}/api/v1/policy", headers=headers, timeout=30).json()
         pd = next(c["name"] for c in policy["clusters"] if c["kind"] == "pd")
@@ -364,14 +371,14 @@ async def run(
         for level in args.concurrency:
             print(f"\nsingle requests, {level} in flight, {len(singles)} calls each")
             print(HEADER)
-            for name in ("uvicorn", "bare"):
+            for name in ("serve", "bare"):
                 await asyncio.to_thread(
                     drive, bases[name], "/api/v1/route", warm, headers, level, 1
                 )
             redis_before = cpu_seconds(redis_pids)
             app, app_cpu = await asyncio.to_thread(
                 measured,
-                pids["uvicorn"],
+                pids["serve"],
                 partial(drive, app_base, "/api/v1/route", singles, headers, level, 1),
             )
             redis_ms = (cpu_seconds(redis_pids) - redis_before) / len(singles) * 1e3
@@ -380,7 +387,7 @@ async def run(
                 pids["bare"],
                 partial(drive, bare_base, "/api/v1/route", singles, headers, level, 1),
             )
-            print(row("app (uvicorn)", app, app_cpu, f"   + Redis {redis_ms:.3f} ms/dec"))
+            print(row("app (serve)", app, app_cpu, f"   + Redis {redis_ms:.3f} ms/dec"))
             print(row("bare ASGI (uvicorn)", bare, bare_cpu))
             results = {"app": app, "bare": bare}
             if level == 32 and args.granian:
@@ -419,7 +426,7 @@ async def run(
                 f"p99 {ratio(app['p99_ms'], bare['p99_ms'])}"
                 + (f"; app/sglang-router: rate {ratio(app['rate'], results['router']['rate'])}, "
                    f"p99 {ratio(app['p99_ms'], results['router']['p99_ms'])}" if "router" in results else "")
-                + (f"; granian/uvicorn rate {ratio(results['granian']['rate'], app['rate'])}"
+                + (f"; granian/serve rate {ratio(results['granian']['rate'], app['rate'])}"
                    if "granian" in results else "")
             )  # fmt: skip
             reasons = Counter(json.loads(a)["reason"] for a in app["answers"])
@@ -465,7 +472,7 @@ async def run(
                 got.append((r, cpu, redis_ms))
             return got
 
-        servers = ["uvicorn", "granian"] if args.granian else ["uvicorn"]
+        servers = ["serve", "uvicorn", "granian"] if args.granian else ["serve", "uvicorn"]
         by_server = {name: await batch_rounds(name) for name in servers}
         bare_b, bare_b_cpu = await asyncio.to_thread(
             measured,
@@ -487,10 +494,12 @@ async def run(
         print(
             "  medians: "
             + ", ".join(f"{name} {rate:.0f}/s" for name, rate in medians.items())
-            + f"; ratio app (uvicorn)/bare: rate "
-            f"{ratio(medians['uvicorn'], bare_b['decisions_per_s'])}"
+            + f"; ratio app (serve)/bare: rate "
+            f"{ratio(medians['serve'], bare_b['decisions_per_s'])}; serve/uvicorn (shared "
+            f"socket): {ratio(medians['serve'], medians['uvicorn'])}"
         )
-        out["batch_rps"] = round(medians["uvicorn"], 1)
+        out["batch_rps"] = round(medians["serve"], 1)
+        out["batch_rps_uvicorn_shared"] = round(medians["uvicorn"], 1)
         if "granian" in medians:
             out["batch_rps_granian"] = round(medians["granian"], 1)
 
@@ -567,7 +576,8 @@ def main() -> None:
                 env["BENCH_REDIS_PID"] = str(server.proc.pid)
             out = asyncio.run(run(args, env, secret, Path(tmp)))
             keys = ("single32_rps", "single32_p99_ms", "router_pd_rps", "router_pd_p99_ms",
-                    "batch_rps", "cpu_ms_per_decision", "batch_rps_granian")  # fmt: skip
+                    "batch_rps", "cpu_ms_per_decision", "batch_rps_uvicorn_shared",
+                    "batch_rps_granian")  # fmt: skip
             print(json.dumps({k: out.get(k) for k in keys}))
         finally:
             if server is not None:

@@ -52,11 +52,14 @@ def control_plane_serve(
         "LOG_LEVEL": "WARNING",
         **(extra_env or {}),
     }
-    command = [str(ROOT / ".venv/bin/uvicorn"), "controlplane.asgi:application"]
     if workers > 1:
+        # As deployed (docker-compose.yml): workers on listening sockets of their own.
+        command = [str(ROOT / ".venv/bin/python"), "-m", "controlplane.serve"]
         command += ["--workers", str(workers)]
+    else:
+        command = [str(ROOT / ".venv/bin/uvicorn"), "controlplane.asgi:application"]
+        command += ["--http", "controlplane.http_protocol:HeaderDeadlineProtocol"]
     command += ["--port", str(port), "--host", "127.0.0.1", "--log-level", "warning"]
-    command += ["--http", "controlplane.http_protocol:HeaderDeadlineProtocol"]
     proc = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -71,7 +74,7 @@ def control_plane_serve(
                 time.sleep(0.2)
         else:
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            pytest.fail(f"uvicorn did not start: {err}")
+            pytest.fail(f"the control plane did not start: {err}")
         yield base, proc
     finally:
         if proc.poll() is None:

@@ -44,9 +44,12 @@ class DecisionContext:
     pools, backlogs and link loads, plus what this batch itself has already placed."""
 
     __slots__ = (
+        "backlog_sums",
         "books",
         "decode",
         "extra_inflight",
+        "least",
+        "least_decode",
         "live",
         "policy",
         "pool_index",
@@ -69,6 +72,15 @@ class DecisionContext:
         self.extra_inflight: dict[tuple[str, str], int] = {}
         # cluster -> {instance name: pool entry}, built only when a request has hits there
         self.pool_index: dict[str, dict[str, list[Any]]] = {}
+        # cluster -> its pool's least backlogged entry and backlog total. Every request reads
+        # them (once per PrfaaS cluster and for the origin), so they are not rescanned per
+        # read: memoised per live state for single decisions, kept up to date by the bookings
+        # of a batch (booking only adds work, so only the least entry's own booking can
+        # change which entry is least).
+        self.least: dict[str, list[Any]] = {}
+        self.backlog_sums: dict[str, float] = {}
+        # cluster -> its decode pool's least loaded entry, the same way.
+        self.least_decode: dict[str, list[Any]] = {}
 
     def prefill_pool(self, cluster: str) -> list[list[Any]]:
         got = self.pools.get(cluster)
@@ -83,6 +95,40 @@ class DecisionContext:
             got = [[inst, q] for inst, q in memo[1]] if self.books else memo[1]
             self.pools[cluster] = got
         return got
+
+    def _pool_stats(self, cluster: str) -> None:
+        pool = self.prefill_pool(cluster)
+        if self.books:
+            if cluster not in self.backlog_sums:
+                self.backlog_sums[cluster] = sum(e[1] for e in pool)
+            if pool:
+                self.least[cluster] = min(pool, key=_second)
+            return
+        key = ("least", cluster)
+        memo = self.live.derived.get(key)
+        if memo is None or memo[0] is not pool:
+            least = min(pool, key=_second) if pool else None
+            memo = (pool, least, sum(e[1] for e in pool))
+            self.live.derived[key] = memo
+        if memo[1] is not None:
+            self.least[cluster] = memo[1]
+        self.backlog_sums[cluster] = memo[2]
+
+    def least_backlogged(self, cluster: str) -> list[Any]:
+        """The least backlogged entry of a non-empty pool (the first of equals)."""
+        got = self.least.get(cluster)
+        if got is None:
+            self._pool_stats(cluster)
+            got = self.least[cluster]
+        return got
+
+    def mean_backlog(self, cluster: str) -> float:
+        """Mean backlog of a non-empty pool, this batch's bookings included."""
+        total = self.backlog_sums.get(cluster)
+        if total is None:
+            self._pool_stats(cluster)
+            total = self.backlog_sums[cluster]
+        return total / len(self.pools[cluster])
 
     def decode_pool(self, cluster: str) -> list[list[Any]]:
         """Active decode instances of ``cluster`` as ``[score, instance]``: the ordering key
@@ -116,6 +162,23 @@ class DecisionContext:
                     append([score, inst])
             self.live.derived[key] = (self.topology, [[score, inst] for score, inst in got])
             self.decode[cluster] = got
+        return got
+
+    def least_loaded_decode(self, cluster: str) -> list[Any]:
+        """The least loaded entry of a non-empty decode pool (the first of equals)."""
+        got = self.least_decode.get(cluster)
+        if got is None:
+            pool = self.decode_pool(cluster)
+            if self.books:
+                got = min(pool, key=_first)
+            else:
+                key = ("least_decode", cluster)
+                memo = self.live.derived.get(key)
+                if memo is None or memo[0] is not pool:
+                    memo = (pool, min(pool, key=_first))
+                    self.live.derived[key] = memo
+                got = memo[1]
+            self.least_decode[cluster] = got
         return got
 
     def index_of(self, cluster: str) -> dict[str, list[Any]]:
@@ -272,7 +335,7 @@ def prefill_pick(
     # The least backlogged instance, or one holding a longer prefix: any other instance
     # has at least that backlog and no better prefix, so it cannot finish first.
     topology = ctx.topology
-    best = min(pool, key=_second)
+    best = ctx.least_backlogged(cluster)
     best_cached = base_cached
     if own:
         c = own.get(best[0].name, 0)
@@ -308,7 +371,7 @@ def decode_pick(
     if not use_load:
         # No trustworthy load: spread requests by a hash instead of piling onto one.
         return pool[spread_key(request) % len(pool)]
-    return min(pool, key=_first)
+    return ctx.least_loaded_decode(origin)
 
 
 class PrfaasOption:
@@ -348,8 +411,8 @@ class PrfaasOption:
     ttft: float
 
 
-def placement_of(inst: InstanceSpec) -> Placement:
-    return Placement(inst.cluster, inst.name, inst.endpoint)
+def placement_of(topology: Topology, inst: InstanceSpec) -> Placement:
+    return topology.placement_by_name[inst.name]
 
 
 def link_headroom(ctx: DecisionContext, link: LinkSpec) -> int:
@@ -377,8 +440,11 @@ def prfaas_evaluate(
     pd_holder: str | None,
     pd_exact: bool,
     stale: bool,
+    kv_bytes: int,
 ) -> PrfaasOption | None:
-    """How offloading to ``link.source`` would go; None if it has no active prefill."""
+    """How offloading to ``link.source`` would go; None if it has no active prefill.
+    ``kv_bytes``: the KV the decode side needs, whichever cluster prefills
+    (``topology.kv_transfer_bytes(prompt, l_pd)``, computed once per request)."""
     topology = ctx.topology
     guards = ctx.policy.guards
     cluster = link.source
@@ -393,7 +459,7 @@ def prfaas_evaluate(
     else:
         load = ctx.live.links.get(link.key)
         util = (load.egress_gbps / link.gbps) if load is not None else 0.0
-        backlog = sum(e[1] for e in pool) / len(pool)
+        backlog = ctx.mean_backlog(cluster)
         if util >= link.scarce_at(guards) or backlog >= guards.prfaas_backlog_s:
             scarce = True
         elif util <= link.abundant_at(guards) and backlog <= guards.prfaas_backlog_clear_s:
@@ -426,7 +492,7 @@ def prfaas_evaluate(
         ttft += transfer_seconds(move_bytes, link, util)
     opt.entry, opt.cached = entry, cached
     # KV the decode side needs: everything but the prefix the PD cluster already holds.
-    opt.kv_bytes = topology.kv_transfer_bytes(prompt, l_pd)
+    opt.kv_bytes = kv_bytes
     reserve += opt.kv_bytes
     compute = topology.prefill_seconds(cluster, prompt - cached)
     # Layer-wise pipelining hides the KV transfer behind compute; only the excess shows.
@@ -439,6 +505,11 @@ def prfaas_evaluate(
 def prefill_book(ctx: DecisionContext, entry: list[Any], seconds: float) -> None:
     if ctx.books:
         entry[1] += seconds
+        cluster = entry[0].cluster
+        if cluster in ctx.backlog_sums:
+            ctx.backlog_sums[cluster] += seconds
+        if ctx.least.get(cluster) is entry:
+            del ctx.least[cluster]
 
 
 def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None:
@@ -450,3 +521,5 @@ def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None
 def decode_book(ctx: DecisionContext, entry: list[Any]) -> None:
     if ctx.books:
         entry[0] += 1.0
+        if ctx.least_decode.get(entry[1].cluster) is entry:
+            del ctx.least_decode[entry[1].cluster]

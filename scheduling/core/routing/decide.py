@@ -98,8 +98,8 @@ def _local_decision(
     decode_book(ctx, decode)
     return RouteDecision(
         route="local",
-        prefill=placement_of(inst),
-        decode=placement_of(decode[1]),
+        prefill=placement_of(ctx.topology, inst),
+        decode=placement_of(ctx.topology, decode[1]),
         incremental_tokens=prompt - cached,
         cached_tokens=cached,
         threshold=t_eff,
@@ -138,8 +138,8 @@ def _prfaas_decision(
     decode_book(ctx, decode)
     return RouteDecision(
         route="prfaas",
-        prefill=placement_of(inst),
-        decode=placement_of(decode[1]),
+        prefill=placement_of(ctx.topology, inst),
+        decode=placement_of(ctx.topology, decode[1]),
         incremental_tokens=prompt - opt.cached,
         cached_tokens=opt.cached,
         threshold=t_eff,
@@ -194,10 +194,16 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
         )
 
     options: list[PrfaasOption] = []
-    for link in topology.links_into.get(origin, ()):
-        opt = prfaas_evaluate(ctx, request, hits, link, l_pd, pd_holder, pd_exact, stale)
-        if opt is not None:
-            options.append(opt)
+    links = topology.links_into.get(origin, ())
+    if links:
+        # KV the decode side needs: everything but the prefix the PD cluster already holds.
+        kv_need = topology.kv_transfer_bytes(prompt, l_pd)
+        for link in links:
+            opt = prfaas_evaluate(
+                ctx, request, hits, link, l_pd, pd_holder, pd_exact, stale, kv_need
+            )
+            if opt is not None:
+                options.append(opt)
     ttft_prfaas = min((o.ttft for o in options), default=None)
 
     local_pool = ctx.prefill_pool(origin)

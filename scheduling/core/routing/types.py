@@ -258,6 +258,9 @@ class Topology:
     )
     prefill_curve: dict[str, PiecewiseLinear] = field(init=False, repr=False, compare=False)
     kv_curve: PiecewiseLinear = field(init=False, repr=False, compare=False)
+    # instance name -> where a decision places work on it (immutable, so shared by every
+    # decision instead of one object per decision).
+    placement_by_name: dict[str, Placement] = field(init=False, repr=False, compare=False)
     linear_state_bytes: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -336,6 +339,11 @@ class Topology:
             into[link.target].append(link)
         set_(self, "cluster_by_name", clusters)
         set_(self, "instance_by_name", instances)
+        set_(
+            self,
+            "placement_by_name",
+            {n: Placement(i.cluster, i.name, i.endpoint) for n, i in instances.items()},
+        )
         set_(self, "prefill_by_cluster", {k: tuple(v) for k, v in prefill.items()})
         set_(self, "decode_by_cluster", {k: tuple(v) for k, v in decode.items()})
         # (name, instance, active in the inventory): what the per-request loops read.

@@ -344,13 +344,18 @@ def prefill_pick(
     best_cost = best[1] + topology.prefill_seconds(cluster, prompt - best_cached)
     if own:
         index = ctx.index_of(cluster)
+        # A prefix is often held by several instances at the same length: T once per length.
+        seconds: dict[int, float] = {}
         for name, tokens in own.items():
-            held = index.get(name)
-            if held is None or held is best:
+            entry = index.get(name)
+            # T is never negative: a backlog at or past the best cost cannot beat it.
+            if entry is None or entry is best or entry[1] >= best_cost:
                 continue
-            entry = held
             cached = tokens if tokens > base_cached else base_cached
-            cost = entry[1] + topology.prefill_seconds(cluster, prompt - cached)
+            t = seconds.get(cached)
+            if t is None:
+                t = seconds[cached] = topology.prefill_seconds(cluster, prompt - cached)
+            cost = entry[1] + t
             if cost < best_cost:
                 best, best_cost, best_cached = entry, cost, cached
     return best, best_cached

@@ -22,13 +22,13 @@ oversized body is never read.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from django.conf import settings
 
 from controlplane.errors import UNAUTHORIZED_DETAIL, PayloadTooLarge, error_json
+from controlplane.middleware import request_id_new
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -60,7 +60,7 @@ def _credentialless(scope: Scope, headers: dict[bytes, bytes]) -> bool:
 
 async def _refuse(send: Send, headers: dict[bytes, bytes], status: int, body: bytes) -> None:
     # The caller's request id echoed (or one made), as RequestIdMiddleware does for the rest.
-    request_id = headers.get(b"x-request-id", b"")[:64] or uuid.uuid4().hex.encode()
+    request_id = headers.get(b"x-request-id", b"")[:64] or request_id_new().encode()
     await send(
         {
             "type": "http.response.start",

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import gc
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http.request import split_domain_port, validate_host
 
 from controlplane.auth import abearer_authorize
 from controlplane.errors import ApiError, PayloadTooLarge, error_json
+from controlplane.middleware import request_id_new
 from controlplane.parser import json_content_type_check
 from scheduling.api.route import route_answer, route_wire_decode
 
@@ -60,14 +63,58 @@ SECURITY_HEADERS = [
 ]
 
 
-def _secure(scope: Scope) -> bool:
+@dataclass(frozen=True)
+class _Conf:
+    """The settings this door reads on every call, read once: each ``settings.X`` is a
+    Python-level attribute hook (LazyObject), and with the Host check they were ~8% of a
+    single call's CPU. Read again when a setting changes (tests override them)."""
+
+    max_body: int
+    hsts: int
+    # (header name as in ASGI scope headers, value meaning https), or None
+    proxy_ssl: tuple[bytes, str] | None
+    allowed_hosts: tuple[str, ...]
+    # Host header -> allowed (bounded: a flood of made-up names only empties it)
+    hosts_seen: dict[str, bool]
+
+
+_conf: _Conf | None = None
+_HOSTS_SEEN_MAX = 256
+
+
+def _conf_get() -> _Conf:
+    global _conf
+    if _conf is None:
+        proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+        allowed = list(settings.ALLOWED_HOSTS)
+        if settings.DEBUG and not allowed:
+            allowed = [".localhost", "127.0.0.1", "[::1]"]  # Django's own DEBUG default
+        _conf = _Conf(
+            max_body=int(settings.API_MAX_BODY_BYTES),
+            hsts=int(getattr(settings, "SECURE_HSTS_SECONDS", 0) or 0),
+            proxy_ssl=(
+                (proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode(), proxy[1])
+                if proxy
+                else None
+            ),
+            allowed_hosts=tuple(allowed),
+            hosts_seen={},
+        )
+    return _conf
+
+
+@receiver(setting_changed)
+def _conf_forget(**kwargs: Any) -> None:
+    global _conf
+    _conf = None
+
+
+def _secure(scope: Scope, conf: _Conf) -> bool:
     if scope.get("scheme") == "https":
         return True
-    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-    if not proxy:
+    if conf.proxy_ssl is None:
         return False
-    name = proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode()
-    return _header(scope, name) == proxy[1]
+    return _header(scope, conf.proxy_ssl[0]) == conf.proxy_ssl[1]
 
 
 async def _send_json(scope: Scope, send: Send, status: int, body: bytes, request_id: str) -> None:
@@ -77,21 +124,25 @@ async def _send_json(scope: Scope, send: Send, status: int, body: bytes, request
         (b"x-request-id", request_id.encode()),
         *SECURITY_HEADERS,
     ]
-    hsts = int(getattr(settings, "SECURE_HSTS_SECONDS", 0) or 0)
-    if hsts and _secure(scope):
-        headers.append((b"strict-transport-security", f"max-age={hsts}".encode()))
+    conf = _conf_get()
+    if conf.hsts and _secure(scope, conf):
+        headers.append((b"strict-transport-security", f"max-age={conf.hsts}".encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def _host_allowed(scope: Scope) -> bool:
+def _host_allowed(scope: Scope, conf: _Conf) -> bool:
     """Django's ``ALLOWED_HOSTS`` rule, which this door would otherwise skip."""
     host = _header(scope, b"host") or ""
-    domain, _port = split_domain_port(host)
-    allowed = list(settings.ALLOWED_HOSTS)
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]  # Django's own DEBUG default
-    return bool(domain) and validate_host(domain, allowed)
+    seen = conf.hosts_seen
+    got = seen.get(host)
+    if got is None:
+        domain, _port = split_domain_port(host)
+        got = bool(domain) and validate_host(domain, conf.allowed_hosts)
+        if len(seen) >= _HOSTS_SEEN_MAX:
+            seen.clear()
+        seen[host] = got
+    return got
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -118,12 +169,13 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 async def _route(scope: Scope, receive: Receive, token: str, batch: bool) -> bytes:
-    if not _host_allowed(scope):
+    conf = _conf_get()
+    if not _host_allowed(scope, conf):
         raise ApiError("the Host header names no host this server answers to", code="bad_host")
     # The caller first, then its body: an unauthenticated upload is refused unread.
     await abearer_authorize(token, "router")
     json_content_type_check(_header(scope, b"content-type"))
-    body = await _read_body(scope, receive, int(settings.API_MAX_BODY_BYTES))
+    body = await _read_body(scope, receive, conf.max_body)
     try:
         # One pass of msgspec: JSON to checked structs (the pydantic door's bounds).
         inputs = route_wire_decode(body, batch=batch)
@@ -158,7 +210,7 @@ def route_fast_path(app: ASGIApp) -> ASGIApp:
             auth = _header(scope, b"authorization") if batch is not None else None
             if batch is not None and auth is not None and auth.startswith("Bearer "):
                 supplied = _header(scope, b"x-request-id")
-                request_id = supplied[:64] if supplied else uuid.uuid4().hex
+                request_id = supplied[:64] if supplied else request_id_new()
                 token = auth[len("Bearer ") :].strip()
                 try:
                     status, out = 200, await _route(scope, receive, token, batch)

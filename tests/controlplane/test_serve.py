@@ -9,9 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import psutil
 import pytest
@@ -20,6 +18,7 @@ from django.db import connection
 
 from controlplane.serve import BALANCED
 from tests.support.servers import ROOT, control_plane_serve, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = [
     pytest.mark.django_db,
@@ -83,21 +82,11 @@ def holders(workers: list[psutil.Process], socks: list[socket.socket]) -> dict[i
     return held
 
 
-def wait_for(check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not true within {timeout_s} s: {check}")
-
-
 def test_a_burst_of_connections_is_shared_by_both_workers(
     two_workers: tuple[int, subprocess.Popen[bytes]],
 ) -> None:
     port, proc = two_workers
-    workers = wait_for(lambda: len(workers_of(proc)) == 2 and workers_of(proc))
+    workers = wait_for("two workers", lambda: len(workers_of(proc)) == 2 and workers_of(proc))
     socks = burst(port, 16)
     try:
         held = holders(workers, socks)
@@ -113,14 +102,17 @@ def test_a_worker_that_dies_is_replaced_and_the_address_keeps_answering(
     two_workers: tuple[int, subprocess.Popen[bytes]],
 ) -> None:
     port, proc = two_workers
-    before = wait_for(lambda: len(workers_of(proc)) == 2 and workers_of(proc))
+    before = wait_for("two workers", lambda: len(workers_of(proc)) == 2 and workers_of(proc))
     before[0].kill()
     after = wait_for(
-        lambda: len(ws := workers_of(proc)) == 2 and before[0].pid not in {w.pid for w in ws} and ws
+        "a replacement worker",
+        lambda: (
+            len(ws := workers_of(proc)) == 2 and before[0].pid not in {w.pid for w in ws} and ws
+        ),
     )
     assert before[1].pid in {w.pid for w in after}
     # The replacement listens too: a burst reaches both workers again.
-    socks = wait_for(lambda: _burst_on_both(port, after))
+    socks = wait_for("a burst on both workers", lambda: _burst_on_both(port, after))
     for s in socks:
         s.close()
 
@@ -138,7 +130,7 @@ def test_sigterm_stops_every_worker_and_the_launcher_exits_cleanly(
     two_workers: tuple[int, subprocess.Popen[bytes]],
 ) -> None:
     _, proc = two_workers
-    workers = wait_for(lambda: len(workers_of(proc)) == 2 and workers_of(proc))
+    workers = wait_for("two workers", lambda: len(workers_of(proc)) == 2 and workers_of(proc))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     gone, alive = psutil.wait_procs(workers, timeout=5)

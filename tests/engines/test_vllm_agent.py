@@ -31,6 +31,7 @@ from scheduling.core import kv_events
 from tests.engines.vllm import VllmServer, low_free_ports, vllm_server
 from tests.engines.vllm_env import VllmEnv, prepare
 from tests.factories import api_token
+from tests.support import waiting
 from tests.support.fleets import pd_prfaas_fleet
 from tests.support.servers import ROOT, control_plane_serve, free_port
 
@@ -43,14 +44,7 @@ PREFIX = " ".join(f"word{i} token{i * 3} block{i * 5}" for i in range(60)) + " "
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
+    return waiting.wait_for(what, check, timeout_s, interval_s=0.25)
 
 
 @pytest.fixture(scope="module")

@@ -162,8 +162,12 @@ async def test_fast_path_refuses_a_host_outside_allowed_hosts(
     fast: httpx.AsyncClient, fleet: Fleet, settings: Any
 ) -> None:
     # Issue 13: this door skipped Django's ALLOWED_HOSTS check.
-    settings.ALLOWED_HOSTS = ["cp.example.org"]
     body = {"origin": "pd-a", "prompt_tokens": 1}
+    evil = {**fleet.router, "Host": "evil.example"}
+    assert "*" in settings.ALLOWED_HOSTS
+    assert (await fast.post("/api/v1/route", json=body, headers=evil)).status_code == 200
+    # The door remembers the hosts it has checked, until a setting changes.
+    settings.ALLOWED_HOSTS = ["cp.example.org"]
     r = await fast.post(
         "/api/v1/route", json=body, headers={**fleet.router, "Host": "evil.example"}
     )
@@ -172,3 +176,18 @@ async def test_fast_path_refuses_a_host_outside_allowed_hosts(
         "/api/v1/route", json=body, headers={**fleet.router, "Host": "cp.example.org"}
     )
     assert ok.status_code == 200, ok.text
+
+
+async def test_fast_path_answers_carry_a_request_id_of_their_own_or_the_callers(
+    fast: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    body = {"origin": "pd-a", "prompt_tokens": 1}
+    made = [
+        (await fast.post("/api/v1/route", json=body, headers=fleet.router)).headers["x-request-id"]
+        for _ in range(3)
+    ]
+    assert len(set(made)) == 3
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in made)
+    given = {**fleet.router, "X-Request-ID": "router-42"}
+    r = await fast.post("/api/v1/route", json=body, headers=given)
+    assert r.headers["x-request-id"] == "router-42"

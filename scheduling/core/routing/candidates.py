@@ -347,10 +347,11 @@ def prefill_pick(
         # A prefix is often held by several instances at the same length: T once per length.
         seconds: dict[int, float] = {}
         for name, tokens in own.items():
-            entry = index.get(name)
+            held = index.get(name)
             # T is never negative: a backlog at or past the best cost cannot beat it.
-            if entry is None or entry is best or entry[1] >= best_cost:
+            if held is None or held is best or held[1] >= best_cost:
                 continue
+            entry = held
             cached = tokens if tokens > base_cached else base_cached
             t = seconds.get(cached)
             if t is None:

@@ -8,6 +8,7 @@ cost. :mod:`scheduling.core.routing.decide` chooses among them.
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from collections.abc import Iterable
 from operator import itemgetter
@@ -48,8 +49,7 @@ class DecisionContext:
         "books",
         "decode",
         "extra_inflight",
-        "least",
-        "least_decode",
+        "heaps",
         "live",
         "policy",
         "pool_index",
@@ -72,15 +72,16 @@ class DecisionContext:
         self.extra_inflight: dict[tuple[str, str], int] = {}
         # cluster -> {instance name: pool entry}, built only when a request has hits there
         self.pool_index: dict[str, dict[str, list[Any]]] = {}
-        # cluster -> its pool's least backlogged entry and backlog total. Every request reads
-        # them (once per PrfaaS cluster and for the origin), so they are not rescanned per
-        # read: memoised per live state for single decisions, kept up to date by the bookings
-        # of a batch (booking only adds work, so only the least entry's own booking can
-        # change which entry is least).
-        self.least: dict[str, list[Any]] = {}
+        # Every request reads each pool's least loaded entry (once per PrfaaS cluster and for
+        # the origin) and the PrfaaS pools' backlog totals, so they are not rescanned per read.
+        # A single decision reads them memoised per live state. A batch books its own work,
+        # so it keeps a heap per pool, (value when pushed, position, entry): bookings only
+        # add, so an entry whose value moved since is pushed again with its value when it
+        # reaches the top, and the top is then the least (first of equals, as min gives).
+        # ("prefill" | "decode", cluster) -> heap
+        self.heaps: dict[tuple[str, str], list[tuple[float, int, list[Any]]]] = {}
+        # cluster -> backlog total of its prefill pool, this batch's bookings included
         self.backlog_sums: dict[str, float] = {}
-        # cluster -> its decode pool's least loaded entry, the same way.
-        self.least_decode: dict[str, list[Any]] = {}
 
     def prefill_pool(self, cluster: str) -> list[list[Any]]:
         got = self.pools.get(cluster)
@@ -96,39 +97,45 @@ class DecisionContext:
             self.pools[cluster] = got
         return got
 
-    def _pool_stats(self, cluster: str) -> None:
-        pool = self.prefill_pool(cluster)
-        if self.books:
-            if cluster not in self.backlog_sums:
-                self.backlog_sums[cluster] = sum(e[1] for e in pool)
-            if pool:
-                self.least[cluster] = min(pool, key=_second)
-            return
-        key = ("least", cluster)
+    def _memo_least(self, kind: str, cluster: str, pool: list[list[Any]], at: int) -> Any:
+        """A single decision's (least entry, value total) of a pool, once per live state."""
+        key = ("least", kind, cluster)
         memo = self.live.derived.get(key)
         if memo is None or memo[0] is not pool:
-            least = min(pool, key=_second) if pool else None
-            memo = (pool, least, sum(e[1] for e in pool))
+            least = min(pool, key=itemgetter(at)) if pool else None
+            memo = (pool, least, sum(e[at] for e in pool))
             self.live.derived[key] = memo
-        if memo[1] is not None:
-            self.least[cluster] = memo[1]
-        self.backlog_sums[cluster] = memo[2]
+        return memo
+
+    def _heap_least(self, kind: str, cluster: str, pool: list[list[Any]], at: int) -> list[Any]:
+        heap = self.heaps.get((kind, cluster))
+        if heap is None:
+            heap = [(e[at], i, e) for i, e in enumerate(pool)]
+            heapq.heapify(heap)
+            self.heaps[(kind, cluster)] = heap
+        while True:
+            value, i, entry = heap[0]
+            now = entry[at]
+            if now == value or now != now:  # (a NaN never equals itself: no endless loop)
+                return entry
+            heapq.heapreplace(heap, (now, i, entry))
 
     def least_backlogged(self, cluster: str) -> list[Any]:
-        """The least backlogged entry of a non-empty pool (the first of equals)."""
-        got = self.least.get(cluster)
-        if got is None:
-            self._pool_stats(cluster)
-            got = self.least[cluster]
-        return got
+        """The least backlogged entry of a non-empty prefill pool (the first of equals)."""
+        pool = self.prefill_pool(cluster)
+        if self.books:
+            return self._heap_least("prefill", cluster, pool, 1)
+        return self._memo_least("prefill", cluster, pool, 1)[1]
 
     def mean_backlog(self, cluster: str) -> float:
-        """Mean backlog of a non-empty pool, this batch's bookings included."""
+        """Mean backlog of a non-empty prefill pool, this batch's bookings included."""
+        pool = self.prefill_pool(cluster)
+        if not self.books:
+            return float(self._memo_least("prefill", cluster, pool, 1)[2]) / len(pool)
         total = self.backlog_sums.get(cluster)
         if total is None:
-            self._pool_stats(cluster)
-            total = self.backlog_sums[cluster]
-        return total / len(self.pools[cluster])
+            total = self.backlog_sums[cluster] = sum(e[1] for e in pool)
+        return total / len(pool)
 
     def decode_pool(self, cluster: str) -> list[list[Any]]:
         """Active decode instances of ``cluster`` as ``[score, instance]``: the ordering key
@@ -166,20 +173,10 @@ class DecisionContext:
 
     def least_loaded_decode(self, cluster: str) -> list[Any]:
         """The least loaded entry of a non-empty decode pool (the first of equals)."""
-        got = self.least_decode.get(cluster)
-        if got is None:
-            pool = self.decode_pool(cluster)
-            if self.books:
-                got = min(pool, key=_first)
-            else:
-                key = ("least_decode", cluster)
-                memo = self.live.derived.get(key)
-                if memo is None or memo[0] is not pool:
-                    memo = (pool, min(pool, key=_first))
-                    self.live.derived[key] = memo
-                got = memo[1]
-            self.least_decode[cluster] = got
-        return got
+        pool = self.decode_pool(cluster)
+        if self.books:
+            return self._heap_least("decode", cluster, pool, 0)
+        return self._memo_least("decode", cluster, pool, 0)[1]
 
     def index_of(self, cluster: str) -> dict[str, list[Any]]:
         got = self.pool_index.get(cluster)
@@ -514,8 +511,6 @@ def prefill_book(ctx: DecisionContext, entry: list[Any], seconds: float) -> None
         cluster = entry[0].cluster
         if cluster in ctx.backlog_sums:
             ctx.backlog_sums[cluster] += seconds
-        if ctx.least.get(cluster) is entry:
-            del ctx.least[cluster]
 
 
 def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None:
@@ -527,5 +522,3 @@ def link_book(ctx: DecisionContext, reservation: LinkReservation | None) -> None
 def decode_book(ctx: DecisionContext, entry: list[Any]) -> None:
     if ctx.books:
         entry[0] += 1.0
-        if ctx.least_decode.get(entry[1].cluster) is entry:
-            del ctx.least_decode[entry[1].cluster]

@@ -502,6 +502,54 @@ def test_a_batch_decides_like_single_calls_except_for_the_load_it_adds_itself() 
     assert replace(batch[1], decode=single[1].decode) == single[1]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    backlogs=st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0]), min_size=8, max_size=8),
+    busy=st.lists(st.integers(0, 3), min_size=6, max_size=6),
+    items=st.lists(
+        st.tuples(
+            st.integers(600, 19000), st.none() | st.tuples(st.integers(0, 7), st.integers(1, 30))
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_each_decision_of_a_batch_picks_what_finishes_first_after_the_batchs_own_bookings(
+    backlogs: list[float], busy: list[int], items: list[tuple[int, tuple[int, int] | None]]
+) -> None:
+    # What a batch keeps of its pools (the least loaded entry, as work is booked) must give
+    # every decision the pick a full scan would, however the bookings reorder the pools.
+    topo = make_topology(n_prefill=8, n_decode=6)
+    loads = {f"pd-p{i}": InstanceLoad(queued_prefill_s=b) for i, b in enumerate(backlogs)}
+    loads |= {f"pd-d{i}": InstanceLoad(running=r) for i, r in enumerate(busy)}
+    requests = [
+        req(prompt, *([PrefixMatch(PD, blocks * 512, f"pd-p{held[0]}")] if held else []))
+        for prompt, held in items
+        for blocks in [held[1] if held else 0]
+    ]
+    decisions = route_decide_many(requests, make_policy(), topo, fresh(instances=loads))
+    backlog = {f"pd-p{i}": b for i, b in enumerate(backlogs)}
+    slots = {f"pd-d{i}": float(r) for i, r in enumerate(busy)}
+    for (prompt, held), d in zip(items, decisions, strict=True):
+        assert d.route == "local"
+
+        def cached(name: str, prompt: int = prompt, held: tuple[int, int] | None = held) -> int:
+            hit = held is not None and name == f"pd-p{held[0]}"
+            return min(held[1] * 512, prompt - 1) if hit and held else 0
+
+        def cost(name: str, prompt: int = prompt) -> float:
+            return backlog[name] + topo.prefill_seconds(PD, prompt - cached(name))
+
+        best = min(cost(name) for name in backlog)
+        assert cost(d.prefill.instance) == pytest.approx(best, abs=1e-12)
+        if held is None:  # the first of the least backlogged, as a scan in pool order finds
+            assert d.prefill.instance == min(backlog, key=lambda n: (backlog[n], int(n[4:])))
+        assert d.cached_tokens == cached(d.prefill.instance)
+        backlog[d.prefill.instance] += topo.prefill_seconds(PD, prompt - d.cached_tokens)
+        assert d.decode.instance == min(slots, key=lambda n: (slots[n], int(n[4:])))
+        slots[d.decode.instance] += 1.0
+
+
 def test_reservation_fits_checks_the_live_in_flight_bytes() -> None:
     topo = make_topology(budget=1000)
     live = fresh(links={LINK: LinkLoad(inflight_bytes=600)})

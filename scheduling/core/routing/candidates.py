@@ -300,12 +300,13 @@ def prefill_pick(
     hits: PrefixHits,
     extra_cached: int,
     use_load: bool,
-) -> tuple[list[Any], int] | None:
+) -> tuple[list[Any], int, float] | None:
     """The active prefill instance of ``cluster`` that finishes this request first:
     least ``backlog + T(prompt - its usable prefix)``, i.e. cache-affine but load-aware.
 
-    Returns (pool entry ``[instance, backlog_s]``, cached tokens there), or None when the
-    cluster has no active prefill instance. ``extra_cached``: tokens a cache transfer would
+    Returns (pool entry ``[instance, backlog_s]``, cached tokens there, T of the rest there:
+    the prefill seconds the caller books), or None when the cluster has no active prefill
+    instance. ``extra_cached``: tokens a cache transfer would
     bring to whichever instance wins. Without trustworthy load (``use_load=False``) the
     longest hit wins and ties are spread by a hash of the request.
     """
@@ -328,7 +329,11 @@ def prefill_pick(
                 longest, ties = c, [entry]
             elif c == longest:
                 ties.append(entry)
-        return ties[spread_key(request) % len(ties)], longest
+        return (
+            ties[spread_key(request) % len(ties)],
+            longest,
+            ctx.topology.prefill_seconds(cluster, prompt - longest),
+        )
     # The least backlogged instance, or one holding a longer prefix: any other instance
     # has at least that backlog and no better prefix, so it cannot finish first.
     topology = ctx.topology
@@ -338,7 +343,8 @@ def prefill_pick(
         c = own.get(best[0].name, 0)
         if c > best_cached:
             best_cached = c
-    best_cost = best[1] + topology.prefill_seconds(cluster, prompt - best_cached)
+    best_t = topology.prefill_seconds(cluster, prompt - best_cached)
+    best_cost = best[1] + best_t
     if own:
         index = ctx.index_of(cluster)
         # A prefix is often held by several instances at the same length: T once per length.
@@ -355,8 +361,8 @@ def prefill_pick(
                 t = seconds[cached] = topology.prefill_seconds(cluster, prompt - cached)
             cost = entry[1] + t
             if cost < best_cost:
-                best, best_cost, best_cached = entry, cost, cached
-    return best, best_cached
+                best, best_cost, best_cached, best_t = entry, cost, cached, t
+    return best, best_cached, best_t
 
 
 def decode_pick(
@@ -384,6 +390,7 @@ class PrfaasOption:
         "backlog",
         "cached",
         "cluster",
+        "compute",
         "decision_tokens",
         "entry",
         "kv_bytes",
@@ -409,6 +416,8 @@ class PrfaasOption:
     move_in: tuple[str | None, int, int] | None
     entry: list[Any]
     cached: int
+    #: prefill seconds of the uncached rest on ``entry``
+    compute: float
     kv_bytes: int
     reserve_bytes: int
     ttft: float
@@ -485,7 +494,7 @@ def prfaas_evaluate(
         extra = l_pd
     picked = prefill_pick(ctx, cluster, request, hits, extra, not stale)
     assert picked is not None
-    entry, cached = picked
+    entry, cached, compute = picked
     reserve = 0
     ttft = entry[1] + link.rtt_ms / 1000.0
     if extra and cached == extra and hits.by_instance.get(entry[0].name, 0) < extra:
@@ -497,7 +506,7 @@ def prfaas_evaluate(
     # KV the decode side needs: everything but the prefix the PD cluster already holds.
     opt.kv_bytes = kv_bytes
     reserve += opt.kv_bytes
-    compute = topology.prefill_seconds(cluster, prompt - cached)
+    opt.compute = compute
     # Layer-wise pipelining hides the KV transfer behind compute; only the excess shows.
     ttft += compute + max(0.0, transfer_seconds(opt.kv_bytes, link, util) - compute)
     opt.reserve_bytes = reserve

@@ -82,9 +82,8 @@ def _local_decision(
         raise RouteUnavailable(
             f"pd cluster {origin!r} has no active prefill instance", code=Reason.ORIGIN_UNAVAILABLE
         )
-    entry, cached = picked
+    entry, cached, compute = picked
     inst = entry[0]
-    compute = topology.prefill_seconds(origin, prompt - cached)
     ttft = entry[1] + compute
     cache_transfer = None
     reservation = None
@@ -134,7 +133,7 @@ def _prfaas_decision(
         )
     reservation = LinkReservation(opt.link.source, opt.link.target, opt.reserve_bytes)
     link_book(ctx, reservation)
-    prefill_book(ctx, opt.entry, ctx.topology.prefill_seconds(opt.cluster, prompt - opt.cached))
+    prefill_book(ctx, opt.entry, opt.compute)
     decode_book(ctx, decode)
     return RouteDecision(
         route="prfaas",
@@ -226,7 +225,7 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
     def local_ttft() -> float:
         picked = prefill_pick(ctx, origin, request, hits, 0, not stale)
         assert picked is not None
-        return picked[0][1] + topology.prefill_seconds(origin, prompt - picked[1])
+        return picked[0][1] + picked[2]
 
     incr_local = prompt - l_pd
     if not options:

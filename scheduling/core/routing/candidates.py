@@ -33,8 +33,6 @@ from scheduling.core.routing.types import (
     Topology,
 )
 
-_first = itemgetter(0)
-_second = itemgetter(1)
 # Used when a link is fully busy: the transfer estimate then assumes this share of the line
 # rate, so that a saturated link gives a large but finite TTFT instead of a division by zero.
 _MIN_BANDWIDTH_SHARE = 0.05
@@ -306,9 +304,9 @@ def prefill_pick(
 
     Returns (pool entry ``[instance, backlog_s]``, cached tokens there, T of the rest there:
     the prefill seconds the caller books), or None when the cluster has no active prefill
-    instance. ``extra_cached``: tokens a cache transfer would
-    bring to whichever instance wins. Without trustworthy load (``use_load=False``) the
-    longest hit wins and ties are spread by a hash of the request.
+    instance. ``extra_cached``: tokens a cache transfer would bring to whichever instance
+    wins. Without trustworthy load (``use_load=False``) the longest hit wins and ties are
+    spread by a hash of the request.
     """
     pool = ctx.prefill_pool(cluster)
     if not pool:
@@ -503,7 +501,6 @@ def prfaas_evaluate(
         reserve += move_bytes
         ttft += transfer_seconds(move_bytes, link, util)
     opt.entry, opt.cached = entry, cached
-    # KV the decode side needs: everything but the prefix the PD cluster already holds.
     opt.kv_bytes = kv_bytes
     reserve += opt.kv_bytes
     opt.compute = compute

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup system-deps demo test test-fuzz test-engines engines-env lint fmt bench clean
+.PHONY: setup system-deps demo test test-fuzz test-engines engines-env lint fmt bench bench-deps clean
 
 # Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
@@ -88,7 +88,15 @@ fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: setup
+# valgrind for bench/instructions.py (instruction counts: what a noisy machine does not move).
+bench-deps:
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null) \
+	      || { echo "could not install valgrind" >&2; exit 1; }; \
+	  else echo "missing system package: valgrind (bench/instructions.py needs it)" >&2; exit 1; fi; }
+
+bench: setup bench-deps
 	for f in bench/*.py; do $(PY) $$f || exit 1; done
 
 clean:

@@ -20,6 +20,8 @@ def main() -> None:
     sys.path.insert(0, root)
     import bench.router_pure as rp  # the checkout's own, hence imported here
 
+    # The requests are built here, as router_pure's main() builds them, rather than by a
+    # function of its: the commit compared against must have what this script calls.
     rng = random.Random(1)
     topology, policy, live = rp.build_fleet(rng)
     index = rp.SimulatedIndex(topology)

@@ -522,29 +522,24 @@ def test_each_decision_of_a_batch_picks_what_finishes_first_after_the_batchs_own
     topo = make_topology(n_prefill=8, n_decode=6)
     loads = {f"pd-p{i}": InstanceLoad(queued_prefill_s=b) for i, b in enumerate(backlogs)}
     loads |= {f"pd-d{i}": InstanceLoad(running=r) for i, r in enumerate(busy)}
+    # Each request's prefix, as {instance: cached tokens} (at most prompt - 1 counts).
+    held = [{f"pd-p{h[0]}": min(h[1] * 512, prompt - 1)} if h else {} for prompt, h in items]
     requests = [
-        req(prompt, *([PrefixMatch(PD, blocks * 512, f"pd-p{held[0]}")] if held else []))
-        for prompt, held in items
-        for blocks in [held[1] if held else 0]
+        req(prompt, *(PrefixMatch(PD, h[1] * 512, f"pd-p{h[0]}") for h in [hit] if h))
+        for prompt, hit in items
     ]
     decisions = route_decide_many(requests, make_policy(), topo, fresh(instances=loads))
     backlog = {f"pd-p{i}": b for i, b in enumerate(backlogs)}
     slots = {f"pd-d{i}": float(r) for i, r in enumerate(busy)}
-    for (prompt, held), d in zip(items, decisions, strict=True):
+    for (prompt, _), cached, d in zip(items, held, decisions, strict=True):
         assert d.route == "local"
-
-        def cached(name: str, prompt: int = prompt, held: tuple[int, int] | None = held) -> int:
-            hit = held is not None and name == f"pd-p{held[0]}"
-            return min(held[1] * 512, prompt - 1) if hit and held else 0
-
-        def cost(name: str, prompt: int = prompt) -> float:
-            return backlog[name] + topo.prefill_seconds(PD, prompt - cached(name))
-
-        best = min(cost(name) for name in backlog)
-        assert cost(d.prefill.instance) == pytest.approx(best, abs=1e-12)
-        if held is None:  # the first of the least backlogged, as a scan in pool order finds
+        cost = {
+            n: backlog[n] + topo.prefill_seconds(PD, prompt - cached.get(n, 0)) for n in backlog
+        }
+        assert cost[d.prefill.instance] == pytest.approx(min(cost.values()), abs=1e-12)
+        if not cached:  # the first of the least backlogged, as a scan in pool order finds
             assert d.prefill.instance == min(backlog, key=lambda n: (backlog[n], int(n[4:])))
-        assert d.cached_tokens == cached(d.prefill.instance)
+        assert d.cached_tokens == cached.get(d.prefill.instance, 0)
         backlog[d.prefill.instance] += topo.prefill_seconds(PD, prompt - d.cached_tokens)
         assert d.decode.instance == min(slots, key=lambda n: (slots[n], int(n[4:])))
         slots[d.decode.instance] += 1.0

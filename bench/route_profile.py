@@ -8,6 +8,7 @@ wall time per call and the functions that take the most of it (own time and cumu
 the HTTP server's share is what ``bench/route_api.py`` adds on top.
 
     .venv/bin/python bench/route_profile.py [--requests 3000] [--batches 20] [--top 25]
+                                            [--concurrency 1]
 
 ``--top -1`` times without cProfile (to run under ``py-spy record -- ...``).
 """
@@ -97,6 +98,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="single calls in flight (as route_api.py's levels: concurrent calls share Redis "
+        "round trips)",
+    )
     parser.add_argument("--top", type=int, default=25, help="-1: time only, no cProfile")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="route-profile-") as tmp:
@@ -171,8 +179,13 @@ def run(args: argparse.Namespace, secret: str) -> None:
     # the calls would be decided by the static rule, another path than the one to profile.
     async def single_run() -> None:
         await _telemetry_fresh(snap)
-        for body in singles:
-            await call(app, "/api/v1/route", body, headers)
+        n = max(1, args.concurrency)
+
+        async def caller(share: list[bytes]) -> None:
+            for body in share:
+                await call(app, "/api/v1/route", body, headers)
+
+        await asyncio.gather(*(caller(singles[k::n]) for k in range(n)))
 
     async def batch_run() -> None:
         await _telemetry_fresh(snap)
@@ -181,7 +194,8 @@ def run(args: argparse.Namespace, secret: str) -> None:
 
     loop.run_until_complete(warm())
     print(f"decisions by reason (the first {sum(reasons.values())} calls): {dict(reasons)}")
-    profiled("single requests", len(singles), 1, single_run, args.top)
+    label = f"single requests, {max(1, args.concurrency)} in flight"
+    profiled(label, len(singles), 1, single_run, args.top)
     profiled(f"batches of {size}", len(batches), size, batch_run, args.top)
 
 

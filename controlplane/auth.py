@@ -27,11 +27,13 @@ answering. A token never seen before gets 503 meanwhile; ``last_used_at`` writes
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -101,6 +103,20 @@ class _CachedToken:
     scopes: frozenset[str]
     expires_at: datetime | None
     binding: Binding | None = None
+
+    @cached_property
+    def principal(self) -> Principal:
+        """The caller it stands for, made once (Principal is immutable): a route call checks
+        a cached token on every request."""
+        return Principal(
+            name=self.name, scopes=self.scopes, token_id=self.token_id, binding=self.binding
+        )
+
+    @cached_property
+    def expires_ts(self) -> float:
+        """``expires_at`` as a POSIX time (infinity for none): compared with ``time.time()``
+        per call instead of making an aware datetime each time."""
+        return math.inf if self.expires_at is None else self.expires_at.timestamp()
 
 
 def _cache_ttl() -> float:
@@ -213,13 +229,9 @@ def _last_used_write(token_id: int) -> None:
 
 
 def _principal(cached: _CachedToken | None) -> Principal | None:
-    if cached is None:
+    if cached is None or cached.expires_ts <= time.time():
         return None
-    if cached.expires_at is not None and cached.expires_at <= timezone.now():
-        return None
-    return Principal(
-        name=cached.name, scopes=cached.scopes, token_id=cached.token_id, binding=cached.binding
-    )
+    return cached.principal
 
 
 def _bearer(request: HttpRequest) -> str | None:

@@ -48,6 +48,7 @@ from clusters.live import prefix_index, telemetry
 from clusters.live.scripts import (
     counters_queue,
     is_noscript,
+    script_call_async,
     scripts_ensure_async,
     scripts_forget,
 )
@@ -122,10 +123,10 @@ async def _matches_run(
 ) -> list[prefix_index.IndexMatch]:
     r = redis_async()
     await scripts_ensure_async(r)
-    pipe = r.pipeline(transaction=False)
-    prefix_index.prefix_matches_queue(pipe, chains, hybrid, by_sha=True)
-    raw = await pipe.execute()
-    return prefix_index.prefix_matches_parse(raw[0], len(chains), block_tokens)
+    raw = await script_call_async(
+        r, lambda pipe: prefix_index.prefix_matches_queue(pipe, chains, hybrid, by_sha=True)
+    )
+    return prefix_index.prefix_matches_parse(raw, len(chains), block_tokens)
 
 
 # One group-committed script per model shape (it changes only with the snapshot).
@@ -145,9 +146,10 @@ async def _matches(snap: Snapshot, chains: list[bytes]) -> list[prefix_index.Ind
 async def _reserve_run(items: list[telemetry.Reservation]) -> list[bool]:
     r = redis_async()
     await scripts_ensure_async(r)
-    pipe = r.pipeline(transaction=False)
-    telemetry.link_reserve_many_queue(pipe, items, time.time(), by_sha=True)
-    flat = (await pipe.execute())[0]
+    now = time.time()
+    flat = await script_call_async(
+        r, lambda pipe: telemetry.link_reserve_many_queue(pipe, items, now, by_sha=True)
+    )
     return [bool(int(flat[2 * k])) for k in range(len(items))]
 
 
@@ -506,16 +508,17 @@ async def route_records_flush() -> None:
         r = redis_async()
         async with asyncio.timeout(REDIS_DEADLINE_S):
             await scripts_ensure_async(r)
-            pipe = r.pipeline(transaction=False)
-            counters_queue(
-                pipe,
-                ints,
-                floats,
-                list_key=traffic.RECENT_KEY,
-                list_cap=traffic.RECENT_CAP,
-                entries=list(pending.entries),
+            await script_call_async(
+                r,
+                lambda pipe: counters_queue(
+                    pipe,
+                    ints,
+                    floats,
+                    list_key=traffic.RECENT_KEY,
+                    list_cap=traffic.RECENT_CAP,
+                    entries=list(pending.entries),
+                ),
             )
-            await pipe.execute()
     except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
         log.warning("route records not written (%s)", type(exc).__name__)
         if is_noscript(exc):

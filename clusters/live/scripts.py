@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -47,6 +47,30 @@ async def scripts_ensure_async(client: aioredis.Redis) -> None:
         pipe.script_load(script.source)
     await pipe.execute()
     _loaded[client] = True
+
+
+class _OneCommand:
+    """What a ``*_queue(pipe, ...)`` helper queues, taken as one command to send alone."""
+
+    def __init__(self) -> None:
+        self.args: tuple[Any, ...] = ()
+
+    def evalsha(self, *args: Any) -> None:
+        if self.args:
+            raise RuntimeError("script_call_async sends one command; this helper queued two")
+        self.args = ("EVALSHA", *args)
+
+
+async def script_call_async(client: aioredis.Redis, queue: Callable[[Any], None]) -> Any:
+    """Send the one scripted command ``queue(pipe)`` queues (by SHA: the caller loaded the
+    scripts), without a pipeline, and return its reply. On the route path redis-py's pipeline
+    object cost ~40 us of CPU per command more than a plain command (~125 against ~85 us per
+    round trip on the development machine); the replies and errors are the same."""
+    one = _OneCommand()
+    queue(one)
+    if not one.args:
+        raise RuntimeError("the helper queued no command")
+    return await client.execute_command(*one.args)
 
 
 def scripts_forget(client: aioredis.Redis) -> None:

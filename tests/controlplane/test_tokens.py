@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
@@ -138,6 +139,17 @@ def test_expiry_is_checked_on_every_request_even_when_cached(settings: Any) -> N
     assert auth.token_principal(secret) is not None
     ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     token_cache_clear()
+    assert auth.token_principal(secret) is None
+
+
+def test_a_cached_token_is_refused_from_the_moment_it_expires(settings: Any) -> None:
+    token, secret = api_token("read")
+    settings.API_TOKEN_CACHE_S = 3600
+    expires = timezone.now() + timedelta(seconds=0.5)
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=expires)
+    assert auth.token_principal(secret) is not None
+    time.sleep(max(0.0, (expires - timezone.now()).total_seconds()) + 0.05)
+    # Still cached (an hour), yet past its expiry: refused without asking the database.
     assert auth.token_principal(secret) is None
 
 

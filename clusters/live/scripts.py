@@ -63,9 +63,9 @@ class _OneCommand:
 
 async def script_call_async(client: aioredis.Redis, queue: Callable[[Any], None]) -> Any:
     """Send the one scripted command ``queue(pipe)`` queues (by SHA: the caller loaded the
-    scripts), without a pipeline, and return its reply. On the route path redis-py's pipeline
-    object cost ~40 us of CPU per command more than a plain command (~125 against ~85 us per
-    round trip on the development machine); the replies and errors are the same."""
+    scripts), without a pipeline, and return its reply. A one-command redis-py pipeline cost
+    18 to 30 us more client CPU per round trip than the command alone (``bench/redis_client.py``:
+    ~120 against ~95-100 us); the replies and errors are the same."""
     one = _OneCommand()
     queue(one)
     if not one.args:

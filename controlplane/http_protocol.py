@@ -27,26 +27,34 @@ from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
-class _Held:
-    """Stands in for the transport while uvicorn writes a response head: keeps the bytes."""
+class _StandIn:
+    """Put in place of the cycle's transport during one uvicorn ``send``: what it does not
+    override goes to the real transport."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.data: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.data.append(data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
 
 
-class _Prefixed:
-    """Stands in for the transport while uvicorn writes a response's first body chunk: the
-    held head goes out with it, in one write (and before anything else: a close, say)."""
+class _Held(_StandIn):
+    """While uvicorn writes a response head: keeps the bytes."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__(transport)
+        self.data: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+
+class _Prefixed(_StandIn):
+    """While uvicorn writes a response's first body chunk: the held head goes out with it, in
+    one write (and before anything else: a close, say)."""
 
     def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
-        self.transport = transport
+        super().__init__(transport)
         self.head: bytes | None = head
 
     def flush(self) -> None:
@@ -62,9 +70,6 @@ class _Prefixed:
     def close(self) -> None:
         self.flush()
         self.transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
 
 
 class HeadWithBodyCycle(RequestResponseCycle):

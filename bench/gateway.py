@@ -6,7 +6,9 @@ In one run it:
    with one PD cluster of one prefill and one decode instance and a router token, served by
    uvicorn;
 2. starts the fake PD workers (``fleet.fake_engine``: one prefill, one decode, the
-   shared-storage connector, one process each), the gateway in front of them
+   shared-storage connector, one process each, served by uvicorn: measured here, it costs
+   them less CPU per request than granian, which leaves the proxies more of the machine;
+   ``--engine-server``), the gateway in front of them
    (``python -m fleet.gateway``, deciding in process, reporting outcomes to the control
    plane), and sglang-router 0.3.2 in PD mode in front of the same workers (installed by the
    bench into its own cached venv, ``bench/support/sglang_router.py``);
@@ -28,7 +30,7 @@ never gates.
 
     .venv/bin/python bench/gateway.py [--requests 6000] [--concurrency 32] [--rate 1000]
                                       [--low-rate 300] [--rate-seconds 8] [--server granian]
-                                      [--gateway-workers N]
+                                      [--gateway-workers N] [--engine-server granian]
 """
 
 from __future__ import annotations
@@ -159,13 +161,13 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
                     [(f"{PD}-{role}", ports[role], "kv_both")],
                     connector="shared_storage",
                     storage=str(storage),
-                    server="granian",
+                    server=args.engine_server,
                     python=PY,
                 )
             )
             workers.update(urls)
             engine_pids.append(proc.pid)
-        time.sleep(0.5)  # granian's worker processes are up
+        time.sleep(0.5)  # granian's worker processes are up (with --engine-server granian)
         decode_pids = process_tree(engine_pids[1])  # prefill was started first
         gw_port = free_port()
         config = {
@@ -296,6 +298,12 @@ def main() -> None:
         help="gateway processes (default: one per CPU, as sglang-router's threads)",
     )
     parser.add_argument("--server", choices=("uvicorn", "granian"), default="granian")
+    parser.add_argument(
+        "--engine-server",
+        choices=("uvicorn", "granian"),
+        default="uvicorn",
+        help="the fake workers' server (the harness: the cheaper one leaves the proxies more CPU)",
+    )
     parser.add_argument(
         "--tokenizer",
         choices=("estimate", "engine"),

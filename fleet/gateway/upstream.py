@@ -14,6 +14,14 @@ connection goes back to the pool only after a complete answer that allows keep-a
 error, time-out or :meth:`Response.close` before the end closes it (which is how an engine
 learns that the request is abandoned). Errors are ``OSError`` (connection), ``TimeoutError``,
 or :class:`UpstreamProtocolError` (not HTTP).
+
+Idle connections: an engine closes a kept-alive connection after its own idle time (vLLM and
+SGLang serve with uvicorn: 5 s), and a request written on it just then is lost with it, before
+any byte of an answer. So a pooled connection idle longer than ``idle_expiry_s`` (4 s) is
+closed rather than reused, and a request whose *reused* connection closes before any byte of
+its answer is sent once more on a new connection, as HTTP clients do for a connection the
+server closed while idle (RFC 9112, 9.3.1). On a new connection nothing is sent twice: the
+engine may have acted on it.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ import httptools
 
 class UpstreamProtocolError(OSError):
     """The peer did not answer in HTTP/1.1 (or closed in the middle of an answer)."""
+
+
+# Below the 5 s after which uvicorn (vLLM's and SGLang's server) closes an idle connection.
+IDLE_EXPIRY_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.slots: asyncio.Semaphore | None = None
+        # Loop time it went back to the pool (idle since then).
+        self.idle_since = 0.0
         self._reset()
 
     def release_slot(self) -> None:
@@ -69,6 +83,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
+        self.received = False  # any byte of this answer
 
     def prepare(self) -> None:
         self._reset()
@@ -78,6 +93,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -169,10 +185,15 @@ class Upstream:
     """Pools of keep-alive connections by origin (one per gateway process)."""
 
     def __init__(
-        self, connect_timeout_s: float, max_per_origin: int = 128, max_idle_per_origin: int = 128
+        self,
+        connect_timeout_s: float,
+        max_per_origin: int = 128,
+        max_idle_per_origin: int = 128,
+        idle_expiry_s: float = IDLE_EXPIRY_S,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle_per_origin
+        self.idle_expiry_s = idle_expiry_s
         # At most this many requests in flight to one engine: beyond, callers wait for one of
         # them to end (an overloaded gateway must not open thousands of connections to an
         # engine and thrash both; the gateway's own queue bounds the waiting).
@@ -193,13 +214,29 @@ class Upstream:
             self._origins[url] = got
         return got
 
-    async def _connect(self, origin: Origin) -> _Connection:
+    def _pooled(self, origin: Origin) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` that is still open and not
+        idle past the expiry (older ones are closed: the engine is about to)."""
         pool = self._idle.get(origin)
+        if not pool:
+            return None
+        fresh_since = asyncio.get_running_loop().time() - self.idle_expiry_s
         while pool:
             conn = pool.pop()
-            if not conn.closed:
-                conn.prepare()
-                return conn
+            if conn.closed:
+                continue
+            if conn.idle_since < fresh_since:
+                # Last in, first out: every one below this one is older still.
+                for old in (conn, *pool):
+                    if old.transport is not None:
+                        old.transport.close()
+                pool.clear()
+                return None
+            conn.prepare()
+            return conn
+        return None
+
+    async def _connect(self, origin: Origin) -> _Connection:
         loop = asyncio.get_running_loop()
         context = None
         if origin.tls:
@@ -220,6 +257,7 @@ class Upstream:
         conn.release_slot()
         pool = self._idle.setdefault(origin, [])
         if conn.reusable() and len(pool) < self.max_idle:
+            conn.idle_since = asyncio.get_running_loop().time()
             pool.append(conn)
         elif conn.transport is not None:
             conn.transport.close()
@@ -234,11 +272,30 @@ class Upstream:
             slots = self._slots[origin] = asyncio.Semaphore(self.max_per_origin)
         await slots.acquire()
         try:
-            conn = await self._connect(origin)
+            conn = self._pooled(origin)
+            if conn is not None:
+                try:
+                    await self._send(conn, origin, path, body, headers)
+                except OSError:
+                    # Lost with an idle connection the engine closed as it went out: once
+                    # more on a new one. An answer begun, or a parser error, is no such race.
+                    if conn.received or not conn.closed:
+                        raise
+                    conn = None
+            if conn is None:
+                conn = await self._connect(origin)
+                await self._send(conn, origin, path, body, headers)
         except BaseException:
             slots.release()
             raise
         conn.slots = slots
+        return Response(self, origin, conn)
+
+    async def _send(
+        self, conn: _Connection, origin: Origin, path: str, body: bytes, headers: bytes
+    ) -> None:
+        """Write the request on ``conn`` and wait for its answer's headers (the connection is
+        closed on any failure)."""
         head = b"".join(
             (
                 b"POST ",
@@ -259,9 +316,7 @@ class Upstream:
             await conn.headers_done
         except BaseException:
             conn.transport.close()
-            conn.release_slot()
             raise
-        return Response(self, origin, conn)
 
     def close(self) -> None:
         for pool in self._idle.values():

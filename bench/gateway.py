@@ -8,10 +8,12 @@ In one run it:
 2. starts the fake PD workers (``fleet.fake_engine``: one prefill, one decode, the
    shared-storage connector, one process each, served by uvicorn: measured here, it costs
    them less CPU per request than granian, which leaves the proxies more of the machine;
-   ``--engine-server``), the gateway in front of them
-   (``python -m fleet.gateway``, deciding in process, reporting outcomes to the control
-   plane), and sglang-router 0.3.2 in PD mode in front of the same workers (installed by the
-   bench into its own cached venv, ``bench/support/sglang_router.py``);
+   ``--engine-server``), the gateway in front of them (``python -m fleet.gateway``, one
+   uvicorn worker by default: measured here, one worker serves more than two on CPUs the fake
+   workers and the load generator share, and uvicorn costs less CPU per request than
+   granian; deciding in process, reporting outcomes to the control plane), and sglang-router
+   0.3.2 in PD mode in front of the same workers (installed by the bench into its own cached
+   venv, ``bench/support/sglang_router.py``);
 3. drives each with the same load generator (``bench/support/load.py``): text prompts of
    ~64-1,024 tokens (sglang-router takes no token-id prompts; the gateway estimates their
    length, ``--tokenizer``), 16 output tokens, not streamed, a prompt set of its own per
@@ -20,7 +22,10 @@ In one run it:
       proxy's processes (from /proc);
    b. open loop at ``--low-rate`` and ``--rate`` requests/s: p99 through the gateway,
       through sglang-router, and straight to the decode worker (the same body, one hop, no
-      proxy): *added p99* is the proxy's p99 minus the direct p99;
+      proxy): *added p99* is the proxy's p99 minus the direct p99. The same straight to the
+      prefill worker, for context: vLLM's protocol calls prefill, then decode, so the
+      gateway's added latency holds one whole prefill call (sglang-router sends both at once,
+      SGLang's protocol);
 4. prints both and the ratios; the last line is one JSON object
    ``{"gateway_rps", "router_rps", "added_p99_ms_at_1000"}``.
 
@@ -168,7 +173,8 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
             workers.update(urls)
             engine_pids.append(proc.pid)
         time.sleep(0.5)  # granian's worker processes are up (with --engine-server granian)
-        decode_pids = process_tree(engine_pids[1])  # prefill was started first
+        prefill_pids = process_tree(engine_pids[0])  # prefill was started first
+        decode_pids = process_tree(engine_pids[1])
         gw_port = free_port()
         config = {
             "listen": {"host": "127.0.0.1", "port": gw_port},
@@ -235,6 +241,7 @@ def run(args: argparse.Namespace, env: dict[str, str], token: str, tmp: Path) ->
         added_at: dict[float, float] = {}
         targets = [
             ("direct (decode)", workers[f"{PD}-decode"], decode_pids),
+            ("direct (prefill)", workers[f"{PD}-prefill"], prefill_pids),
             ("gateway", gateway, gw_pids),
             ("sglang-router", router, rt_pids),
         ]
@@ -263,7 +270,7 @@ def open_loop_run(
     n = int(rate * seconds)
     # Prompts already sent (their KV stored): the open loop measures proxies, not writes.
     per = {k: (v * (n // len(v) + 1))[:n] for k, v in loads.items()}
-    per["direct (decode)"] = per["gateway"]
+    per["direct (decode)"] = per["direct (prefill)"] = per["gateway"]
     print(f"\nopen loop at {rate:.0f} requests/s for {seconds:.0f} s")
     print(f"  {'':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>8}  errors")
     got: dict[str, Any] = {}
@@ -294,10 +301,10 @@ def main() -> None:
     parser.add_argument(
         "--gateway-workers",
         type=int,
-        default=os.cpu_count() or 1,
-        help="gateway processes (default: one per CPU, as sglang-router's threads)",
+        default=1,
+        help="gateway processes (one: the fake workers and the load generator share the CPUs)",
     )
-    parser.add_argument("--server", choices=("uvicorn", "granian"), default="granian")
+    parser.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn")
     parser.add_argument(
         "--engine-server",
         choices=("uvicorn", "granian"),

@@ -24,7 +24,7 @@ plane's token comes from the environment variable named by ``control_plane.token
     decode_timeout_s: 600           # one decode step, to its last token
     connect_timeout_s: 2.0
     workers: 1                      # gateway processes on the port (one event loop each)
-    server: granian                 # the ASGI server: granian (measured faster) or uvicorn
+    server: uvicorn                 # the ASGI server: uvicorn (measured cheaper) or granian
     max_inflight: 256               # requests being served at once, per worker
     max_waiting: 256                # requests queued for a slot; beyond: 503 at once
     outcome_batch: 200              # outcomes per POST /outcomes
@@ -72,7 +72,7 @@ class GatewayConfig:
     decode_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
     workers: int = 1
-    server: str = "granian"
+    server: str = "uvicorn"
     max_inflight: int = 256
     max_waiting: int = 256
     outcome_batch: int = 200
@@ -189,7 +189,7 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
     if tokenizer not in ("engine", "estimate"):
         raise ConfigError(f"tokenizer: must be engine or estimate, got {tokenizer!r}")
     kwargs["tokenizer"] = tokenizer
-    server = data.get("server", "granian")
+    server = data.get("server", "uvicorn")
     if server not in ("uvicorn", "granian"):
         raise ConfigError(f"server: must be uvicorn or granian, got {server!r}")
     kwargs["server"] = server

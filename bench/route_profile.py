@@ -8,9 +8,11 @@ wall time per call and the functions that take the most of it (own time and cumu
 the HTTP server's share is what ``bench/route_api.py`` adds on top.
 
     .venv/bin/python bench/route_profile.py [--requests 3000] [--batches 20] [--top 25]
-                                            [--concurrency 1]
+                                            [--concurrency 1] [--repeat 1] [--redis]
 
-``--top -1`` times without cProfile (to run under ``py-spy record -- ...``).
+``--top -1`` times without cProfile (to run under ``py-spy record -- ...``); with
+``--repeat N`` it prints the best and the median of N runs of each part. ``--redis`` adds
+Redis's own time per decision, per request-path script and per command.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import io
 import json
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +38,7 @@ if str(ROOT) not in sys.path:
 
 from bench.support.setup import bench_token, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
+from controlplane.redis_connection import redis_sync  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -58,15 +62,20 @@ async def call(app: Any, path: str, body: bytes, headers: list[tuple[bytes, byte
     return bytes(sent[1]["body"])
 
 
-def profiled(label: str, n_calls: int, per_call: int, run: Any, top: int) -> None:
+def profiled(label: str, n_calls: int, per_call: int, run: Any, top: int, repeat: int = 1) -> None:
     profile = cProfile.Profile()
-    if top < 0:  # timing only (e.g. under py-spy)
+    if top < 0:  # timing only (e.g. under py-spy), best and median of ``repeat`` runs
         loop = asyncio.get_event_loop()
-        started, cpu = time.perf_counter(), time.process_time()
-        loop.run_until_complete(run())
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        walls, cpus = [], []
+        for _ in range(repeat):
+            started, cpu = time.perf_counter(), time.process_time()
+            loop.run_until_complete(run())
+            walls.append((time.perf_counter() - started) / n_calls * 1e3)
+            cpus.append((time.process_time() - cpu) / n_calls * 1e3)
         print(
-            f"== {label}: {wall / n_calls * 1e3:.3f} ms wall, {cpu / n_calls * 1e3:.3f} ms CPU a call"
+            f"== {label}: {min(walls):.3f} ms wall, {min(cpus):.3f} ms CPU a call (best of "
+            f"{repeat}; median {statistics.median(walls):.3f} and "
+            f"{statistics.median(cpus):.3f})"
         )
         return
     loop = asyncio.get_event_loop()
@@ -106,6 +115,19 @@ def main() -> None:
         "round trips)",
     )
     parser.add_argument("--top", type=int, default=25, help="-1: time only, no cProfile")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --top -1: runs of each part, the best and the median printed (this machine "
+        "is noisy: compare the best of several runs)",
+    )
+    parser.add_argument(
+        "--redis",
+        action="store_true",
+        help="print Redis's own time per decision, per script and per command (the Lua "
+        "commands are counted inside their script too)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="route-profile-") as tmp:
         server = EmbeddedRedis(Path(tmp))
@@ -195,8 +217,58 @@ def run(args: argparse.Namespace, secret: str) -> None:
     loop.run_until_complete(warm())
     print(f"decisions by reason (the first {sum(reasons.values())} calls): {dict(reasons)}")
     label = f"single requests, {max(1, args.concurrency)} in flight"
-    profiled(label, len(singles), 1, single_run, args.top)
-    profiled(f"batches of {size}", len(batches), size, batch_run, args.top)
+    parts = [
+        (label, len(singles), 1, single_run),
+        (f"batches of {size}", len(batches), size, batch_run),
+    ]
+    for name, n_calls, per_call, go in parts:
+        if args.redis:
+            redis_watch_start()
+        profiled(name, n_calls, per_call, go, args.top, args.repeat)
+        if args.redis:
+            redis_watch_print(n_calls * per_call * (args.repeat if args.top < 0 else 2))
+
+
+def redis_watch_start() -> None:
+    """Log every command's server time from now on (SLOWLOG with a threshold of 0)."""
+    client = redis_sync()
+    client.config_set("slowlog-log-slower-than", 0)
+    client.config_set("slowlog-max-len", 1_000_000)
+    client.slowlog_reset()
+    client.config_resetstat()
+
+
+def redis_watch_print(decisions: int) -> None:
+    """Redis's own time (inside the server, network I/O excluded) per decision: each request-
+    path script and the commands its Lua issued, from SLOWLOG and
+    INFO commandstats."""
+    from clusters.live.scripts import lua_scripts
+
+    client = redis_sync()
+    names = {sc.sha: sc.name for sc in lua_scripts()}
+    spent: dict[str, list[int]] = {}
+    for entry in client.slowlog_get(1_000_000):
+        argv = entry["command"].split()
+        if argv[0].upper() != b"EVALSHA":
+            continue
+        name = names.get(argv[1].decode(), argv[1].decode()[:12])
+        got = spent.setdefault(name, [0, 0])
+        got[0] += 1
+        got[1] += entry["duration"]
+    client.config_set("slowlog-log-slower-than", 10_000)
+    print(f"   Redis time per decision ({decisions} decisions):")
+    for name, (calls, us) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
+        print(
+            f"     script {name}: {us / decisions:.1f} us ({calls} calls, {us / calls:.0f} us each)"
+        )
+    stats = client.info("commandstats")
+    for key, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:6]:
+        if key in ("cmdstat_slowlog", "cmdstat_config"):  # this function's own
+            continue
+        print(
+            f"     {key.removeprefix('cmdstat_')}: {row['usec'] / decisions:.1f} us "
+            f"({row['calls'] / decisions:.3g} calls, {row['usec_per_call']:.2f} us each)"
+        )
 
 
 async def _telemetry_fresh(snap: Any) -> None:

@@ -462,7 +462,15 @@ def _pending_add(
         if i in fallbacks:
             continue
         item = inputs[i]
-        pending.traffic.add(_record(item, d, now))
+        pending.traffic.count(
+            item.origin,
+            now,
+            d.route,
+            d.reason,
+            d.incremental_tokens,
+            d.cached_tokens,
+            item.expected_output_tokens,
+        )
         counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
         if keep_recent:
             pending.entries.append(_recent_entry(item, d, now, memo))

@@ -69,22 +69,50 @@ class TrafficRecord:
     output_tokens: int | None = None
 
     def increments(self) -> list[tuple[str, int]]:
-        out = [
-            ("arrivals", 1),
-            (f"h:{length_bin(self.incremental_tokens)}", 1),
-            (f"r:{self.reason}", 1),
-            ("cache_hit_tokens", self.cached_tokens),
-            ("incremental_tokens", self.incremental_tokens),
-        ]
-        if self.route == "prfaas":
-            out.append(("offloads", 1))
-        if self.output_tokens is not None:
-            out += [("output_tokens", self.output_tokens), ("output_known", 1)]
-        return out
+        """The counters this decision adds (those that add nothing left out)."""
+        fields: dict[str, int] = {}
+        decision_fields_add(
+            fields,
+            self.route,
+            self.reason,
+            self.incremental_tokens,
+            self.cached_tokens,
+            self.output_tokens,
+        )
+        return list(fields.items())
 
     @property
     def minute(self) -> int:
         return int(self.ts // 60)
+
+
+def decision_fields_add(
+    fields: dict[str, int],
+    route: str,
+    reason: str,
+    incremental_tokens: int,
+    cached_tokens: int,
+    output_tokens: int | None,
+) -> None:
+    """Add one decision's counters to a traffic hash's ``fields`` (what every writer of the
+    traffic store counts; an increment of 0 is left out, so no field appears that adds
+    nothing)."""
+    get = fields.get
+    fields["arrivals"] = get("arrivals", 0) + 1
+    name = f"h:{length_bin(incremental_tokens)}"
+    fields[name] = get(name, 0) + 1
+    name = f"r:{reason}"
+    fields[name] = get(name, 0) + 1
+    if cached_tokens:
+        fields["cache_hit_tokens"] = get("cache_hit_tokens", 0) + cached_tokens
+    if incremental_tokens:
+        fields["incremental_tokens"] = get("incremental_tokens", 0) + incremental_tokens
+    if route == "prfaas":
+        fields["offloads"] = get("offloads", 0) + 1
+    if output_tokens is not None:
+        if output_tokens:
+            fields["output_tokens"] = get("output_tokens", 0) + output_tokens
+        fields["output_known"] = get("output_known", 0) + 1
 
 
 def traffic_record_queue(pipe: Any, record: TrafficRecord, recent_entry: str | None) -> None:
@@ -109,10 +137,33 @@ class TrafficAggregate:
         self.fields: dict[str, dict[str, int]] = {}
 
     def add(self, record: TrafficRecord) -> None:
-        fields = self.fields.setdefault(traffic_key(record.origin, record.minute), {})
-        for name, incr in record.increments():
-            if incr:
-                fields[name] = fields.get(name, 0) + incr
+        self.count(
+            record.origin,
+            record.ts,
+            record.route,
+            record.reason,
+            record.incremental_tokens,
+            record.cached_tokens,
+            record.output_tokens,
+        )
+
+    def count(
+        self,
+        origin: str,
+        ts: float,
+        route: str,
+        reason: str,
+        incremental_tokens: int,
+        cached_tokens: int,
+        output_tokens: int | None = None,
+    ) -> None:
+        """:meth:`add` without building the record: the route path counts every decision
+        of a batch, and the record object cost as much as the counting."""
+        key = traffic_key(origin, int(ts // 60))
+        fields = self.fields.get(key)
+        if fields is None:
+            fields = self.fields[key] = {}
+        decision_fields_add(fields, route, reason, incremental_tokens, cached_tokens, output_tokens)
 
     def queue(self, pipe: Any) -> None:
         for key, fields in self.fields.items():

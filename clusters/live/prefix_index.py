@@ -568,7 +568,7 @@ def _slices(
     return out
 
 
-APPLY_SCRIPT = lua_script(_APPLY_LUA)
+APPLY_SCRIPT = lua_script(_APPLY_LUA, "prefix apply")
 
 # ARGV: budget (records). Removes up to ``budget`` records of cleared instances (the
 # graveyard's head: a 3-byte old id, then the key of its 8-byte block keys), resuming where the
@@ -604,7 +604,7 @@ end
 return call('LLEN', 'pfx:graveyard')
 """
 )
-SWEEP_SCRIPT = lua_script(_SWEEP_LUA)
+SWEEP_SCRIPT = lua_script(_SWEEP_LUA, "prefix sweep")
 #: Records a sweep removes after a post, in calls of SWEEP_STEP (~1 ms of Redis each, like an
 #: apply slice; other clients are served between them).
 SWEEP_BUDGET = 2_000
@@ -855,7 +855,7 @@ for _, inst in ipairs(degraded) do out[#out + 1] = inst end
 return out
 """
 )
-MATCH_SCRIPT = lua_script(_MATCH_LUA)
+MATCH_SCRIPT = lua_script(_MATCH_LUA, "prefix match")
 
 
 def prefix_matches_queue(

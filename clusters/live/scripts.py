@@ -17,10 +17,11 @@ import redis.asyncio as aioredis
 
 
 class LuaScript:
-    """A script and its SHA1, as Redis names it."""
+    """A script, its name (for people: benches and logs) and its SHA1, as Redis names it."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, name: str) -> None:
         self.source = source
+        self.name = name
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
@@ -31,11 +32,16 @@ _REGISTRY: list[LuaScript] = []
 _loaded: weakref.WeakKeyDictionary[aioredis.Redis, bool] = weakref.WeakKeyDictionary()
 
 
-def lua_script(source: str) -> LuaScript:
+def lua_script(source: str, name: str) -> LuaScript:
     """Declare a request-path script (loaded with all the others)."""
-    script = LuaScript(source)
+    script = LuaScript(source, name)
     _REGISTRY.append(script)
     return script
+
+
+def lua_scripts() -> tuple[LuaScript, ...]:
+    """Every declared request-path script (benches name them by SHA)."""
+    return tuple(_REGISTRY)
 
 
 async def scripts_ensure_async(client: aioredis.Redis) -> None:
@@ -107,7 +113,7 @@ if pos <= #ARGV then
 end
 return 0
 """
-COUNTERS_SCRIPT = lua_script(_COUNTERS_LUA)
+COUNTERS_SCRIPT = lua_script(_COUNTERS_LUA, "counters")
 
 Increment = tuple[str, str, Any, int]
 

@@ -272,7 +272,7 @@ if #expired > 0 then
 end
 return tonumber(redis.call('GET', KEYS[3]) or '0')
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
-INFLIGHT_SCRIPT = lua_script(_INFLIGHT_LUA)
+INFLIGHT_SCRIPT = lua_script(_INFLIGHT_LUA, "link in-flight")
 
 
 def link_states_queue(
@@ -460,7 +460,7 @@ for _, entry in ipairs(entries) do call('LPUSH', list_key, entry) end
 if #entries > 0 then call('LTRIM', list_key, 0, list_cap - 1) end
 return out
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
-RESERVE_SCRIPT = lua_script(_RESERVE_LUA)
+RESERVE_SCRIPT = lua_script(_RESERVE_LUA, "link reserve")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,37 @@ def test_bins_are_log_spaced_and_cover_every_length() -> None:
     assert traffic.length_bin(10**9) == len(edges) - 1
 
 
+def test_counting_a_decision_without_its_record_adds_the_same_fields() -> None:
+    by_record, by_count = traffic.TrafficAggregate(), traffic.TrafficAggregate()
+    decisions = [
+        ("pd-a", 120.0, "prfaas", "above_threshold", 30_000, 512, 40),
+        ("pd-a", 130.0, "local", "cache_affinity", 0, 1024, None),
+        ("pd-a", 200.0, "local", "below_threshold", 100, 0, 0),
+    ]
+    for origin, ts, route, reason, incr, cached, out in decisions:
+        by_record.add(TrafficRecord(origin, ts, route, reason, incr, cached, out))
+        by_count.count(origin, ts, route, reason, incr, cached, out)
+
+    assert by_count.fields == by_record.fields
+    first_minute = by_count.fields[traffic.traffic_key("pd-a", 2)]
+    assert first_minute == {
+        "arrivals": 2,
+        f"h:{traffic.length_bin(30_000)}": 1,
+        f"h:{traffic.length_bin(0)}": 1,
+        "r:above_threshold": 1,
+        "r:cache_affinity": 1,
+        "cache_hit_tokens": 1536,
+        "incremental_tokens": 30_000,
+        "offloads": 1,
+        "output_tokens": 40,
+        "output_known": 1,
+    }
+    # Nothing is written for what adds nothing: no cached tokens, no output tokens.
+    second_minute = by_count.fields[traffic.traffic_key("pd-a", 3)]
+    assert "cache_hit_tokens" not in second_minute and "output_tokens" not in second_minute
+    assert second_minute["output_known"] == 1
+
+
 def test_window_sums_minutes_of_one_cluster_only(redis_client: redis.Redis) -> None:
     base = 1_700_000_040.0  # a minute boundary
     pipe = redis_client.pipeline()

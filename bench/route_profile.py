@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.support.setup import bench_token, manage  # noqa: E402
+from clusters.live.scripts import lua_scripts  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 from controlplane.redis_connection import redis_sync  # noqa: E402
 
@@ -239,11 +240,9 @@ def redis_watch_start() -> None:
 
 
 def redis_watch_print(decisions: int) -> None:
-    """Redis's own time (inside the server, network I/O excluded) per decision: each request-
-    path script and the commands its Lua issued, from SLOWLOG and
-    INFO commandstats."""
-    from clusters.live.scripts import lua_scripts
-
+    """Redis's own time (inside the server, network I/O excluded) per decision: each
+    request-path script (SLOWLOG) and each command, those its scripts issued included (INFO
+    commandstats)."""
     client = redis_sync()
     names = {sc.sha: sc.name for sc in lua_scripts()}
     spent: dict[str, list[int]] = {}

@@ -157,8 +157,8 @@ class TrafficAggregate:
         cached_tokens: int,
         output_tokens: int | None = None,
     ) -> None:
-        """:meth:`add` without building the record: the route path counts every decision
-        of a batch, and the record object cost as much as the counting."""
+        """:meth:`add` without building the record (the route path counts every decision of a
+        batch this way: a record object per decision was a cost of its own)."""
         key = traffic_key(origin, int(ts // 60))
         fields = self.fields.get(key)
         if fields is None:

@@ -40,7 +40,7 @@ def lua_script(source: str, name: str) -> LuaScript:
 
 
 def lua_scripts() -> tuple[LuaScript, ...]:
-    """Every declared request-path script (benches name them by SHA)."""
+    """Every declared request-path script (benches name what Redis reports by SHA)."""
     return tuple(_REGISTRY)
 
 

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import redis
 from django.urls import reverse
 
 from controlplane.redis_connection import redis_sync
@@ -124,10 +123,8 @@ def test_rejecting_from_the_page_keeps_the_reason_and_shows_it(client_as, plan: 
 
 
 def test_an_applied_plan_shows_predicted_simulated_and_observed_figures(
-    redis_client: redis.Redis, client_as, plan: Plan
+    client_as, plan: Plan
 ) -> None:
-    # redis_client: the traffic store starts empty. The case-study cluster's name is every
-    # such test's, and traffic another test left in these minutes would count as observed.
     applied = time.time() - 150
     Plan.objects.filter(pk=plan.pk).update(
         status=PlanStatus.APPLIED, applied_at=datetime.fromtimestamp(applied, tz=UTC)

@@ -40,7 +40,7 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from clusters.live import telemetry
-from clusters.live.scripts import counters_queue, scripts_pipeline_async
+from clusters.live.scripts import counters_queue
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async, redis_sync
 from scheduling import metrics, traffic
@@ -274,6 +274,7 @@ async def outcomes_record_async(
     raw = await pipe.execute() if releases else []
     freed = {k: int(v or 0) for k, v in zip(releases, raw, strict=True)}
 
+    pipe = r.pipeline(transaction=False)
     served = traffic.TrafficAggregate()
     sums = _Sums()
     decisions: dict[tuple[str, str], int] = {}
@@ -333,20 +334,23 @@ async def outcomes_record_async(
         sums.add(RELEASED_KEY, "count", released)
         sums.add(RELEASED_KEY, "bytes", released_bytes)
     ints, floats = sums.rows()
-
-    def counters(pipe: Any) -> None:
-        counters_queue(
-            pipe,
-            served.increments() + metrics.decision_increments(decisions) + ints,
-            floats,
-            list_key=traffic.RECENT_KEY,
-            list_cap=traffic.RECENT_CAP,
-            entries=decision_entries,
-        )
-        counters_queue(pipe, [], list_key=RECENT_KEY, list_cap=RECENT_CAP, entries=outcome_entries)
-
+    counters_queue(
+        pipe,
+        served.increments() + metrics.decision_increments(decisions) + ints,
+        floats,
+        list_key=traffic.RECENT_KEY,
+        list_cap=traffic.RECENT_CAP,
+        entries=decision_entries,
+    )
+    counters_queue(
+        pipe,
+        [],
+        list_key=RECENT_KEY,
+        list_cap=RECENT_CAP,
+        entries=outcome_entries,
+    )
     async with asyncio.timeout(REDIS_DEADLINE_S):
-        await scripts_pipeline_async(r, counters)
+        await pipe.execute()
     return OutcomesResult(
         len(outcomes) + sum(len(g.incremental_tokens) for g in groups), released, released_bytes
     )

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis import exceptions as redis_exceptions
 
 
 class LuaScript:
@@ -80,34 +79,13 @@ async def script_call_async(client: aioredis.Redis, queue: Callable[[Any], None]
     return await client.execute_command(*one.args)
 
 
-async def scripts_pipeline_async(client: aioredis.Redis, queue: Callable[[Any], None]) -> list[Any]:
-    """Send the scripts (by SHA) that ``queue(pipe)`` queues in one pipeline, loaded first,
-    and return the replies. A server that lost them since this client loaded them (restart,
-    SCRIPT FLUSH) refuses every one of them, so none ran: they are loaded again and sent once
-    more. Scripts only: a plain command in the pipeline would run twice."""
-
-    async def send() -> list[Any]:
-        await scripts_ensure_async(client)
-        pipe = client.pipeline(transaction=False)
-        queue(pipe)
-        return list(await pipe.execute())
-
-    try:
-        return await send()
-    except redis_exceptions.NoScriptError:
-        scripts_forget(client)
-        return await send()
-
-
 def scripts_forget(client: aioredis.Redis) -> None:
     """The server may have lost the scripts (restart, SCRIPT FLUSH): load them next time."""
     _loaded.pop(client, None)
 
 
 def is_noscript(exc: BaseException) -> bool:
-    """The server did not know a script sent by SHA. redis-py raises ``NoScriptError`` and
-    strips the ``NOSCRIPT`` code from its message, so the message alone never tells."""
-    return isinstance(exc, redis_exceptions.NoScriptError) or "NOSCRIPT" in str(exc)
+    return "NOSCRIPT" in str(exc)
 
 
 # Hash counters and a capped list in ONE command: a call's traffic and metrics counters and

@@ -579,28 +579,6 @@ async def test_route_survives_redis_going_away_and_recovers(
     assert (d["route"], d["reason"]) == ("prfaas", "above_threshold")
 
 
-async def test_route_loads_its_scripts_again_when_redis_has_lost_them(
-    client: AsyncClient, fleet: Fleet, own_redis: dict[str, Any], settings: Any
-) -> None:
-    settings.REDIS_URL = f"redis://127.0.0.1:{own_redis['port']}/0"
-    await telemetry(client, fleet)
-    assert (await route(client, fleet, prompt_tokens=60_000))["reason"] == "above_threshold"
-
-    # A failover or SCRIPT FLUSH: the same server, its script cache empty.
-    redis.Redis(port=own_redis["port"]).script_flush()
-    reasons = []
-    for _ in range(10):
-        d = await route(client, fleet, prompt_tokens=60_000)
-        reasons.append(d["reason"])
-        if d["reason"] == "above_threshold":
-            break
-        await asyncio.sleep(0.1)
-    # At most the calls that met the empty cache are decided from the snapshot; then the
-    # scripts are loaded again and the offload reserves its link bytes as before.
-    assert reasons[-1] == "above_threshold" and len(reasons) <= 3, reasons
-    assert d["route"] == "prfaas" and d["stale"] is False
-
-
 async def test_route_keeps_its_snapshot_when_the_database_is_unreachable(
     client: AsyncClient, fleet: Fleet
 ) -> None:

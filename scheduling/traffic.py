@@ -56,11 +56,6 @@ def traffic_key(cluster: str, minute: int) -> str:
     return f"traffic:{cluster}:{minute}"
 
 
-def minute_of(ts: float) -> int:
-    """The minute (unix seconds // 60) whose traffic hash counts a decision made at ``ts``."""
-    return int(ts // 60)
-
-
 @dataclass(frozen=True)
 class TrafficRecord:
     """One decision as the traffic store counts it."""
@@ -88,7 +83,7 @@ class TrafficRecord:
 
     @property
     def minute(self) -> int:
-        return minute_of(self.ts)
+        return int(self.ts // 60)
 
 
 def decision_fields_add(
@@ -164,7 +159,7 @@ class TrafficAggregate:
     ) -> None:
         """:meth:`add` without building the record (the route path counts every decision of a
         batch this way: a record object per decision was a cost of its own)."""
-        key = traffic_key(origin, minute_of(ts))
+        key = traffic_key(origin, int(ts // 60))
         fields = self.fields.get(key)
         if fields is None:
             fields = self.fields[key] = {}
@@ -246,7 +241,7 @@ def traffic_window_read(
     if end < start:
         raise ValueError("end must not be before start")
     r = client or redis_sync()
-    first, last = minute_of(start), -(-math.ceil(end) // 60) - 1
+    first, last = int(start // 60), -(-math.ceil(end) // 60) - 1
     minutes = list(range(first, last + 1)) if end > start else []
     pipe = r.pipeline(transaction=False)
     for m in minutes:

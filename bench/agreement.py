@@ -5,7 +5,7 @@ test_agreement.py`` asserts the same on the same scenarios; this prints the numb
 
     .venv/bin/python bench/agreement.py [SCENARIO.yaml ...]
 
-Without arguments: every shared scenario with a PrfaaS cluster, and the scenarios of
+Without arguments: every scenario of ``scenarios/`` with a PrfaaS cluster, and those of
 ``tests/scheduling/scenarios`` (thin links, heavy and dense KV, several PD clusters).
 """
 
@@ -29,9 +29,9 @@ OWN = ROOT / "tests" / "scheduling" / "scenarios"
 
 
 def default_paths() -> list[Path]:
-    shared = sorted((ROOT.parent / "shared" / "scenarios").glob("*.yaml"))
+    shipped = sorted((ROOT / "scenarios").glob("*.yaml"))
     own = sorted(p for p in OWN.glob("*.yaml") if p.stem != "fleet-base")
-    return [p for p in shared + own if scenario_load(p).prfaas_clusters]
+    return [p for p in shipped + own if scenario_load(p).prfaas_clusters]
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 from scheduling.core import kv_events as wire  # noqa: E402
 
-SCENARIO = ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml"
+SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 MAX_LINK_SAMPLES = 1_000  # scheduling.api.live.TelemetryIn
 MAX_INTERVAL_S = 3600  # scheduling.api.live.LinkSampleIn

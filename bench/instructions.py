@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+TRACE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
 LOOP = ROOT / "bench" / "support" / "decide_loop.py"
 
 

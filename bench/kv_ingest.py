@@ -52,7 +52,7 @@ from fleet.agent.kv import compact  # noqa: E402
 from fleet.agent.uplink import UplinkLimits  # noqa: E402
 from scheduling.core import kv_events as wire  # noqa: E402
 
-SCENARIO = ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml"
+SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 STEP_BLOCKS = 16
 SHARED_FRACTION = 0.3

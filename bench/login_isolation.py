@@ -41,7 +41,7 @@ from bench.support.load import drive  # noqa: E402
 from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
-SCENARIO = ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml"
+SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 PASSWORD = "bench-correct-horse-battery"
 

@@ -105,11 +105,7 @@ def naive_grid(scenario: Scenario, thresholds: Sequence[float]) -> float:
 def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    path = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else ROOT.parent / "shared/scenarios/paper-case-study.yaml"
-    )
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "scenarios" / "paper-case-study.yaml"
     scenario = scenario_load(path)
     fleet = fleet_from_scenario(scenario)
     lengths, out_tokens = workload_lengths(scenario)

@@ -59,7 +59,7 @@ def dual_without_backlog_rule(scenario, plan, seed: int, slo: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", default=str(ROOT.parent / "shared/scenarios/drift.yaml"))
+    parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "drift.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--slo", type=float, nargs="+", default=[5.0, 10.0, 30.0])
     args = parser.parse_args()

@@ -4,7 +4,7 @@ PD mode), under the same load generator, in one run.
 In one run it:
 
 1. makes a private database (SQLite in a temporary directory unless ``BENCH_DATABASE_URL``)
-   with the paper's case-study topology (``../shared/scenarios/paper-case-study.yaml``) and a
+   with the paper's case-study topology (``scenarios/paper-case-study.yaml``) and a
    router+agent token; Redis is a private embedded one (or ``BENCH_REDIS_URL``);
 2. serves the real app (2 workers) as deployed (``python -m controlplane.serve``: uvicorn
    workers on listening sockets of their own, SO_REUSEPORT), and for comparison under
@@ -64,9 +64,8 @@ from bench.support.load import cpu_seconds, drive, process_tree  # noqa: E402
 from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 
-SHARED = ROOT.parent / "shared"
-TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-SCENARIO = SHARED / "scenarios" / "paper-case-study.yaml"
+TRACE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
+SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 PY = str(ROOT / ".venv" / "bin" / "python")
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
 GRANIAN = str(ROOT / ".venv" / "bin" / "granian")
@@ -184,7 +183,7 @@ def port() -> int:
 
 def load_trace(limit: int) -> list[dict[str, Any]]:
     if not TRACE.exists():
-        sys.exit(f"Mooncake trace not found at {TRACE} (expected ../shared beside the checkout)")
+        sys.exit(f"Mooncake trace not found at {TRACE}")
     rows = []
     with TRACE.open() as fh:
         for line in fh:

@@ -41,9 +41,8 @@ from clusters.live.scripts import lua_scripts  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 from controlplane.redis_connection import redis_sync  # noqa: E402
 
-SHARED = ROOT.parent / "shared"
-TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-SCENARIO = SHARED / "scenarios" / "paper-case-study.yaml"
+TRACE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
+SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 
 
 async def call(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -54,7 +54,7 @@ from scheduling.core.routing import (  # noqa: E402
     route_decide_many,
 )
 
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+TRACE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
 BLOCK = 512
 H200 = ((1024, 0.44), (8192, 0.72), (32768, 1.84), (131072, 7.40))
 H20 = (

@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    scenario = scenario_load(ROOT.parent / "shared" / "scenarios" / "paper-case-study.yaml")
+    scenario = scenario_load(ROOT / "scenarios" / "paper-case-study.yaml")
     plan = plan_scenario(scenario)
     fleet = fleet_plan(scenario, "prfaas", plan)
     rate = 0.8 * plan.prfaas.throughput_rps

@@ -142,10 +142,10 @@ def brute_force(scenario: Scenario, quick: bool, start: Setting) -> tuple[float,
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    shared = ROOT.parent / "shared" / "scenarios"
+    folder = ROOT / "scenarios"
     rows = []
     for name in ("paper-case-study", "two-pd-clusters"):
-        scenario = scenario_load(shared / f"{name}.yaml")
+        scenario = scenario_load(folder / f"{name}.yaml")
         fleet = fleet_from_scenario(scenario)
         lengths, out = workload_lengths(scenario)
         t0 = time.perf_counter()

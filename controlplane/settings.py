@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,36 +60,12 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-def shared_dir(base: Path) -> Path:
-    """Shared material (scenarios, traces, samples): ``SHARED_DIR``, else ``../shared`` beside
-    the checkout, else beside the checkout it was cloned from when that is a local folder (a
-    clone into a temporary directory for a clean run), else ``../shared`` (missing: the tests
-    that need it say so)."""
-    explicit = os.environ.get("SHARED_DIR")
-    if explicit:
-        return Path(explicit)
-    beside = base.parent / "shared"
-    if beside.is_dir():
-        return beside
-    try:
-        origin = subprocess.run(
-            ["git", "-C", str(base), "config", "--get", "remote.origin.url"],
-            capture_output=True, text=True, timeout=5, check=False,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        origin = ""
-    if origin and not origin.startswith(("http:", "https:", "ssh:", "git@", "file:")):
-        candidate = Path(origin).resolve().parent / "shared"
-        if candidate.is_dir():
-            return candidate
-    return beside
-
-
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = var_dir()
-SHARED_DIR = shared_dir(BASE_DIR)
-# Where scenario files named by `extends:` in the topology API are looked up.
-SCENARIOS_DIR = Path(os.environ.get("SCENARIOS_DIR") or SHARED_DIR / "scenarios")
+# Where scenario files are found by name: `extends:` in the topology API, the what-if page's
+# list, the demo's and the emulator's defaults. The repository's own `scenarios/` unless a
+# deployment names a directory of its own.
+SCENARIOS_DIR = Path(os.environ.get("SCENARIOS_DIR") or BASE_DIR / "scenarios")
 
 DEBUG = env_bool("DEBUG", default=False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
@@ -156,7 +131,6 @@ TEMPLATES = [
     },
 ]
 
-VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {
     "default": dj_database_url.config(
         default=f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}",
@@ -243,17 +217,12 @@ USE_TZ = True
 STATIC_URL = "/static/"
 # Pages work without `collectstatic` (demo, tests): WhiteNoise also serves from the finders.
 WHITENOISE_USE_FINDERS = True
-STATIC_ROOT = VAR_DIR / "staticfiles"
-# WhiteNoise warns on every request while collectstatic has not run; the folder may be empty.
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# Only the dist files the pages use are served from node_modules (installed by `make setup`).
+STATIC_ROOT = VAR_DIR / "staticfiles"  # created with VAR_DIR when the app starts (apps.py)
+# Only the dist files the pages use are served from node_modules (installed by `make setup`;
+# a checkout without them gets Django's staticfiles.W004 naming the missing folder).
 _VENDOR_DIRS = {"vendor/htmx": "htmx.org/dist", "vendor/uplot": "uplot/dist"}
-STATICFILES_DIRS: list[Path | tuple[str, Path]] = [
-    p for p in [BASE_DIR / "static"] if p.exists()
-] + [
-    (prefix, BASE_DIR / "node_modules" / sub)
-    for prefix, sub in _VENDOR_DIRS.items()
-    if (BASE_DIR / "node_modules" / sub).exists()
+STATICFILES_DIRS: list[Path | tuple[str, Path]] = [BASE_DIR / "static"] + [
+    (prefix, BASE_DIR / "node_modules" / sub) for prefix, sub in _VENDOR_DIRS.items()
 ]
 
 # Production hardening; `manage.py check --deploy` passes with PRODUCTION=true.

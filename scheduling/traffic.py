@@ -1,7 +1,7 @@
 """Traffic store: what requests arrived per origin PD cluster and minute, for the rebalancer.
 
 The rebalancer re-solves the threshold and the P/D split from the *incremental-length
-distribution after prefix matching* (``../shared/paper/PRFAAS.md`` section 4.2), so every
+distribution after prefix matching* (``docs/paper.md`` section 4.2), so every
 decision adds its incremental length to a log-spaced histogram here. Reads return plain data
 (counts and a histogram) the pure planner can turn into an empirical distribution.
 

@@ -77,7 +77,7 @@ CHART_POINTS = 300
 class WhatIfParams:
     """What to simulate. ``None`` knobs keep the deployment's own value."""
 
-    source: str  # a scenario file name under SHARED_DIR/scenarios, or "inventory"
+    source: str  # a scenario file name in settings.SCENARIOS_DIR, or "inventory"
     workload: str  # the scenario file whose workload drives an inventory run
     requests: int = 2000
     seed: int = 0
@@ -90,7 +90,7 @@ class WhatIfParams:
 
 
 def scenarios_dir() -> Path:
-    return Path(settings.SHARED_DIR) / "scenarios"
+    return Path(settings.SCENARIOS_DIR)
 
 
 def scenario_choices() -> list[str]:

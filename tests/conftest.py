@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: real Redis, the shared material, factories."""
+"""Fixtures shared by the whole suite: real Redis, the repository's scenarios and test
+fixtures, factories."""
 
 from __future__ import annotations
 
@@ -10,22 +11,14 @@ import pytest
 import redis
 from django.conf import settings
 
-
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    path = Path(settings.SHARED_DIR)
-    if not (path / "scenarios").is_dir():
-        pytest.fail(
-            f"shared material not found at {path} (expected ../shared beside the checkout or "
-            "beside the local checkout it was cloned from, or set SHARED_DIR)",
-            pytrace=False,
-        )
-    return path
+from tests.support.paths import SCENARIOS
 
 
 @pytest.fixture(scope="session")
-def scenarios_dir(shared_dir: Path) -> Path:
-    return shared_dir / "scenarios"
+def scenarios_dir() -> Path:
+    """The repository's own scenarios (not ``settings.SCENARIOS_DIR``, which a deployment may
+    point elsewhere): the files the tests' expectations are about."""
+    return SCENARIOS
 
 
 @pytest.fixture
@@ -72,11 +65,11 @@ def client_as(client: Any) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def captured_frames(shared_dir: Path) -> list[Any]:
+def captured_frames() -> list[Any]:
     """The KV-event frames a real vLLM 0.32 published (``tests/fleet/captured.py``)."""
     from tests.fleet.captured import captured_frames as parse
 
-    return parse(shared_dir)
+    return parse()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -195,7 +195,7 @@ def test_every_long_running_compose_service_has_a_health_check() -> None:
 def test_compose_passes_every_setting_to_the_app_containers() -> None:
     services = compose_file()["services"]
     environment = services["web"]["environment"]
-    # VAR_DIR and SHARED_DIR are fixed paths inside the image; the rest come from .env.
+    # VAR_DIR is a fixed path inside the image; the rest come from .env.
     missing = settings_variables() - set(environment)
     assert not missing, f"docker-compose.yml does not pass {sorted(missing)}"
     assert environment["SECRET_KEY"] == "${SECRET_KEY:-}"

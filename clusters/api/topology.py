@@ -25,7 +25,7 @@ class TopologyApplyOut(Schema):
 
 
 def scenarios_dir() -> Path:
-    """Where ``extends`` in a posted scenario resolves: the shared scenarios folder."""
+    """Where ``extends`` in a posted scenario resolves: ``settings.SCENARIOS_DIR``."""
     return Path(settings.SCENARIOS_DIR)
 
 
@@ -40,10 +40,10 @@ def topology_get(request: HttpRequest) -> dict[str, Any]:
 
 # The body's schema states the top level of a scenario (its keys, which are required unless
 # ``extends`` names a base file that gives them); what is inside each key is the scenario format
-# (shared/scenarios/SCHEMA.md), checked by the reader with a 422 naming the key path.
+# (scenarios/SCHEMA.md), checked by the reader with a 422 naming the key path.
 SCENARIO_SCHEMA = {
     "type": "object",
-    "description": "a scenario mapping (the YAML file as JSON); see shared/scenarios/SCHEMA.md",
+    "description": "a scenario mapping (the YAML file as JSON); see scenarios/SCHEMA.md",
     "properties": {key: {} for key in (*SCENARIO_REQUIRED_KEYS, *SCENARIO_OPTIONAL_KEYS)},
     "additionalProperties": False,
     "anyOf": [{"required": list(SCENARIO_REQUIRED_KEYS)}, {"required": ["extends"]}],
@@ -69,7 +69,7 @@ def topology_post(
 ) -> dict[str, int]:
     """Make the inventory match the scenario, in one transaction; 422 names the key path.
 
-    ``extends`` resolves in the shared scenarios folder and may not leave it, and a posted
+    ``extends`` resolves in the scenarios folder and may not leave it, and a posted
     workload may not name a trace file: a posted body must not make the server read, or tell
     whether there is, any other file.
     """

@@ -1,6 +1,6 @@
 """The global prefix index: which instance holds which prefix blocks, kept from KV events.
 
-Two kinds of entries (``../shared/paper/PRFAAS.md`` section 3.2):
+Two kinds of entries (``docs/paper.md`` section 3.2):
 
 - **full-attention blocks** are block-level and match partially: an instance can reuse the
   longest run of a request's block chain it holds from the start;

@@ -1,7 +1,7 @@
 """A fake vLLM engine: the OpenAI API and the disaggregated KV protocols, without a model.
 
 For tests, benches and the demo, where a real vLLM is too heavy. It speaks what a PD gateway
-relies on, the way vLLM 0.32 does (``../shared/samples/vllm-0.32-cpu/SOURCE.md``):
+relies on, the way vLLM 0.32 does (``tests/fixtures/vllm-0.32-cpu/SOURCE.md``):
 
 * ``POST /v1/completions`` and ``/v1/chat/completions``, streaming (SSE ``data:`` chunks, then
   ``data: [DONE]``) and not; prompts as text or token ids; ``max_tokens``; ``stream_options.

@@ -7,7 +7,7 @@ object (the JSON API). :func:`batch_encode` writes a batch exactly as vLLM 0.32 
 emulated engines. Used by the agent (to validate and count what it forwards) and by the control
 plane (to index it): one decoder for real and emulated engines.
 
-Encodings seen (``shared/samples/vllm-0.32-cpu/captured-kv-events.txt``, and the format note):
+Encodings seen (``tests/fixtures/vllm-0.32-cpu/captured-kv-events.txt``, and the format note):
 
 - vLLM 0.32: batch **array** ``[ts, events, data_parallel_rank]``, events **maps** tagged by
   ``"type"``, defaults omitted (the real capture);

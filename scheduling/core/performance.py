@@ -2,7 +2,7 @@
 decode capacity, and exact statistics of request-length distributions.
 
 Pure Python and numpy: no Django. Units: tokens, seconds, bytes (1 MiB = 2^20 B) and Gbps
-(1 Gbps = 10^9 bit/s), as in ``shared/scenarios/SCHEMA.md``.
+(1 Gbps = 10^9 bit/s), as in ``scenarios/SCHEMA.md``.
 
 Length statistics are computed exactly (closed forms for the truncated log-normal, sums for
 discrete distributions), never by sampling: the planner compares thresholds 100 tokens apart and

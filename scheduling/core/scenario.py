@@ -1,4 +1,4 @@
-"""The one scenario reader: YAML files in the format of ``shared/scenarios/SCHEMA.md``.
+"""The one scenario reader: YAML files in the format of ``scenarios/SCHEMA.md``.
 
 A scenario describes a PrfaaS deployment (model, hardware profiles, clusters, links) and its
 traffic. The planner CLI, the simulator and the inventory import all read scenarios through

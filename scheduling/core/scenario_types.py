@@ -237,7 +237,7 @@ class SloSpec:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A validated scenario: deployment plus workload (see ``shared/scenarios/SCHEMA.md``)."""
+    """A validated scenario: deployment plus workload (see ``scenarios/SCHEMA.md``)."""
 
     version: int
     name: str

@@ -1,4 +1,4 @@
-"""Scenarios back to the file format (``shared/scenarios/SCHEMA.md``): what ``plan`` and the
+"""Scenarios back to the file format (``scenarios/SCHEMA.md``): what ``plan`` and the
 inventory export write, and what round-trips through :func:`scheduling.core.scenario.scenario_parse`.
 Pure Python: no Django import here.
 """

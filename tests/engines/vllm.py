@@ -7,7 +7,7 @@ on time-out or early exit it raises :class:`VllmStartError` with the log's tail)
 kills the process group (TERM, then KILL) and removes its cache and temp directories. Extra CLI
 arguments (``--kv-transfer-config ...``) and environment variables are passed through, so a
 prefill/decode pair is two of these. The recipe (``--enforce-eager``, block size 32, 64 MiB of
-KV cache) is the one measured in shared/samples/vllm-0.32-cpu/SOURCE.md.
+KV cache) is the one measured in tests/fixtures/vllm-0.32-cpu/SOURCE.md.
 
 Ports: vLLM needs ports below 32768 here (the ephemeral range starts there); callers pass
 ports from their assigned range.

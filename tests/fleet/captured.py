@@ -1,4 +1,4 @@
-"""The real vLLM 0.32 frames in ``shared/samples/vllm-0.32-cpu/captured-kv-events.txt``.
+"""The real vLLM 0.32 frames in ``tests/fixtures/vllm-0.32-cpu/captured-kv-events.txt``.
 
 Each published message there is a ``## X)`` section with ``frame0`` (topic), ``frame1`` (8-byte
 sequence) and ``frame2`` (msgpack payload) in hex, then the payload ``decoded`` as JSON (bytes as
@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-CAPTURE = Path("samples") / "vllm-0.32-cpu" / "captured-kv-events.txt"
+from tests.support.paths import FIXTURES
+
+CAPTURE = FIXTURES / "vllm-0.32-cpu" / "captured-kv-events.txt"
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class CapturedFrame:
         return [bytes.fromhex(h["__bytes_hex__"]) if isinstance(h, dict) else h for h in hashes]
 
 
-def captured_frames(shared_dir: Path) -> list[CapturedFrame]:
-    text = (shared_dir / CAPTURE).read_text()
+def captured_frames() -> list[CapturedFrame]:
+    text = CAPTURE.read_text()
     out = []
     for match in re.finditer(
         r"^## (\w)\).*?^frame0: (\w*)\n^frame1: (\w+)\n^frame2: (\w+)\n^decoded: (.*?)$",
@@ -50,9 +51,9 @@ def captured_frames(shared_dir: Path) -> list[CapturedFrame]:
     return out
 
 
-def captured_replay(shared_dir: Path) -> list[list[bytes]]:
+def captured_replay() -> list[list[bytes]]:
     """The DEALER side of the replay exchange: each reply's frames (the end marker last)."""
-    text = (shared_dir / CAPTURE).read_text()
+    text = CAPTURE.read_text()
     replies = []
     for line in re.findall(r"^dealer-replay\d+:(.*)$", text, re.M):
         replies.append([bytes.fromhex(part.strip()) for part in line.split("|")])

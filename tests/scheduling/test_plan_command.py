@@ -7,7 +7,6 @@ import copy
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -173,11 +172,9 @@ def test_bad_arguments_exit_2_with_a_message(
 
 
 def _manage(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SHARED_DIR": str(settings.SHARED_DIR)}
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=settings.BASE_DIR,
-        env=env,
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,7 +7,7 @@ why. It imports no Django, does no I/O and keeps no state: the control-plane ser
 state read from Redis), the simulator (a simulated fleet) and the router client (a cached
 policy snapshot, no live state) all call this same code with plain frozen dataclasses.
 
-The rules are the paper's (``../shared/paper/PRFAAS.md`` sections 3.2, 4.1, 4.2):
+The rules are the paper's (``docs/paper.md`` sections 3.2, 4.1, 4.2):
 
 * *incremental length* = prompt tokens - the longest cached prefix usable where prefill runs;
   a request is offloaded when it is above the (effective) threshold ``t`` of its origin.

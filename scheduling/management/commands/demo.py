@@ -58,7 +58,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
         parser.add_argument(
             "--scenario",
-            default=str(Path(settings.SHARED_DIR) / "scenarios" / "paper-case-study.yaml"),
+            default=str(Path(settings.SCENARIOS_DIR) / "paper-case-study.yaml"),
             help="scenario file whose topology is loaded (default: the paper's case study)",
         )
         parser.add_argument(
@@ -86,7 +86,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--emulate",
-            default=str(Path(settings.SHARED_DIR) / "scenarios" / "mooncake-conversation.yaml"),
+            default=str(Path(settings.SCENARIOS_DIR) / "mooncake-conversation.yaml"),
             help="scenario the emulator replays (default: the Mooncake conversation trace)",
         )
         parser.add_argument(

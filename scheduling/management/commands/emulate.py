@@ -25,7 +25,7 @@ from scheduling.core.simulator.workload import WorkloadError, workload_build
 
 
 def default_scenario() -> Path:
-    return Path(settings.SHARED_DIR) / "scenarios" / "mooncake-conversation.yaml"
+    return Path(settings.SCENARIOS_DIR) / "mooncake-conversation.yaml"
 
 
 class Command(BaseCommand):

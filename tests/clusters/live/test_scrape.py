@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import redis
@@ -16,15 +15,29 @@ from clusters.models import InstanceRole, InstanceState
 from scheduling.snapshot import snapshot_reset
 from scheduling.tasks import engines_scrape
 from tests.factories import ClusterFactory, InstanceFactory
+from tests.support.paths import FIXTURES
+
+# vLLM before V1 named its KV gauge ``gpu_cache_usage_perc`` (the captured V1 page has
+# ``kv_cache_usage_perc``): the three gauges of such a page, as vLLM 0.8 wrote them.
+VLLM_V0_PAGE = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.0
+"""
 
 
 @pytest.fixture
-def pages(shared_dir: Path) -> dict[str, str]:
-    samples = shared_dir / "samples"
+def pages() -> dict[str, str]:
     return {
-        "/vllm/metrics": (samples / "vllm-metrics.txt").read_text(),
-        "/vllm1/metrics": (samples / "vllm-metrics-v1-excerpt.txt").read_text(),
-        "/sglang/metrics": (samples / "sglang-metrics.txt").read_text(),
+        "/vllm/metrics": VLLM_V0_PAGE,
+        "/vllm1/metrics": (FIXTURES / "vllm-0.32-cpu" / "vllm-metrics.txt").read_text(),
+        "/sglang/metrics": (FIXTURES / "sglang-metrics.txt").read_text(),
         "/garbage/metrics": "this is { not prometheus",
     }
 

@@ -3,22 +3,21 @@ label sets summed, connector transfer counters, and pages that are not engines'.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from scheduling.core.engine_metrics import EngineMetricsError, engine_load
+from tests.support.paths import FIXTURES
 
 
-def test_a_real_vllm_page(shared_dir: Path) -> None:
-    load = engine_load((shared_dir / "samples" / "vllm-0.32-cpu" / "vllm-metrics.txt").read_text())
+def test_a_real_vllm_page() -> None:
+    load = engine_load((FIXTURES / "vllm-0.32-cpu" / "vllm-metrics.txt").read_text())
     assert (load.running, load.waiting) == (0, 0)
     assert 0.0 <= load.kv_usage <= 1.0
     assert load.transfer_bytes_total is None  # no KV connector on that server
 
 
-def test_an_sglang_page(shared_dir: Path) -> None:
-    text = (shared_dir / "samples" / "sglang-metrics.txt").read_text()
+def test_an_sglang_page() -> None:
+    text = (FIXTURES / "sglang-metrics.txt").read_text()
     load = engine_load(text)
     assert load.running >= 0 and load.waiting >= 0 and 0.0 <= load.kv_usage <= 1.0
 

@@ -1,5 +1,5 @@
 """Decoding vLLM's KV-event payloads, checked on the frames a real vLLM 0.32 published
-(``shared/samples/vllm-0.32-cpu``): int and digest hashes, map events, the older array events,
+(``tests/fixtures/vllm-0.32-cpu``): int and digest hashes, map events, the older array events,
 all-map batches, and errors that name the part at fault."""
 
 from __future__ import annotations

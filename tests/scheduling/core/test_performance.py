@@ -64,7 +64,7 @@ def test_phi_kv_reproduces_the_papers_table_5() -> None:
 
 def test_cluster_egress_is_instances_times_phi_kv() -> None:
     assert float(cluster_egress_gbps(4, KV, H200, 32768)) == pytest.approx(4 * 3.1972, rel=1e-3)
-    # PRFAAS.md 2.5: 64 instances of Ring-2.5-1T-like hardware at 2.59 Gbps give 166 Gbps.
+    # docs/paper.md 2.5: 64 instances of Ring-2.5-1T-like hardware at 2.59 Gbps give 166 Gbps.
     flat = Table.from_points([[1, 1.0]])
     kv = Table.from_points([[1, 2.59e9 / 8 / MIB]])
     assert float(cluster_egress_gbps(64, kv, flat, 1)) == pytest.approx(165.76)
@@ -76,7 +76,7 @@ def test_transfer_over_a_down_link_never_finishes() -> None:
 
 
 def test_decode_capacity_matches_the_papers_reconstruction() -> None:
-    # PRFAAS.md 7.2: BS_max 20, T_decode 25 ms, 1024 output tokens -> 0.78125 req/s per instance.
+    # docs/paper.md 7.2: BS_max 20, T_decode 25 ms, 1024 output tokens -> 0.78125 req/s per instance.
     assert decode_rate_per_instance(20, 0.025, 1024) == pytest.approx(0.78125)
     assert math.isinf(decode_rate_per_instance(20, 0.025, 0))
 
@@ -164,7 +164,7 @@ def test_a_prefix_hit_fraction_scales_every_length() -> None:
 
 def test_expectations_integrate_over_the_distribution() -> None:
     assert expectation(PAPER_LENGTHS, lambda x: x) == pytest.approx(PAPER_LENGTHS.mean, rel=1e-4)
-    # PRFAAS.md 7.5: the naive baseline's mean TTFT is E[T_H200(L)] = 1.687 s.
+    # docs/paper.md 7.5: the naive baseline's mean TTFT is E[T_H200(L)] = 1.687 s.
     assert expectation(PAPER_LENGTHS, H200) == pytest.approx(1.687, abs=0.002)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -169,11 +168,9 @@ def test_a_scenario_without_a_rate_needs_rate_or_capacity(case_study_path: Path)
 
 
 def _manage(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SHARED_DIR": str(settings.SHARED_DIR)}
     return subprocess.run(
         [sys.executable, "manage.py", "simulate", *args],
         cwd=settings.BASE_DIR,
-        env=env,
         capture_output=True,
         text=True,
         timeout=120,

@@ -41,13 +41,13 @@ node_modules/.setup-stamp: package-lock.json
 
 setup: $(STAMP) node_modules/.setup-stamp
 
-# The demo needs only the runtime dependencies (no test tools): a fresh clone serves the UI
-# sooner. A full `make setup` satisfies it too.
+# The demo needs the runtime dependencies and the fleet extra (its emulator, agent and gateway),
+# not the test tools: a fresh clone serves the UI sooner. A full `make setup` satisfies it too.
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 $(RUNTIME_STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -f $(STAMP) -a $(STAMP) -nt requirements.lock -a $(STAMP) -nt pyproject.toml \
-	  || $(PY) -m pip install --quiet -c requirements.lock -e .
+	  || $(PY) -m pip install --quiet -c requirements.lock -e '.[fleet]'
 	touch $(RUNTIME_STAMP)
 
 demo: $(RUNTIME_STAMP) node_modules/.setup-stamp

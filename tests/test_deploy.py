@@ -169,6 +169,44 @@ def test_compose_file_validates(profile: list[str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_compose_mounts_nothing_from_outside_the_repository() -> None:
+    """A clone alone runs the stack: every bind mount of every profile is inside the
+    repository (the image carries scenarios/ and traces/; named volumes hold state)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "COMPOSE_"))}
+    profiles = ["--profile", "demo", "--profile", "agent", "--profile", "gateway"]
+    result = subprocess.run(
+        [*compose_command(), "-f", str(ROOT / "docker-compose.yml"), *profiles, "config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    binds = [
+        (name, mount.split(":", 1)[0])
+        for name, service in services.items()
+        for mount in service.get("volumes", [])
+        if isinstance(mount, str) and mount.startswith(("/", "."))
+    ]
+    assert binds, "expected the agent's and the gateway's config files to be mounted"
+    outside = [(name, source) for name, source in binds if not Path(source).is_relative_to(ROOT)]
+    assert not outside, outside
+    assert all(
+        service["build"]["context"] == str(ROOT)
+        for service in services.values()
+        if "build" in service
+    )
+
+
+def test_the_image_carries_the_scenarios_and_traces() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert not {"scenarios", "traces", "scenarios/", "traces/"} & set(ignored)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY . ." in dockerfile
+
+
 def test_compose_runs_every_role_and_the_emulator_only_in_the_demo_profile() -> None:
     services = compose_file()["services"]
     assert {"postgres", "redis", "migrate", "web", "worker", "beat", "emulator"} <= set(services)

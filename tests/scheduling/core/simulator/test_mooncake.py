@@ -72,3 +72,17 @@ def test_the_report_gives_the_cache_hit_fraction_and_the_link_traffic(
     assert f"{result.kv_bytes_offloaded / 1e9:.2f}" in page
     assert "data:image/png;base64," in page
     assert (tmp_path / "report" / "link_gbps.png").stat().st_size > 0
+
+
+def test_the_synthetic_trace_replays_from_its_own_scenario_with_its_prefixes_reused(
+    scenarios_dir: Path,
+) -> None:
+    # Its own scenario names only the trace and extends the conversation's fleet: the path is
+    # read relative to the scenario, as a user's own trace would be.
+    synthetic = scenario_load(scenarios_dir / "mooncake-synthetic.yaml")
+    assert synthetic.workload.trace is not None
+    assert synthetic.workload.trace.path.name == "synthetic_trace.jsonl"
+    result = simulate(synthetic, SimulationConfig(policy="prfaas", requests=800, seed=1))
+    assert result.finished == 800 and result.dropped == 0
+    # 64% of its block references were seen before (traces/mooncake/SOURCE.md): caches hit.
+    assert result.cache_hit_fraction > 0.05

@@ -1,5 +1,5 @@
 """Client CPU per Redis round trip: a one-command redis-py pipeline against the same command
-sent alone (:func:`clusters.live.scripts.script_call_async`), as the route path sends its scripts.
+sent alone (:func:`controlplane.redis_scripts.script_call_async`), as the route path sends its scripts.
 
 Starts a private embedded Redis (Unix socket), loads a trivial script, and sends ``EVALSHA``
 with a 200-byte argument ``--calls`` times each way, alternating the two ways ``--rounds``
@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
 
 import redis.asyncio as aioredis  # noqa: E402
 
-from clusters.live.scripts import script_call_async  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
+from controlplane.redis_scripts import script_call_async  # noqa: E402
 
 ARG = b"x" * 200
 

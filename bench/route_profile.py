@@ -37,9 +37,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.support.setup import bench_token, manage  # noqa: E402
-from clusters.live.scripts import lua_scripts  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
 from controlplane.redis_connection import redis_sync  # noqa: E402
+from controlplane.redis_scripts import lua_scripts  # noqa: E402
 
 TRACE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
 SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"

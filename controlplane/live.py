@@ -33,6 +33,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from controlplane.redis_connection import redis_async, redis_sync
+from controlplane.redis_scripts import LuaScript, lua_script
 
 logger = logging.getLogger(__name__)
 
@@ -293,6 +294,8 @@ _CURRENT_SEQ_LUA = """
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return {redis.call('GET', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
 """
+NEXT_SEQ_SCRIPT = lua_script(_NEXT_SEQ_LUA, "live next sequence")
+CURRENT_SEQ_SCRIPT = lua_script(_CURRENT_SEQ_LUA, "live current sequence")
 
 
 def _decode(pair: list[Any]) -> tuple[str, int]:
@@ -300,11 +303,11 @@ def _decode(pair: list[Any]) -> tuple[str, int]:
     return epoch, int(pair[1])
 
 
-def _eval_sync(client: redis.Redis, script: str, group: str) -> tuple[str, int]:
+def _eval_sync(client: redis.Redis, script: LuaScript, group: str) -> tuple[str, int]:
     keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
     for attempt in (1, 2):
         try:
-            return _decode(client.eval(script, 2, *keys, secrets.token_hex(8)))
+            return _decode(script.run(client, keys, [secrets.token_hex(8)]))
         except redis.ConnectionError:
             # A pooled connection from before a Redis restart fails once; a fresh one works.
             if attempt == 2:
@@ -312,11 +315,11 @@ def _eval_sync(client: redis.Redis, script: str, group: str) -> tuple[str, int]:
     raise AssertionError("unreachable")
 
 
-async def _eval_async(client: aioredis.Redis, script: str, group: str) -> tuple[str, int]:
+async def _eval_async(client: aioredis.Redis, script: LuaScript, group: str) -> tuple[str, int]:
     keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
     for attempt in (1, 2):
         try:
-            return _decode(await client.eval(script, 2, *keys, secrets.token_hex(8)))
+            return _decode(await script.run_async(client, keys, [secrets.token_hex(8)]))
         except redis.ConnectionError:
             if attempt == 2:
                 raise
@@ -325,16 +328,16 @@ async def _eval_async(client: aioredis.Redis, script: str, group: str) -> tuple[
 
 def sequence_next(group: str, client: redis.Redis | None = None) -> tuple[str, int]:
     """Give out the next ``(epoch, seq)`` of ``group``."""
-    return _eval_sync(client or redis_sync(), _NEXT_SEQ_LUA, group)
+    return _eval_sync(client or redis_sync(), NEXT_SEQ_SCRIPT, group)
 
 
 async def asequence_next(group: str, client: aioredis.Redis | None = None) -> tuple[str, int]:
-    return await _eval_async(client or redis_async(), _NEXT_SEQ_LUA, group)
+    return await _eval_async(client or redis_async(), NEXT_SEQ_SCRIPT, group)
 
 
 async def asequence_current(group: str, client: aioredis.Redis | None = None) -> tuple[str, int]:
     """The ``(epoch, seq)`` of the last frame given out in ``group`` (0 before any)."""
-    return await _eval_async(client or redis_async(), _CURRENT_SEQ_LUA, group)
+    return await _eval_async(client or redis_async(), CURRENT_SEQ_SCRIPT, group)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -45,15 +44,10 @@ from django.conf import settings
 from redis import exceptions as redis_exceptions
 
 from clusters.live import prefix_index, telemetry
-from clusters.live.scripts import (
-    counters_queue,
-    is_noscript,
-    script_call_async,
-    scripts_ensure_async,
-    scripts_forget,
-)
+from clusters.live.scripts import counters_queue
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async
+from controlplane.redis_scripts import script_call_async
 from scheduling import livestate, metrics, traffic
 from scheduling.coalesce import Coalesced
 from scheduling.core import routing
@@ -103,14 +97,8 @@ def _redis_available() -> bool:
 
 def _redis_failed(exc: BaseException) -> None:
     """A timeout may be this process's own load; only a refused connection means Redis is
-    gone, and only then are the next calls spared the attempt. A restarted Redis has lost the
-    scripts: load them again next time."""
+    gone, and only then are the next calls spared the attempt."""
     global _redis_skip_until
-    if is_noscript(exc) or isinstance(
-        exc, ConnectionError | OSError | redis_exceptions.ConnectionError
-    ):
-        with contextlib.suppress(RuntimeError):
-            scripts_forget(redis_async())
     if isinstance(exc, ConnectionError | OSError | redis_exceptions.ConnectionError):
         _redis_skip_until = time.monotonic() + REDIS_BACKOFF_S
         # Not refreshable now: the next call after the back-off reads it again.
@@ -121,10 +109,8 @@ def _redis_failed(exc: BaseException) -> None:
 async def _matches_run(
     hybrid: bool, block_tokens: int, chains: list[bytes]
 ) -> list[prefix_index.IndexMatch]:
-    r = redis_async()
-    await scripts_ensure_async(r)
     raw = await script_call_async(
-        r, lambda pipe: prefix_index.prefix_matches_queue(pipe, chains, hybrid, by_sha=True)
+        redis_async(), lambda pipe: prefix_index.prefix_matches_queue(pipe, chains, hybrid)
     )
     return prefix_index.prefix_matches_parse(raw, len(chains), block_tokens)
 
@@ -144,11 +130,9 @@ async def _matches(snap: Snapshot, chains: list[bytes]) -> list[prefix_index.Ind
 
 
 async def _reserve_run(items: list[telemetry.Reservation]) -> list[bool]:
-    r = redis_async()
-    await scripts_ensure_async(r)
     now = time.time()
     flat = await script_call_async(
-        r, lambda pipe: telemetry.link_reserve_many_queue(pipe, items, now, by_sha=True)
+        redis_async(), lambda pipe: telemetry.link_reserve_many_queue(pipe, items, now)
     )
     return [bool(int(flat[2 * k])) for k in range(len(items))]
 
@@ -515,7 +499,6 @@ async def route_records_flush() -> None:
     try:
         r = redis_async()
         async with asyncio.timeout(REDIS_DEADLINE_S):
-            await scripts_ensure_async(r)
             await script_call_async(
                 r,
                 lambda pipe: counters_queue(
@@ -529,9 +512,6 @@ async def route_records_flush() -> None:
             )
     except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
         log.warning("route records not written (%s)", type(exc).__name__)
-        if is_noscript(exc):
-            with contextlib.suppress(RuntimeError):
-                scripts_forget(redis_async())
 
 
 async def _reserve(

@@ -25,12 +25,13 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
 from clusters.live import telemetry
-from clusters.live.scripts import scripts_ensure_async
 from controlplane.redis_connection import redis_async
+from controlplane.redis_scripts import pipeline_run_async
 from scheduling.core import routing
 from scheduling.snapshot import SNAPSHOT_VERSION_KEY, Snapshot, parse_version
 
@@ -103,14 +104,14 @@ async def live_state_read_fresh(snap: Snapshot, now: float | None = None) -> Liv
     Raises what Redis raises; the caller bounds the wait.
     """
     now = time.time() if now is None else now
-    r = redis_async()
-    await scripts_ensure_async(r)
-    pipe = r.pipeline(transaction=False)
-    pipe.get(SNAPSHOT_VERSION_KEY)
-    telemetry.control_states_queue(pipe)
-    telemetry.instance_states_queue(pipe, snap.instance_names)
-    telemetry.link_states_queue(pipe, snap.link_keys, now, by_sha=True)
-    raw = await pipe.execute()
+
+    def reads(pipe: Any) -> None:
+        pipe.get(SNAPSHOT_VERSION_KEY)
+        telemetry.control_states_queue(pipe)
+        telemetry.instance_states_queue(pipe, snap.instance_names)
+        telemetry.link_states_queue(pipe, snap.link_keys, now)
+
+    raw = await pipeline_run_async(redis_async(), reads)
     version = parse_version(raw[0])
     control_raw = telemetry.control_states_parse(raw[1])
     at = 2

@@ -18,7 +18,6 @@ import asyncio
 import bisect
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -163,9 +162,7 @@ class LiveCollector:
             labels=["source", "target"],
         )
         if snap is not None and snap.link_keys:
-            pipe = r.pipeline(transaction=False)
-            telemetry.link_states_queue(pipe, snap.link_keys, time.time())
-            states = telemetry.link_states_parse(snap.link_keys, pipe.execute())
+            states = telemetry.link_states_read(snap.link_keys)
             for (source, target), key in zip(snap.link_pairs, snap.link_keys, strict=True):
                 spec = snap.topology.link_by_pair[(source, target)]
                 state = states.get(key)

@@ -43,6 +43,7 @@ from clusters.live import telemetry
 from clusters.live.scripts import counters_queue
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async, redis_sync
+from controlplane.redis_scripts import pipeline_run_async
 from scheduling import metrics, traffic
 from scheduling.core import routing
 from scheduling.snapshot import link_key, snapshot_cached, snapshot_get_async
@@ -257,8 +258,7 @@ async def outcomes_record_async(
     """Record a batch of outcomes and summed groups in one pipeline (module docstring)."""
     snap = await snapshot_get_async()
     r = redis_async()
-    pipe = r.pipeline(transaction=False)
-    releases: list[int] = []
+    releases: list[tuple[int, str, str]] = []
     for k, o in enumerate(outcomes):
         rv = o.decision.reservation
         if rv is not None and rv.id:
@@ -269,12 +269,15 @@ async def outcomes_record_async(
                     code="unknown_link",
                     status=422,
                 )
-            telemetry.link_release_queue(pipe, link_key(rv.source, rv.target), rv.id)
-            releases.append(k)
-    raw = await pipe.execute() if releases else []
-    freed = {k: int(v or 0) for k, v in zip(releases, raw, strict=True)}
+            releases.append((k, link_key(rv.source, rv.target), rv.id))
 
-    pipe = r.pipeline(transaction=False)
+    def release(pipe: Any) -> None:
+        for _, link, reservation_id in releases:
+            telemetry.link_release_queue(pipe, link, reservation_id)
+
+    raw = await pipeline_run_async(r, release) if releases else []
+    freed = {k: int(v or 0) for (k, _, _), v in zip(releases, raw, strict=True)}
+
     served = traffic.TrafficAggregate()
     sums = _Sums()
     decisions: dict[tuple[str, str], int] = {}
@@ -334,23 +337,20 @@ async def outcomes_record_async(
         sums.add(RELEASED_KEY, "count", released)
         sums.add(RELEASED_KEY, "bytes", released_bytes)
     ints, floats = sums.rows()
-    counters_queue(
-        pipe,
-        served.increments() + metrics.decision_increments(decisions) + ints,
-        floats,
-        list_key=traffic.RECENT_KEY,
-        list_cap=traffic.RECENT_CAP,
-        entries=decision_entries,
-    )
-    counters_queue(
-        pipe,
-        [],
-        list_key=RECENT_KEY,
-        list_cap=RECENT_CAP,
-        entries=outcome_entries,
-    )
+
+    def counters(pipe: Any) -> None:
+        counters_queue(
+            pipe,
+            served.increments() + metrics.decision_increments(decisions) + ints,
+            floats,
+            list_key=traffic.RECENT_KEY,
+            list_cap=traffic.RECENT_CAP,
+            entries=decision_entries,
+        )
+        counters_queue(pipe, [], list_key=RECENT_KEY, list_cap=RECENT_CAP, entries=outcome_entries)
+
     async with asyncio.timeout(REDIS_DEADLINE_S):
-        await pipe.execute()
+        await pipeline_run_async(r, counters)
     return OutcomesResult(
         len(outcomes) + sum(len(g.incremental_tokens) for g in groups), released, released_bytes
     )

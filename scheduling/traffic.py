@@ -21,7 +21,7 @@ Key layout:
 
 Writes are queued on the caller's pipeline (the route endpoint's one write round trip); a
 decision that depends on a link reservation records through
-:func:`clusters.live.telemetry.link_reserve_queue` so that whichever branch the reservation
+:func:`clusters.live.telemetry.link_reserve_many_queue` so that whichever branch the reservation
 takes is the one counted.
 """
 

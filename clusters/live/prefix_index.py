@@ -70,8 +70,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from clusters.live.scripts import lua_script
 from controlplane.redis_connection import redis_async, redis_sync
+from controlplane.redis_scripts import lua_script, pipeline_run, pipeline_run_async
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
 EPOCHS = 16
@@ -617,7 +617,7 @@ def prefix_index_sweep(budget: int = SWEEP_BUDGET, client: redis.Redis | None = 
     r = client or redis_sync()
     left = budget
     while True:
-        keys = int(r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
+        keys = int(SWEEP_SCRIPT.run(r, [], [min(SWEEP_STEP, left)]))
         left -= SWEEP_STEP
         if not keys or left <= 0:
             return keys
@@ -632,7 +632,7 @@ async def prefix_index_sweep_async(
     left = budget
     while True:
         async with INGEST_PACER.turn(redis_share):
-            keys = int(await r.eval(_SWEEP_LUA, 0, min(SWEEP_STEP, left)))
+            keys = int(await SWEEP_SCRIPT.run_async(r, [], [min(SWEEP_STEP, left)]))
         left -= SWEEP_STEP
         if not keys or left <= 0:
             return keys
@@ -647,11 +647,7 @@ def kv_batch_apply(
 ) -> BatchResult:
     """Apply one KV-event batch of ``instance`` atomically (hashes already folded)."""
     r = client or redis_sync()
-    args = _apply_args(instance, [(seq, events)], cap, time.time())
-    try:
-        raw = r.evalsha(APPLY_SCRIPT.sha, 0, *args)
-    except redis.exceptions.NoScriptError:
-        raw = r.eval(_APPLY_LUA, 0, *args)
+    raw = APPLY_SCRIPT.run(r, [], _apply_args(instance, [(seq, events)], cap, time.time()))
     return _results(raw)[0]
 
 
@@ -726,11 +722,7 @@ async def kv_batches_apply_async(
     for part in _slices(batches):
         args = _apply_args(instance, part, cap, now)
         async with INGEST_PACER.turn(redis_share):
-            try:
-                raw = await r.evalsha(APPLY_SCRIPT.sha, 0, *args)
-            except redis.exceptions.NoScriptError:
-                # not applied; EVAL runs it and caches it for the next slices
-                raw = await r.eval(_APPLY_LUA, 0, *args)
+            raw = await APPLY_SCRIPT.run_async(r, [], args)
         results.extend(_results(raw))
     return results
 
@@ -858,20 +850,13 @@ return out
 MATCH_SCRIPT = lua_script(_MATCH_LUA, "prefix match")
 
 
-def prefix_matches_queue(
-    pipe: Any, chains: Sequence[BlockKeys], hybrid: bool, by_sha: bool = False
-) -> None:
+def prefix_matches_queue(pipe: Any, chains: Sequence[BlockKeys], hybrid: bool) -> None:
     """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
 
     Chains hold folded keys (:data:`BlockKeys`: 16 hex digits each, :func:`block_hash_key`, or
-    already packed); each travels as one binary string. ``by_sha``: the caller loaded the
-    script (:mod:`clusters.live.scripts`).
+    already packed); each travels as one binary string.
     """
-    args: list[Any] = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
-    if by_sha:
-        MATCH_SCRIPT.queue(pipe, [], args)
-    else:
-        pipe.eval(_MATCH_LUA, 0, *args)
+    MATCH_SCRIPT.queue(pipe, [], ["1" if hybrid else "0", *(_packed(chain) for chain in chains)])
 
 
 def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> list[IndexMatch]:
@@ -907,9 +892,8 @@ def prefix_match(
     chain: Sequence[str], block_size: int, hybrid: bool = False, client: redis.Redis | None = None
 ) -> IndexMatch:
     """One round trip: the longest matched prefix per instance."""
-    pipe = (client or redis_sync()).pipeline(transaction=False)
-    prefix_matches_queue(pipe, [chain], hybrid)
-    return prefix_matches_parse(pipe.execute()[0], 1, block_size)[0]
+    raw = pipeline_run(client or redis_sync(), lambda p: prefix_matches_queue(p, [chain], hybrid))
+    return prefix_matches_parse(raw[0], 1, block_size)[0]
 
 
 async def prefix_match_async(
@@ -918,9 +902,9 @@ async def prefix_match_async(
     hybrid: bool = False,
     client: aioredis.Redis | None = None,
 ) -> IndexMatch:
-    pipe = (client or redis_async()).pipeline(transaction=False)
-    prefix_matches_queue(pipe, [chain], hybrid)
-    return prefix_matches_parse((await pipe.execute())[0], 1, block_size)[0]
+    r = client or redis_async()
+    raw = await pipeline_run_async(r, lambda p: prefix_matches_queue(p, [chain], hybrid))
+    return prefix_matches_parse(raw[0], 1, block_size)[0]
 
 
 # --- health and size --------------------------------------------------------------------------

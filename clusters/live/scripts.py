@@ -1,92 +1,12 @@
-"""Lua scripts of the request path, sent by SHA (EVALSHA) so only their arguments travel.
-
-Each async Redis client loads the scripts once (one ``SCRIPT LOAD`` round trip per process
-and event loop). A Redis that restarted has forgotten them: the call that meets ``NOSCRIPT``
-fails like any Redis error (decided from the snapshot), :func:`scripts_forget` drops the
-client's mark, and the next call loads them again.
-"""
+"""The counters script: a call's hash counters and its capped recent-entries list in ONE
+command (run like every script, :mod:`controlplane.redis_scripts`)."""
 
 from __future__ import annotations
 
-import hashlib
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-
-
-class LuaScript:
-    """A script, its name (for people: benches and logs) and its SHA1, as Redis names it."""
-
-    def __init__(self, source: str, name: str) -> None:
-        self.source = source
-        self.name = name
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def queue(self, pipe: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
-
-
-_REGISTRY: list[LuaScript] = []
-_loaded: weakref.WeakKeyDictionary[aioredis.Redis, bool] = weakref.WeakKeyDictionary()
-
-
-def lua_script(source: str, name: str) -> LuaScript:
-    """Declare a request-path script (loaded with all the others)."""
-    script = LuaScript(source, name)
-    _REGISTRY.append(script)
-    return script
-
-
-def lua_scripts() -> tuple[LuaScript, ...]:
-    """Every declared request-path script (benches name what Redis reports by SHA)."""
-    return tuple(_REGISTRY)
-
-
-async def scripts_ensure_async(client: aioredis.Redis) -> None:
-    """Load every declared script into the server behind ``client``, once."""
-    if _loaded.get(client):
-        return
-    pipe = client.pipeline(transaction=False)
-    for script in _REGISTRY:
-        pipe.script_load(script.source)
-    await pipe.execute()
-    _loaded[client] = True
-
-
-class _OneCommand:
-    """What a ``*_queue(pipe, ...)`` helper queues, taken as one command to send alone."""
-
-    def __init__(self) -> None:
-        self.args: tuple[Any, ...] = ()
-
-    def evalsha(self, *args: Any) -> None:
-        if self.args:
-            raise RuntimeError("script_call_async sends one command; this helper queued two")
-        self.args = ("EVALSHA", *args)
-
-
-async def script_call_async(client: aioredis.Redis, queue: Callable[[Any], None]) -> Any:
-    """Send the one scripted command ``queue(pipe)`` queues (by SHA: the caller loaded the
-    scripts), without a pipeline, and return its reply. A one-command redis-py pipeline cost
-    18 to 30 us more client CPU per round trip than the command alone (``bench/redis_client.py``:
-    ~120 against ~95-100 us); the replies and errors are the same."""
-    one = _OneCommand()
-    queue(one)
-    if not one.args:
-        raise RuntimeError("the helper queued no command")
-    return await client.execute_command(*one.args)
-
-
-def scripts_forget(client: aioredis.Redis) -> None:
-    """The server may have lost the scripts (restart, SCRIPT FLUSH): load them next time."""
-    _loaded.pop(client, None)
-
-
-def is_noscript(exc: BaseException) -> bool:
-    return "NOSCRIPT" in str(exc)
-
+from controlplane.redis_scripts import lua_script
 
 # Hash counters and a capped list in ONE command: a call's traffic and metrics counters and
 # its recent-decisions entries, instead of one HINCRBY/EXPIRE/LPUSH each (redis-py's

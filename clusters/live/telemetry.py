@@ -48,8 +48,8 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from clusters.live.scripts import lua_script
 from controlplane.redis_connection import redis_async, redis_sync
+from controlplane.redis_scripts import lua_script, pipeline_run
 
 BANDWIDTH_RETENTION_S = 3900
 # Samples kept a link: an hour of 1 s samples, twice over (two agents reporting one link).
@@ -275,20 +275,15 @@ return tonumber(redis.call('GET', KEYS[3]) or '0')
 INFLIGHT_SCRIPT = lua_script(_INFLIGHT_LUA, "link in-flight")
 
 
-def link_states_queue(
-    pipe: Any, links: Sequence[str], now: float | None = None, by_sha: bool = False
-) -> None:
-    """``1 + len(links)`` commands (none for no links): latest samples, in-flight bytes."""
+def link_states_queue(pipe: Any, links: Sequence[str], now: float | None = None) -> None:
+    """``1 + len(links)`` commands (none for no links): latest samples, in-flight bytes (a
+    script: run the pipeline with :func:`controlplane.redis_scripts.pipeline_run`)."""
     if not links:
         return
     pipe.hmget(LINKS_KEY, list(links))
     t = repr(time.time() if now is None else now)
     for link in links:
-        keys = reservation_keys(link)
-        if by_sha:
-            INFLIGHT_SCRIPT.queue(pipe, keys, [t])
-        else:
-            pipe.eval(_INFLIGHT_LUA, 3, *keys, t)
+        INFLIGHT_SCRIPT.queue(pipe, reservation_keys(link), [t])
 
 
 def link_states_parse(links: Sequence[str], raw: Sequence[Any]) -> dict[str, LinkState]:
@@ -331,9 +326,8 @@ def instance_states_read(instances: Sequence[str]) -> dict[str, InstanceSample]:
 
 
 def link_states_read(links: Sequence[str]) -> dict[str, LinkState]:
-    pipe = redis_sync().pipeline(transaction=False)
-    link_states_queue(pipe, links)
-    return link_states_parse(links, pipe.execute())
+    raw = pipeline_run(redis_sync(), lambda pipe: link_states_queue(pipe, links))
+    return link_states_parse(links, raw)
 
 
 def link_bandwidth_series(
@@ -514,33 +508,11 @@ def _reserve_args(items: Sequence[Reservation], now: float) -> list[Any]:
 
 
 def link_reserve_many_queue(
-    pipe: Any, items: Sequence[Reservation], now: float | None = None, by_sha: bool = False
+    pipe: Any, items: Sequence[Reservation], now: float | None = None
 ) -> None:
     """Queue ONE atomic command taking every reservation in order; its result is
-    ``[admitted 0|1, reserved bytes after] * len(items)`` flattened.
-
-    ``by_sha``: send the script by SHA (the caller loaded it, :mod:`clusters.live.scripts`).
-    """
-    args = _reserve_args(items, time.time() if now is None else now)
-    if by_sha:
-        RESERVE_SCRIPT.queue(pipe, [], args)
-    else:
-        pipe.eval(_RESERVE_LUA, 0, *args)
-
-
-def link_reserve_queue(
-    pipe: Any,
-    link: str,
-    reservation_id: str,
-    nbytes: int,
-    end_ts: float,
-    budget_bytes: int,
-    now: float | None = None,
-    outcome: ReservationOutcome | None = None,
-) -> None:
-    """One reservation (see :func:`link_reserve_many_queue`)."""
-    item = Reservation(link, reservation_id, nbytes, end_ts, budget_bytes, outcome)
-    link_reserve_many_queue(pipe, [item], now)
+    ``[admitted 0|1, reserved bytes after] * len(items)`` flattened."""
+    RESERVE_SCRIPT.queue(pipe, [], _reserve_args(items, time.time() if now is None else now))
 
 
 def _reserve_one_args(
@@ -562,7 +534,7 @@ def link_reserve(
     """Reserve ``nbytes`` on ``link`` until ``end_ts`` if the budget allows; True if admitted."""
     r = client or redis_sync()
     args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
-    admitted, _ = r.eval(_RESERVE_LUA, 0, *args)
+    admitted, _ = RESERVE_SCRIPT.run(r, [], args)
     return bool(admitted)
 
 
@@ -578,7 +550,7 @@ async def link_reserve_async(
     """Async twin of :func:`link_reserve`."""
     r = client or redis_async()
     args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
-    admitted, _ = await r.eval(_RESERVE_LUA, 0, *args)
+    admitted, _ = await RESERVE_SCRIPT.run_async(r, [], args)
     return bool(admitted)
 
 
@@ -591,27 +563,24 @@ local left = redis.call('DECRBY', KEYS[3], tonumber(b))
 if left < 0 then redis.call('SET', KEYS[3], 0) end
 return tonumber(b)
 """
+RELEASE_SCRIPT = lua_script(_RELEASE_LUA, "link release")
 
 
 def link_release_queue(pipe: Any, link: str, reservation_id: str) -> None:
     """Queue one release on ``pipe``; its reply is the bytes freed (0 if unknown)."""
-    keys = reservation_keys(link)
-    pipe.eval(_RELEASE_LUA, len(keys), *keys, reservation_id)
+    RELEASE_SCRIPT.queue(pipe, reservation_keys(link), [reservation_id])
 
 
 def link_release(link: str, reservation_id: str, client: redis.Redis | None = None) -> int:
     """End a reservation early (transfer done); returns the bytes freed (0 if unknown)."""
-    r = client or redis_sync()
-    keys = reservation_keys(link)
-    return int(r.eval(_RELEASE_LUA, len(keys), *keys, reservation_id))
+    return int(RELEASE_SCRIPT.run(client or redis_sync(), reservation_keys(link), [reservation_id]))
 
 
 async def link_release_async(
     link: str, reservation_id: str, client: aioredis.Redis | None = None
 ) -> int:
-    r = client or redis_async()
     keys = reservation_keys(link)
-    return int(await r.eval(_RELEASE_LUA, len(keys), *keys, reservation_id))
+    return int(await RELEASE_SCRIPT.run_async(client or redis_async(), keys, [reservation_id]))
 
 
 def link_reserved_bytes(link: str, client: redis.Redis | None = None) -> int:

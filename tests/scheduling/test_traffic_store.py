@@ -9,6 +9,7 @@ import time
 import redis
 
 from clusters.live import telemetry
+from controlplane.redis_scripts import pipeline_run
 from scheduling import traffic
 from scheduling.traffic import TrafficRecord
 
@@ -84,19 +85,12 @@ def test_reservation_records_only_the_branch_that_happened(redis_client: redis.R
     base = 1_700_000_040.0
     offload = record(base, "prfaas", 50_000, "above_threshold")
     fallback = record(base, "local", 50_000, "link_congested")
+    outcome = traffic.reservation_outcome(offload, fallback, "ok", "refused")
     for i in range(3):
-        pipe = redis_client.pipeline()
-        telemetry.link_reserve_queue(
-            pipe,
-            "L",
-            f"r{i}",
-            nbytes=600,
-            end_ts=base + 30,
-            budget_bytes=1000,
-            now=base,
-            outcome=traffic.reservation_outcome(offload, fallback, "ok", "refused"),
+        item = telemetry.Reservation("L", f"r{i}", 600, base + 30, 1000, outcome)
+        pipeline_run(
+            redis_client, lambda pipe: telemetry.link_reserve_many_queue(pipe, [item], base)
         )
-        pipe.execute()
     window = traffic.traffic_window_read("pd-a", base, base + 60)
     assert window.arrivals == 3 and window.offloads == 1
     assert window.reasons == {"above_threshold": 1, "link_congested": 2}
@@ -117,9 +111,9 @@ def test_many_reservations_in_one_call_take_turns_per_link_and_sum_their_records
         for i in range(3)
         for link in ("L", "M")
     ]
-    pipe = redis_client.pipeline()
-    telemetry.link_reserve_many_queue(pipe, items, now=base)
-    flat = pipe.execute()[0]
+    [flat] = pipeline_run(
+        redis_client, lambda pipe: telemetry.link_reserve_many_queue(pipe, items, base)
+    )
     # Per link in call order: 400, 800, then refused at 800 (each sees the ones before it).
     assert flat == [1, 400, 1, 400, 1, 800, 1, 800, 0, 800, 0, 800]
     assert telemetry.link_reserved_bytes("L") == 800 and telemetry.link_reserved_bytes("M") == 800

@@ -6,17 +6,15 @@ import asyncio
 
 import redis
 
-from clusters.live.scripts import counters_queue, scripts_ensure_async
+from clusters.live.scripts import counters_queue
 from controlplane.redis_connection import redis_async
+from controlplane.redis_scripts import pipeline_run_async
 
 
 def _apply(*args: object, **kwargs: object) -> None:
     async def run() -> None:
         client = redis_async()
-        await scripts_ensure_async(client)
-        pipe = client.pipeline(transaction=False)
-        counters_queue(pipe, *args, **kwargs)  # type: ignore[arg-type]
-        await pipe.execute()
+        await pipeline_run_async(client, lambda pipe: counters_queue(pipe, *args, **kwargs))  # type: ignore[arg-type]
         await client.aclose()
 
     asyncio.run(run())

@@ -14,6 +14,7 @@ import redis
 from clusters.live import prefix_index as px
 from clusters.live.prefix_index import AllCleared, KvEvent, RemovedBlocks, StoredBlocks
 from controlplane.redis_connection import redis_async
+from controlplane.redis_scripts import pipeline_run
 
 
 def chain(n: int, start: int = 1) -> list[str]:
@@ -283,9 +284,8 @@ def test_matches_are_the_block_by_block_walk_whatever_the_holders(
     # Chains that diverge, stop early, or start elsewhere, in one call.
     chains = [c, c[:25], c[:10] + chain(5, start=1000), c[3:], c[:1]]
     for hybrid in (False, True):
-        pipe = redis_client.pipeline()
-        px.prefix_matches_queue(pipe, chains, hybrid)
-        got = px.prefix_matches_parse(pipe.execute()[0], len(chains), 1)
+        raw = pipeline_run(redis_client, lambda p: px.prefix_matches_queue(p, chains, hybrid))  # noqa: B023
+        got = px.prefix_matches_parse(raw[0], len(chains), 1)
         assert [m.tokens_by_instance for m in got] == [
             _walk(one, full, linear, hybrid) for one in chains
         ]

@@ -24,6 +24,7 @@ import redis
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from clusters.live import telemetry as telemetry_store
 from clusters.live.prefix_index import block_hash_key
 from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
@@ -32,7 +33,7 @@ from controlplane.errors import Invalid
 from scheduling import decisions
 from scheduling.api.route import route_wire_decode
 from scheduling.policies import policy_create
-from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
+from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, link_key
 from tests.factories import PREFILL_SECONDS, api_token, bearer
 from tests.support.fleets import BLOCK_TOKENS, LINK_GBPS, pd_prfaas_fleet
 from tests.support.servers import (
@@ -577,6 +578,60 @@ async def test_route_survives_redis_going_away_and_recovers(
     await telemetry(client, fleet)
     d = await route(client, fleet, prompt_tokens=60_000)
     assert (d["route"], d["reason"]) == ("prfaas", "above_threshold")
+
+
+async def test_route_and_ingest_carry_on_when_redis_loses_its_scripts_mid_run(
+    client: AsyncClient, fleet: Fleet, own_redis: dict[str, Any], settings: Any
+) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{own_redis['port']}/0"
+    hashes = chain(40)
+    await telemetry(client, fleet)
+    await kv_stored(client, fleet, "pd-a-p1", hashes[:10])
+    assert (await route(client, fleet, prompt_tokens=60_000))["reason"] == "above_threshold"
+    server = redis.Redis(port=own_redis["port"])
+
+    # A failover or SCRIPT FLUSH: the same server, its script cache empty, before each step.
+    server.script_flush()
+    await kv_stored(client, fleet, "pd-a-p1", hashes[:30])  # ingest: the apply script
+    server.script_flush()
+    await telemetry(client, fleet)
+    d = await route(client, fleet, prompt_tokens=40 * BLOCK, block_hashes=hashes)
+    # The match script saw the 30 blocks stored after the flush: nothing was decided stale.
+    assert (d["route"], d["reason"], d["stale"]) == ("local", "cache_affinity", False)
+    assert d["cached_tokens"] == 30 * BLOCK
+    server.script_flush()
+    d = await route(client, fleet, prompt_tokens=60_000, request_id="after-flush")
+    assert (d["route"], d["reason"], d["stale"]) == ("prfaas", "above_threshold", False)
+    link = link_key("prfaas-x", "pd-a")
+    held = telemetry_store.link_reserved_bytes(link, client=server)
+    assert held >= d["reservation"]["bytes"] > 0  # the reservation script ran
+
+    server.script_flush()
+    outcome = {
+        "decision": d,
+        "decided_by": "control_plane",
+        "origin": "pd-a",
+        "prompt_tokens": 60_000,
+        "route": d["route"],
+        "reason": d["reason"],
+        "prefill": {"cluster": d["prefill"]["cluster"], "instance": d["prefill"]["instance"]},
+        "decode": {"cluster": d["decode"]["cluster"], "instance": d["decode"]["instance"]},
+        "incremental_tokens": d["incremental_tokens"],
+        "cached_tokens": 0,
+        "output_tokens": 8,
+        "observed_ttft_s": 2.0,
+        "transfer": "finished",
+        "transfer_bytes": d["reservation"]["bytes"],
+        "status": "ok",
+        "ts": time.time(),
+        "request_id": "after-flush",
+    }
+    answer = await post(client, "/outcomes", {"outcomes": [outcome]}, fleet.router)
+    assert answer.status_code == 200, answer.content
+    # The release and counters scripts ran: the reservation is freed.
+    assert (
+        telemetry_store.link_reserved_bytes(link, client=server) == held - d["reservation"]["bytes"]
+    )
 
 
 async def test_route_keeps_its_snapshot_when_the_database_is_unreachable(

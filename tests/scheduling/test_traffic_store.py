@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import time
@@ -88,9 +89,8 @@ def test_reservation_records_only_the_branch_that_happened(redis_client: redis.R
     outcome = traffic.reservation_outcome(offload, fallback, "ok", "refused")
     for i in range(3):
         item = telemetry.Reservation("L", f"r{i}", 600, base + 30, 1000, outcome)
-        pipeline_run(
-            redis_client, lambda pipe: telemetry.link_reserve_many_queue(pipe, [item], base)
-        )
+        queue = functools.partial(telemetry.link_reserve_many_queue, items=[item], now=base)
+        pipeline_run(redis_client, queue)
     window = traffic.traffic_window_read("pd-a", base, base + 60)
     assert window.arrivals == 3 and window.offloads == 1
     assert window.reasons == {"above_threshold": 1, "link_congested": 2}

@@ -12,14 +12,64 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from controlplane import query as _strict_query  # noqa: F401  (makes query strings strict)
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, validation_detail
 from controlplane.health import dependencies_check
 from controlplane.parser import StrictJsonParser
+from controlplane.query import strict_query
 
 log = logging.getLogger(__name__)
 
-api = NinjaAPI(
+_ERROR_RESPONSES = {
+    "400": "the body is not UTF-8 JSON",
+    "401": "missing, invalid, expired or revoked credentials",
+    "403": "the credentials lack the operation's scope",
+    "404": "no such object (in the path, query or body)",
+    "409": "stale version or conflicting state",
+    "413": "request body over API_MAX_BODY_BYTES",
+    "422": "input that breaks a rule (validation)",
+}
+
+
+class ControlPlaneApi(NinjaAPI):
+    """ninja's API with the one error shape documented on every operation that can answer it
+    (the handlers below produce these codes for any operation, so each operation lists them)."""
+
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> Any:
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["Error"] = {
+            "type": "object",
+            "properties": {"detail": {"type": "string"}, "code": {"type": "string"}},
+            "required": ["detail", "code"],
+        }
+        ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for methods in schema.get("paths", {}).values():
+            for method, op in methods.items():
+                if not isinstance(op, dict) or "responses" not in op:
+                    continue
+                for code in _error_codes(method, op):
+                    op["responses"].setdefault(code, {"description": _ERROR_RESPONSES[code], **ref})
+        return schema
+
+
+def _error_codes(method: str, op: dict[str, Any]) -> list[str]:
+    codes = []
+    if op.get("security"):
+        codes += ["401", "403"]
+    if op.get("parameters") or op.get("requestBody"):
+        codes.append("422")
+    if op.get("requestBody"):
+        codes += ["400", "413"]
+    if op.get("parameters") or op.get("requestBody"):
+        codes.append("404")  # a path id, or an object named in the query or body
+    if method in ("post", "patch", "put", "delete"):
+        codes.append("409")
+    return codes
+
+
+api = ControlPlaneApi(
     title="PrfaaS control plane",
     version="1",
     description="Inventory, routing decisions, telemetry and plans for PrfaaS-PD serving.",
@@ -27,6 +77,7 @@ api = NinjaAPI(
     docs_url="/docs",
     parser=StrictJsonParser(),
 )
+api.add_decorator(strict_query, mode="view")
 
 
 def _error(request: HttpRequest, status: int, detail: str, code: str) -> HttpResponse:
@@ -102,52 +153,6 @@ def on_unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     """Every other failure answers in the one error shape too (never an HTML page)."""
     log.exception("unexpected error on %s %s", request.method, request.path)
     return _error(request, 500, "internal error; it was logged", "internal_error")
-
-
-_ERROR_RESPONSES = {
-    "400": "the body is not UTF-8 JSON",
-    "401": "missing, invalid, expired or revoked credentials",
-    "403": "the credentials lack the operation's scope",
-    "404": "no such object (in the path, query or body)",
-    "409": "stale version or conflicting state",
-    "413": "request body over API_MAX_BODY_BYTES",
-    "422": "input that breaks a rule (validation)",
-}
-
-
-def _openapi_with_error_shape(*args: Any, **kwargs: Any) -> Any:
-    """The schema, with the one error shape documented on every operation that can answer it
-    (the handlers above produce these codes for any operation, so each operation lists them)."""
-    schema = _openapi_base(*args, **kwargs)
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components["Error"] = {
-        "type": "object",
-        "properties": {"detail": {"type": "string"}, "code": {"type": "string"}},
-        "required": ["detail", "code"],
-    }
-    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    for methods in schema.get("paths", {}).values():
-        for method, op in methods.items():
-            if not isinstance(op, dict) or "responses" not in op:
-                continue
-            codes = []
-            if op.get("security"):
-                codes += ["401", "403"]
-            if op.get("parameters") or op.get("requestBody"):
-                codes.append("422")
-            if op.get("requestBody"):
-                codes += ["400", "413"]
-            if op.get("parameters") or op.get("requestBody"):
-                codes.append("404")  # a path id, or an object named in the query or body
-            if method in ("post", "patch", "put", "delete"):
-                codes.append("409")
-            for code in codes:
-                op["responses"].setdefault(code, {"description": _ERROR_RESPONSES[code], **ref})
-    return schema
-
-
-_openapi_base = api.get_openapi_schema
-api.get_openapi_schema = _openapi_with_error_shape  # type: ignore[method-assign]
 
 
 @api.get("/health/live", auth=None, tags=["meta"])

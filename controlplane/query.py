@@ -2,19 +2,24 @@
 more than once, is a 422 naming it rather than silently ignored (or the last copy taken).
 
 The OpenAPI schema lists each operation's query parameters and their types; this makes the
-behaviour match it. ninja builds one query model per operation, so the check sits where that
-model reads the request.
+behaviour match it. :func:`strict_query` is a ninja view decorator, installed for the whole API
+with ``api.add_decorator(strict_query, mode="view")``: it reads the operation's query models
+once, when the API is built, and checks each request before the operation runs (so a malformed
+query string is refused before credentials are looked at, like a malformed URL). Operations
+that declare no query parameter are left as they are.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Collection
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase
 from ninja.errors import ValidationError
 from ninja.params.models import QueryModel
 
-_read_query = QueryModel.get_request_data.__func__  # type: ignore[attr-defined]
+Run = Callable[..., HttpResponseBase]
 
 
 def _declared_names(model: type[QueryModel]) -> set[str]:
@@ -24,10 +29,11 @@ def _declared_names(model: type[QueryModel]) -> set[str]:
     return {field.alias or name for name, field in model.model_fields.items()}
 
 
-def query_problems(model: type[QueryModel], request: HttpRequest) -> list[dict[str, Any]]:
-    """What is wrong with the request's query string for this operation's query model."""
-    declared = _declared_names(model)
-    lists = set(getattr(model, "__ninja_collection_fields__", ()))
+def query_problems(
+    declared: Collection[str], lists: Collection[str], request: HttpRequest
+) -> list[dict[str, Any]]:
+    """What is wrong with the request's query string for these declared names (``lists``: the
+    ones that may repeat)."""
     problems = []
     for key in request.GET:
         if key not in declared:
@@ -37,13 +43,20 @@ def query_problems(model: type[QueryModel], request: HttpRequest) -> list[dict[s
     return problems
 
 
-def _strict_get_request_data(
-    cls: type[QueryModel], request: HttpRequest, api: Any, path_params: Any
-) -> Any:
-    problems = query_problems(cls, request)
-    if problems:
-        raise ValidationError(problems)
-    return _read_query(cls, request, api, path_params)
+def strict_query(run: Run) -> Run:
+    """Wrap one operation's ``run`` (a bound method of ninja's ``Operation``)."""
+    operation = run.__self__  # type: ignore[attr-defined]
+    models = [m for m in operation.models if issubclass(m, QueryModel)]
+    if not models:
+        return run
+    declared = set().union(*(_declared_names(m) for m in models))
+    lists = set().union(*(getattr(m, "__ninja_collection_fields__", ()) for m in models))
 
+    @functools.wraps(run)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        problems = query_problems(declared, lists, request)
+        if problems:
+            return operation.api.on_exception(request, ValidationError(problems))
+        return run(request, *args, **kwargs)
 
-QueryModel.get_request_data = classmethod(_strict_get_request_data)  # type: ignore[method-assign,assignment]
+    return checked

@@ -175,7 +175,7 @@ CACHES = {
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "controlplane.channel_layer.ReconnectingRedisChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": "prfaas-ch"},
     }
 }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -20,10 +19,7 @@ from typing import Any
 import redis
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
-from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
-from channels.utils import await_many_dispatch
 
 from controlplane.live import Frame, asequence_current, group_valid
 from controlplane.models import Scope
@@ -45,8 +41,37 @@ REORDER_WINDOW_S = 0.25
 HEARTBEAT_S = 2.0
 # Group membership in the channel layer expires; long-lived sockets renew it.
 GROUP_RENEW_S = 600.0
-# Backoff while the channel layer's Redis is unreachable.
-RECONNECT_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class _Heartbeat:
+    """The websocket's ``receive``, which also yields ``{"type": "live.heartbeat"}`` every
+    ``interval`` seconds, however busy the client: the consumer's messages stay one sequence,
+    handled one at a time. A client message still on its way when a beat is due is kept for
+    the next call."""
+
+    def __init__(self, receive: Any, interval: float) -> None:
+        self.receive = receive
+        self.interval = interval
+        self.beat_at = time.monotonic() + interval
+        self.waiting: asyncio.Future[Any] | None = None
+
+    async def __call__(self) -> Any:
+        if self.waiting is None:
+            self.waiting = asyncio.ensure_future(self.receive())
+        wait = self.beat_at - time.monotonic()
+        done = False
+        if wait > 0:
+            finished, _ = await asyncio.wait({self.waiting}, timeout=wait)
+            done = bool(finished)
+        if not done:
+            self.beat_at = time.monotonic() + self.interval
+            return {"type": "live.heartbeat"}
+        message, self.waiting = self.waiting.result(), None
+        return message
+
+    def close(self) -> None:
+        if self.waiting is not None:
+            self.waiting.cancel()
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -57,20 +82,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     seq: int = 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        # AsyncConsumer.__call__, with a channel-layer receive that survives a Redis restart.
-        self.scope = scope
-        self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        self.channel_name = await self.channel_layer.new_channel()
-        self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-        self.base_send = send
         self.pending: dict[int, Frame] = {}
         self.gap_check_scheduled = False
         self.lag_seen = 0
         self.group_added_at = 0.0
-        with contextlib.suppress(StopConsumer):
-            await await_many_dispatch(
-                [receive, self._channel_receive_resilient, self._heartbeat], self.dispatch
-            )
+        beating = _Heartbeat(receive, HEARTBEAT_S)
+        try:
+            await super().__call__(scope, beating, send)
+        finally:
+            beating.close()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # AsyncConsumer.dispatch hops to a thread before every handler to close stale database
@@ -81,27 +101,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await getattr(self, get_handler_name(message))(message)
         else:
             await super().dispatch(message)
-
-    async def _channel_receive_resilient(self) -> dict[str, Any]:
-        try:
-            return await self.channel_receive()
-        except (redis.RedisError, OSError) as exc:
-            logger.warning("channel layer receive failed (%s); reconnecting", exc)
-        for delay in (*RECONNECT_DELAYS_S, *([RECONNECT_DELAYS_S[-1]] * 1000)):
-            await asyncio.sleep(delay)
-            try:
-                if self.group:
-                    # Group membership lived in Redis; a restarted Redis has forgotten it.
-                    await self._group_add()
-                # Frames sent while Redis was away are lost: start over from a snapshot.
-                return {"type": "live.resync", "reason": "reconnected"}
-            except (redis.RedisError, OSError):
-                continue
-        raise StopConsumer
-
-    async def _heartbeat(self) -> dict[str, Any]:
-        await asyncio.sleep(HEARTBEAT_S)
-        return {"type": "live.heartbeat"}
 
     # -- websocket side ----------------------------------------------------------------------
 
@@ -191,9 +190,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self.lag_seen = seq if seq > self.seq else 0
 
-    async def live_resync(self, event: dict[str, Any]) -> None:
+    async def layer_reconnected(self, event: dict[str, Any]) -> None:
+        """The channel layer's Redis came back (:mod:`controlplane.channel_layer`): frames sent
+        meanwhile are lost and group membership lived in the old Redis."""
+        if not self.group:
+            return
         try:
-            await self.snapshot_send(event.get("reason", "resync"))
+            await self._group_add()
+            await self.snapshot_send("reconnected")
         except (redis.RedisError, OSError) as exc:
             # The heartbeat sees the stale epoch and tries again.
             logger.warning("snapshot after reconnect failed: %s", exc)

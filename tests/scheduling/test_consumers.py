@@ -262,7 +262,7 @@ def own_redis(tmp_path: Path, settings: Any) -> Iterator[Callable[[], None]]:
     url = f"redis://127.0.0.1:{port}/0"
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+        "default": {**settings.CHANNEL_LAYERS["default"], "CONFIG": {"hosts": [url]}}
     }
 
     def restart() -> None:

@@ -11,20 +11,22 @@ of every row are the same five operations:
 * ``PATCH /{path}/{id}`` with the ``version`` last read; ``DELETE /{path}/{id}?version=N``
   (required). A stale version gets 409 naming the current one.
 
-The services are ``clusters.services.<name>_create|_update|_delete``, the operation ids
-``<name>_list|_get|_create|_update|_delete`` (as when they were written by hand).
+Each row names its services (``clusters.services.<name>_create|_update|_delete``), so a missing
+one fails at import; the operations are named ``<name>_list|_get|_create|_update|_delete``
+(:func:`_names`).
+
+The operations are closures per row with real signatures: this module evaluates annotations
+when a function is defined (no ``from __future__ import annotations``), so a row's schemas
+are the parameters' types, and its id's path name is the parameter's alias.
 """
 
-from __future__ import annotations
-
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema, Status
+from ninja import Path, Query, Router, Schema, Status
 from ninja.pagination import paginate
 
 from clusters import selectors, services
@@ -120,18 +122,29 @@ class Resource:
     patch: type[Schema]
     filters: type[Schema]
     select: Callable[..., QuerySet[Any]]
+    create_service: Callable[..., Any]
+    update_service: Callable[..., Any]
+    delete_service: Callable[..., Any]
 
     @property
     def id_param(self) -> str:
         return f"{self.name}_id"
 
-    def service(self, verb: str) -> Callable[..., Any]:
-        service: Callable[..., Any] = getattr(services, f"{self.name}_{verb}")
-        return service
-
 
 RESOURCES: tuple[Resource, ...] = (
-    Resource("sites", "site", Site, SiteOut, SiteIn, SitePatch, NameFilter, selectors.site_list),
+    Resource(
+        "sites",
+        "site",
+        Site,
+        SiteOut,
+        SiteIn,
+        SitePatch,
+        NameFilter,
+        selectors.site_list,
+        services.site_create,
+        services.site_update,
+        services.site_delete,
+    ),
     Resource(
         "accelerators",
         "accelerator",
@@ -141,6 +154,9 @@ RESOURCES: tuple[Resource, ...] = (
         AcceleratorPatch,
         NameFilter,
         selectors.accelerator_list,
+        services.accelerator_create,
+        services.accelerator_update,
+        services.accelerator_delete,
     ),
     Resource(
         "model-profiles",
@@ -151,6 +167,9 @@ RESOURCES: tuple[Resource, ...] = (
         ModelProfilePatch,
         NameFilter,
         selectors.model_profile_list,
+        services.model_profile_create,
+        services.model_profile_update,
+        services.model_profile_delete,
     ),
     Resource(
         "performance-profiles",
@@ -161,6 +180,9 @@ RESOURCES: tuple[Resource, ...] = (
         PerformanceProfilePatch,
         PerformanceProfileFilter,
         selectors.performance_profile_list,
+        services.performance_profile_create,
+        services.performance_profile_update,
+        services.performance_profile_delete,
     ),
     Resource(
         "clusters",
@@ -171,6 +193,9 @@ RESOURCES: tuple[Resource, ...] = (
         ClusterPatch,
         ClusterFilter,
         selectors.cluster_list,
+        services.cluster_create,
+        services.cluster_update,
+        services.cluster_delete,
     ),
     Resource(
         "instances",
@@ -181,94 +206,79 @@ RESOURCES: tuple[Resource, ...] = (
         InstancePatch,
         InstanceFilter,
         selectors.instance_list,
+        services.instance_create,
+        services.instance_update,
+        services.instance_delete,
     ),
-    Resource("links", "link", Link, LinkOut, LinkIn, LinkPatch, LinkFilter, selectors.link_list),
+    Resource(
+        "links",
+        "link",
+        Link,
+        LinkOut,
+        LinkIn,
+        LinkPatch,
+        LinkFilter,
+        selectors.link_list,
+        services.link_create,
+        services.link_update,
+        services.link_delete,
+    ),
 )
 
 
-def _named(fn: Callable[..., Any], name: str, params: dict[str, Any]) -> Callable[..., Any]:
-    """``fn`` under the operation's name, its keyword parameters declared as ``params``
-    (name -> (annotation, default)) so that ninja sees e.g. ``site_id: int`` in the path."""
-    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    declared = [
-        inspect.Parameter(
-            key,
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=annotation,
-            default=inspect.Parameter.empty if default is ... else default,
-        )
-        for key, (annotation, default) in params.items()
-    ]
-    fn.__signature__ = inspect.Signature([request, *declared])  # type: ignore[attr-defined]
-    fn.__name__ = fn.__qualname__ = name
-    return fn
+def _names(r: Resource, verb: str) -> dict[str, str]:
+    """The operation's id and summary, as ninja derives them for a module-level function
+    ``<name>_<verb>`` of this module (the names clients' generated code already uses)."""
+    name = f"{r.name}_{verb}"
+    return {
+        "operation_id": f"{__name__.replace('.', '_')}_{name}",
+        "summary": name.replace("_", " ").title(),
+    }
 
 
 def resource_routes(r: Resource) -> None:
     """Register the five operations of ``r`` on the inventory router."""
     item = f"/{r.path}/{{{r.id_param}}}"
+    pk_in_path = Path(..., alias=r.id_param)
+    # Schemas known when the row is registered (mypy sees variables, not types).
+    out: Any = r.out
+    create_in: Any = r.create
+    patch_in: Any = r.patch
+    filters_in: Any = Query[r.filters]  # type: ignore[name-defined,misc]
 
-    def list_(request: HttpRequest, **kw: Any) -> QuerySet[Any]:
-        return r.select(**kw["filters"].model_dump())
+    @router.get(f"/{r.path}", response=list[out], auth=READ, **_names(r, "list"))
+    @paginate(BoundedLimitOffsetPagination)
+    def list_(request: HttpRequest, filters: filters_in) -> QuerySet[Any]:
+        return r.select(**filters.model_dump())
 
-    def get(request: HttpRequest, **kw: Any) -> Versioned:
-        return selectors.inventory_get(r.model, kw[r.id_param])
+    @router.get(item, response=out, auth=READ, **_names(r, "get"))
+    def get(request: HttpRequest, pk: int = pk_in_path) -> Versioned:
+        return selectors.inventory_get(r.model, pk)
 
-    def create(request: HttpRequest, **kw: Any) -> Status[Model]:
-        made = r.service("create")(
-            actor=actor_from_request(request), **payload_fields(kw["payload"])
-        )
+    @router.post(f"/{r.path}", response={201: out}, auth=ADMIN, **_names(r, "create"))
+    def create(request: HttpRequest, payload: create_in) -> Status[Model]:
+        made = r.create_service(actor=actor_from_request(request), **payload_fields(payload))
         return Status(201, made)
 
-    def update(request: HttpRequest, **kw: Any) -> Model:
-        payload = kw["payload"]
-        return r.service("update")(
-            **{r.id_param: kw[r.id_param]},
+    @router.patch(item, response=out, auth=ADMIN, **_names(r, "update"))
+    def update(request: HttpRequest, payload: patch_in, pk: int = pk_in_path) -> Model:
+        return r.update_service(
+            **{r.id_param: pk},
             version=payload.version,
             changes=payload_fields(payload, exclude={"version"}),
             actor=actor_from_request(request),
         )
 
-    def delete(request: HttpRequest, **kw: Any) -> HttpResponse:
-        r.service("delete")(
-            **{r.id_param: kw[r.id_param]}, version=kw["version"], actor=actor_from_request(request)
-        )
+    @router.delete(item, response={204: None}, auth=ADMIN, **_names(r, "delete"))
+    def delete(
+        request: HttpRequest,
+        pk: int = pk_in_path,
+        version: int = Query(
+            ..., ge=1, le=MAX_VERSION, description="the version you last read; stale -> 409"
+        ),
+    ) -> HttpResponse:
+        r.delete_service(**{r.id_param: pk}, version=version, actor=actor_from_request(request))
         return HttpResponse(status=204)
-
-    listing: Any = list[r.out]  # type: ignore[name-defined]  # a schema known at run time
-    filters: Any = Query[r.filters]  # type: ignore[name-defined,misc]
-    router.get(f"/{r.path}", response=listing, auth=READ)(
-        paginate(BoundedLimitOffsetPagination)(
-            _named(list_, f"{r.name}_list", {"filters": (filters, ...)})
-        )
-    )
-    router.get(item, response=r.out, auth=READ)(
-        _named(get, f"{r.name}_get", {r.id_param: (int, ...)})
-    )
-    router.post(f"/{r.path}", response={201: r.out}, auth=ADMIN)(
-        _named(create, f"{r.name}_create", {"payload": (r.create, ...)})
-    )
-    router.patch(item, response=r.out, auth=ADMIN)(
-        _named(update, f"{r.name}_update", {r.id_param: (int, ...), "payload": (r.patch, ...)})
-    )
-    router.delete(item, response={204: None}, auth=ADMIN)(
-        _named(
-            delete,
-            f"{r.name}_delete",
-            {
-                r.id_param: (int, ...),
-                "version": (
-                    int,
-                    Query(
-                        ...,
-                        ge=1,
-                        le=MAX_VERSION,
-                        description="the version you last read; stale -> 409",
-                    ),
-                ),
-            },
-        )
-    )
 
 
 for _resource in RESOURCES:

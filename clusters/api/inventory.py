@@ -226,7 +226,7 @@ RESOURCES: tuple[Resource, ...] = (
 )
 
 
-def _names(r: Resource, verb: str) -> dict[str, str]:
+def _names(r: Resource, verb: str) -> dict[str, Any]:
     """The operation's id and summary, as ninja derives them for a module-level function
     ``<name>_<verb>`` of this module (the names clients' generated code already uses)."""
     name = f"{r.name}_{verb}"

@@ -46,12 +46,12 @@ from ninja.utils import check_csrf
 
 from controlplane.errors import UNAUTHORIZED_DETAIL, ApiError, Forbidden, Unauthorized
 from controlplane.health import db_call, db_connection_reset
-from controlplane.models import ApiToken, Scope, token_hash
+from controlplane.models import ApiToken, TokenScope, token_hash
 
-ALL_SCOPES = frozenset(Scope.values)
+ALL_SCOPES = frozenset(TokenScope.values)
 GROUP_SCOPES: dict[str, frozenset[str]] = {
-    "viewer": frozenset({Scope.READ}),
-    "operator": frozenset({Scope.READ, Scope.OPERATE}),
+    "viewer": frozenset({TokenScope.READ}),
+    "operator": frozenset({TokenScope.READ, TokenScope.OPERATE}),
     "admin": ALL_SCOPES,
 }
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -78,7 +78,7 @@ class Principal:
     binding: Binding | None = None
 
     def has_scope(self, scope: str) -> bool:
-        return scope in self.scopes or Scope.ADMIN in self.scopes
+        return scope in self.scopes or TokenScope.ADMIN in self.scopes
 
 
 def binding_check(
@@ -198,7 +198,7 @@ def _token_fetch(digest: str) -> _CachedToken | None:
     if row is None:
         return None
     scopes = frozenset(row["scopes"])
-    fleet_wide = row["fleet_wide"] or Scope.ADMIN in scopes
+    fleet_wide = row["fleet_wide"] or TokenScope.ADMIN in scopes
     return _CachedToken(
         token_id=row["id"],
         name=row["name"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from controlplane.errors import ApiError
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 
 
 def service_error_add(form: forms.Form, exc: ApiError) -> None:
@@ -61,7 +61,7 @@ class TokenForm(BindingFields):
 
     name = forms.CharField(max_length=100, help_text="e.g. router-eu-1; unique")
     scopes = forms.MultipleChoiceField(
-        choices=Scope.choices, widget=forms.CheckboxSelectMultiple, help_text="at least one"
+        choices=TokenScope.choices, widget=forms.CheckboxSelectMultiple, help_text="at least one"
     )
     expires_in_days = forms.FloatField(
         required=False, min_value=0.01, label="Expires in (days)", help_text="empty: never"

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 
-class Scope(models.TextChoices):
+class TokenScope(models.TextChoices):
     """What a token may do. ``admin`` implies every other scope."""
 
     ROUTER = "router", "router: ask for routing decisions and read the policy"
@@ -36,7 +36,7 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(max_length=16, db_index=True)
     secret_sha256 = models.CharField(max_length=64, unique=True)
-    scopes = models.JSONField(default=list, help_text="list of scopes among Scope values")
+    scopes = models.JSONField(default=list, help_text="list of scopes among TokenScope values")
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="api_tokens"

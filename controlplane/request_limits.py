@@ -22,25 +22,27 @@ oversized body is never read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
+from asgiref.typing import (
+    ASGI3Application,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    HTTPScope,
+    Scope,
+)
 from django.conf import settings
 
 from controlplane.errors import UNAUTHORIZED_DETAIL, PayloadTooLarge, error_json
 from controlplane.middleware import request_id_new
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-Send = Callable[[Mapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SLOW_BODY_DETAIL = "the request body did not arrive within HTTP_BODY_TIMEOUT_S"
 
 
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    return {key.lower(): value for key, value in scope.get("headers", ())}
+def _headers(scope: HTTPScope) -> dict[bytes, bytes]:
+    return {key.lower(): value for key, value in scope["headers"]}
 
 
 def _limit(path: str) -> int:
@@ -49,8 +51,8 @@ def _limit(path: str) -> int:
     return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or settings.API_MAX_BODY_BYTES)
 
 
-def _credentialless(scope: Scope, headers: dict[bytes, bytes]) -> bool:
-    if not scope.get("path", "").startswith("/api/") or scope.get("method") not in WRITES:
+def _credentialless(scope: HTTPScope, headers: dict[bytes, bytes]) -> bool:
+    if not scope["path"].startswith("/api/") or scope["method"] not in WRITES:
         return False
     if b"authorization" in headers:
         return False
@@ -58,7 +60,9 @@ def _credentialless(scope: Scope, headers: dict[bytes, bytes]) -> bool:
     return f"{settings.SESSION_COOKIE_NAME}=" not in cookie
 
 
-async def _refuse(send: Send, headers: dict[bytes, bytes], status: int, body: bytes) -> None:
+async def _refuse(
+    send: ASGISendCallable, headers: dict[bytes, bytes], status: int, body: bytes
+) -> None:
     # The caller's request id echoed (or one made), as RequestIdMiddleware does for the rest.
     request_id = headers.get(b"x-request-id", b"")[:64] or request_id_new().encode()
     await send(
@@ -71,19 +75,20 @@ async def _refuse(send: Send, headers: dict[bytes, bytes], status: int, body: by
                 (b"x-request-id", request_id),
                 (b"connection", b"close"),
             ],
+            "trailers": False,
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def request_body_bounded(app: ASGIApp) -> ASGIApp:
+def request_body_bounded(app: ASGI3Application) -> ASGI3Application:
     """Wrap ``app`` (Django, the route fast path) so no body past its limit is ever read."""
 
-    async def guard(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
+    async def guard(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        limit = _limit(scope.get("path", ""))
+        limit = _limit(scope["path"])
         too_large = PayloadTooLarge(limit)
         headers = _headers(scope)
         declared = headers.get(b"content-length", b"").decode("latin-1")
@@ -99,7 +104,7 @@ def request_body_bounded(app: ASGIApp) -> ASGIApp:
         started = refused = body_done = False
         deadline = asyncio.get_running_loop().time() + float(settings.HTTP_BODY_TIMEOUT_S)
 
-        async def bounded_receive() -> Mapping[str, Any]:
+        async def bounded_receive() -> ASGIReceiveEvent:
             nonlocal size, refused, body_done
             if refused:
                 return {"type": "http.disconnect"}
@@ -127,7 +132,7 @@ def request_body_bounded(app: ASGIApp) -> ASGIApp:
                     return {"type": "http.disconnect"}
             return message
 
-        async def guarded_send(message: Mapping[str, Any]) -> None:
+        async def guarded_send(message: ASGISendEvent) -> None:
             nonlocal started
             if refused:
                 return  # the refusal was the answer

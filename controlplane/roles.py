@@ -16,7 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
 from controlplane.auth import user_scopes
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 
 View = Callable[..., HttpResponse]
 
@@ -25,7 +25,7 @@ def user_has_scope(user: Any, scope: str) -> bool:
     if not user.is_authenticated:
         return False
     scopes = user_scopes(user)
-    return scope in scopes or Scope.ADMIN in scopes
+    return scope in scopes or TokenScope.ADMIN in scopes
 
 
 def scope_required(scope: str) -> Callable[[View], View]:
@@ -49,9 +49,9 @@ def roles(request: HttpRequest) -> dict[str, bool]:
     if user is None or not user.is_authenticated:
         return {"can_read": False, "can_operate": False, "can_admin": False}
     scopes = user_scopes(user)
-    admin = Scope.ADMIN in scopes
+    admin = TokenScope.ADMIN in scopes
     return {
-        "can_read": admin or Scope.READ in scopes,
-        "can_operate": admin or Scope.OPERATE in scopes,
+        "can_read": admin or TokenScope.READ in scopes,
+        "can_operate": admin or TokenScope.OPERATE in scopes,
         "can_admin": admin,
     }

@@ -15,7 +15,7 @@ from django.utils import timezone
 from controlplane.audit import Actor, change_record_create, snapshot
 from controlplane.auth import token_cache_clear
 from controlplane.errors import Conflict, Invalid, NotFound
-from controlplane.models import ApiToken, Scope, token_hash
+from controlplane.models import ApiToken, TokenScope, token_hash
 
 TOKEN_PREFIX = "prfaas_"
 # Characters of the token kept in clear for display; the rest of the 256-bit secret stays hidden.
@@ -33,10 +33,10 @@ class IssuedToken:
 def scopes_validate(scopes: list[str] | tuple[str, ...]) -> list[str]:
     if not scopes:
         raise Invalid("scopes: at least one scope is required", code="invalid")
-    unknown = sorted(set(scopes) - set(Scope.values))
+    unknown = sorted(set(scopes) - set(TokenScope.values))
     if unknown:
         raise Invalid(
-            f"scopes: unknown scope {', '.join(unknown)} (choose from {', '.join(Scope.values)})"
+            f"scopes: unknown scope {', '.join(unknown)} (choose from {', '.join(TokenScope.values)})"
         )
     return sorted(set(scopes))
 
@@ -63,7 +63,7 @@ def binding_validate(
     """The binding's names, cleaned; an agent token must be bound or explicitly fleet-wide."""
     clean_instances = _names_validate("instances", instances, link=False)
     clean_links = _names_validate("links", links, link=True)
-    agent = Scope.AGENT in scopes and Scope.ADMIN not in scopes
+    agent = TokenScope.AGENT in scopes and TokenScope.ADMIN not in scopes
     if agent and not fleet_wide and not clean_instances and not clean_links:
         raise Invalid(
             "instances: an agent token must be bound to its instances or links, "

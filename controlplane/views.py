@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError
 from controlplane.forms import AuditFilterForm, TokenBindingForm, TokenForm, service_error_add
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from controlplane.selectors import change_record_list, token_list
 from controlplane.services import IssuedToken, token_bind, token_create, token_revoke
@@ -21,7 +21,7 @@ AUDIT_PAGE_SIZE = 50
 BIND_PREFIX = "bind"
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def audit_list(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None)
     filters = {k: v for k, v in form.cleaned_data.items() if v} if form.is_valid() else {}
@@ -31,12 +31,12 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     return render(request, "controlplane/audit_list.html", {"form": form, "page": page})
 
 
-@scope_required(Scope.ADMIN)
+@scope_required(TokenScope.ADMIN)
 def token_list_page(request: HttpRequest) -> HttpResponse:
     return _tokens_render(request, TokenForm())
 
 
-@scope_required(Scope.ADMIN)
+@scope_required(TokenScope.ADMIN)
 @require_POST
 def token_create_page(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST)
@@ -54,7 +54,7 @@ def token_create_page(request: HttpRequest) -> HttpResponse:
     return _tokens_render(request, form, status=422)
 
 
-@scope_required(Scope.ADMIN)
+@scope_required(TokenScope.ADMIN)
 @require_POST
 def token_revoke_page(request: HttpRequest, name: str) -> HttpResponse:
     try:
@@ -65,7 +65,7 @@ def token_revoke_page(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("token-list")
 
 
-@scope_required(Scope.ADMIN)
+@scope_required(TokenScope.ADMIN)
 @require_POST
 def token_bind_page(request: HttpRequest) -> HttpResponse:
     form = TokenBindingForm(request.POST, prefix=BIND_PREFIX)

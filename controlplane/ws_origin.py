@@ -9,23 +9,22 @@ the origin must then be the host the socket was opened on: our own pages, nobody
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Iterable
 from urllib.parse import ParseResult, urlparse
 
+from asgiref.typing import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 from channels.security.websocket import OriginValidator, WebsocketDenier
 from django.conf import settings
 
-Scope = dict[str, Any]
-ASGIApp = Callable[
-    [Scope, Callable[[], Awaitable[Any]], Callable[[Mapping[str, Any]], Awaitable[None]]],
-    Awaitable[None],
-]
 DEFAULT_PORTS = {"http": "80", "ws": "80", "https": "443", "wss": "443"}
 
 
+def _headers(scope: Scope) -> Iterable[tuple[bytes, bytes]]:
+    return scope["headers"] if scope["type"] != "lifespan" else ()
+
+
 def _origin(scope: Scope) -> ParseResult | None:
-    for name, value in scope.get("headers", ()):
+    for name, value in _headers(scope):
         if name == b"origin":
             try:
                 return urlparse(value.decode("latin-1"))
@@ -35,7 +34,7 @@ def _origin(scope: Scope) -> ParseResult | None:
 
 
 def _host(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
+    for name, value in _headers(scope):
         if name == b"host":
             return str(value.decode("latin-1")).lower()
     return ""
@@ -54,7 +53,7 @@ def same_origin(origin: ParseResult | None, host: str) -> bool:
     )
 
 
-def websocket_origin_checked(app: ASGIApp) -> ASGIApp:
+def websocket_origin_checked(app: ASGI3Application) -> ASGI3Application:
     """Wrap the websocket app: a socket from another origin is denied before it is accepted."""
     allowed = list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not allowed:
@@ -62,7 +61,7 @@ def websocket_origin_checked(app: ASGIApp) -> ASGIApp:
     any_host = "*" in allowed
     listed = OriginValidator(app, [p for p in allowed if p != "*"])
 
-    async def check(scope: Scope, receive: Any, send: Any) -> None:
+    async def check(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         origin = _origin(scope)
         ok = same_origin(origin, _host(scope)) if any_host else listed.valid_origin(origin)
         if ok:

@@ -22,7 +22,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from controlplane.live import Frame, asequence_current, group_valid
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import user_has_scope
 from scheduling.overview import live_snapshot
 
@@ -110,7 +110,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        if not await database_sync_to_async(user_has_scope)(user, Scope.READ):
+        if not await database_sync_to_async(user_has_scope)(user, TokenScope.READ):
             await self.close(code=CLOSE_FORBIDDEN)  # logged in, but in no access group
             return
         group = self.scope["url_route"]["kwargs"]["group"]

@@ -16,13 +16,18 @@ to Django unchanged.
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from asgiref.typing import (
+    ASGI3Application,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    HTTPScope,
+    Scope,
+)
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -36,17 +41,13 @@ from scheduling.api.route import route_answer, route_wire_decode
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-Send = Callable[[Mapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Path -> whether it is the batch operation.
 ROUTE_PATHS: dict[str, bool] = {"/api/v1/route": False, "/api/v1/route/batch": True}
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
+def _header(scope: HTTPScope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
         if key.lower() == name:
             return str(value.decode("latin-1"))
     return None
@@ -109,15 +110,17 @@ def _conf_forget(**kwargs: Any) -> None:
     _conf = None
 
 
-def _secure(scope: Scope, conf: _Conf) -> bool:
-    if scope.get("scheme") == "https":
+def _secure(scope: HTTPScope, conf: _Conf) -> bool:
+    if scope["scheme"] == "https":
         return True
     if conf.proxy_ssl is None:
         return False
     return _header(scope, conf.proxy_ssl[0]) == conf.proxy_ssl[1]
 
 
-async def _send_json(scope: Scope, send: Send, status: int, body: bytes, request_id: str) -> None:
+async def _send_json(
+    scope: HTTPScope, send: ASGISendCallable, status: int, body: bytes, request_id: str
+) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -127,11 +130,13 @@ async def _send_json(scope: Scope, send: Send, status: int, body: bytes, request
     conf = _conf_get()
     if conf.hsts and _secure(scope, conf):
         headers.append((b"strict-transport-security", f"max-age={conf.hsts}".encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers, "trailers": False}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _host_allowed(scope: Scope, conf: _Conf) -> bool:
+def _host_allowed(scope: HTTPScope, conf: _Conf) -> bool:
     """Django's ``ALLOWED_HOSTS`` rule, which this door would otherwise skip."""
     host = _header(scope, b"host") or ""
     seen = conf.hosts_seen
@@ -145,7 +150,7 @@ def _host_allowed(scope: Scope, conf: _Conf) -> bool:
     return got
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def _read_body(scope: HTTPScope, receive: ASGIReceiveCallable, limit: int) -> bytes:
     """The body; PayloadTooLarge when it is declared or grows past ``limit`` (the rest is
     drained, not kept)."""
     declared = _header(scope, b"content-length") or ""
@@ -156,8 +161,8 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     more = True
     while more:
         message = await receive()
-        if message["type"] == "http.disconnect":
-            return b""
+        if message["type"] != "http.request":
+            return b""  # the client went away
         chunk = message.get("body", b"")
         size += len(chunk)
         if size <= limit and chunk:
@@ -168,7 +173,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _route(scope: Scope, receive: Receive, token: str, batch: bool) -> bytes:
+async def _route(scope: HTTPScope, receive: ASGIReceiveCallable, token: str, batch: bool) -> bytes:
     conf = _conf_get()
     if not _host_allowed(scope, conf):
         raise ApiError("the Host header names no host this server answers to", code="bad_host")
@@ -184,29 +189,12 @@ async def _route(scope: Scope, receive: Receive, token: str, batch: bool) -> byt
     return await route_answer(inputs, batch=batch)
 
 
-# A route call allocates thousands of short-lived objects (a batch of 500: ~100,000): with
-# the default gen-0 threshold (700) the collector ran every few decisions and its older
-# generations scanned the whole Django heap each time (~20% of a batch's CPU, measured with
-# bench/route_profile.py). Young garbage here is acyclic and freed by reference counting.
-GC_THRESHOLDS = (20_000, 20, 20)
+def route_fast_path(app: ASGI3Application) -> ASGI3Application:
+    """Wrap the Django ASGI app: bearer-token route calls go the short way."""
 
-
-def gc_tune() -> None:
-    """Move the heap built at start-up (apps, URL conf, models) out of the collector's sight
-    and collect young objects less often (once per process, when the ASGI app is made)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-def route_fast_path(app: ASGIApp) -> ASGIApp:
-    """Wrap the Django ASGI app: bearer-token route calls go the short way (and tune the
-    process's garbage collector for them, :func:`gc_tune`)."""
-    gc_tune()
-
-    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") == "http" and scope.get("method") == "POST":
-            batch = ROUTE_PATHS.get(scope.get("path", ""))
+    async def dispatch(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            batch = ROUTE_PATHS.get(scope["path"])
             auth = _header(scope, b"authorization") if batch is not None else None
             if batch is not None and auth is not None and auth.startswith("Bearer "):
                 supplied = _header(scope, b"x-request-id")

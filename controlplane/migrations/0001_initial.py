@@ -78,7 +78,9 @@ class Migration(migrations.Migration):
                 ("secret_sha256", models.CharField(max_length=64, unique=True)),
                 (
                     "scopes",
-                    models.JSONField(default=list, help_text="list of scopes among Scope values"),
+                    models.JSONField(
+                        default=list, help_text="list of scopes among TokenScope values"
+                    ),
                 ),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
                 ("expires_at", models.DateTimeField(blank=True, null=True)),

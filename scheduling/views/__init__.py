@@ -8,14 +8,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane import live
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from scheduling import alerts, decision_log, overview, selectors
 from scheduling.core.routing import REASON_DESCRIPTIONS
 from scheduling.forms import KvCalculatorForm
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def decision_list_page(request: HttpRequest) -> HttpResponse:
     """The decision log, newest first: filters, a cursor for older pages; with ``rows=1`` only
     the table body (the live tail polls it)."""
@@ -43,18 +43,18 @@ def decision_list_page(request: HttpRequest) -> HttpResponse:
     return render(request, "scheduling/decision_list.html", context)
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def alert_list_page(request: HttpRequest) -> HttpResponse:
     """Alert history: every episode, open ones first in time order."""
     return render(request, "scheduling/alert_list.html", {"episodes": alerts.alert_history()})
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def policy_list_page(request: HttpRequest) -> HttpResponse:
     return render(request, "scheduling/policy_list.html", {"rows": selectors.policy_history()})
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def kv_calculator_page(request: HttpRequest) -> HttpResponse:
     form = KvCalculatorForm(request.GET or None)
     result = None
@@ -74,7 +74,7 @@ def kv_calculator_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def overview_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,

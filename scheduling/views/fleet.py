@@ -13,24 +13,24 @@ from clusters.selectors import cluster_list, instance_list, link_list
 from clusters.services import instance_activate, instance_drain
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from scheduling import overview
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def cluster_list_page(request: HttpRequest) -> HttpResponse:
     return render(request, "clusters/cluster_list.html", {"clusters": overview.clusters_overview()})
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def cluster_detail_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_object_or_404(cluster_list(), pk=cluster_id)
     row = next(c for c in overview.clusters_overview() if c["id"] == cluster.pk)
     return render(request, "clusters/cluster_detail.html", {"cluster": cluster, "overview": row})
 
 
-@scope_required(Scope.OPERATE)
+@scope_required(TokenScope.OPERATE)
 @require_POST
 def instance_state_page(request: HttpRequest, instance_id: str, action: str) -> HttpResponse:
     """Drain or activate one instance; answers with its table row (htmx swaps it in)."""
@@ -65,7 +65,7 @@ def _version(request: HttpRequest) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def link_list_page(request: HttpRequest) -> HttpResponse:
     _, _, guards = overview.guards_current()
     return render(
@@ -73,7 +73,7 @@ def link_list_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def link_detail_page(request: HttpRequest, link_id: int) -> HttpResponse:
     link: Link = get_object_or_404(link_list(), pk=link_id)
     return render(request, "clusters/link_detail.html", {"link": overview.link_history(link)})

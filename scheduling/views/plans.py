@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from controlplane import live
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError, NotFound
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from scheduling import rebalance
 from scheduling.models import Plan, PlanStatus
@@ -161,7 +161,7 @@ def _plan(plan_id: int) -> Plan:
         raise Http404(exc.detail) from None
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def plan_list_page(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status") or None
     error = ""
@@ -185,14 +185,14 @@ def plan_list_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def plan_detail_page(request: HttpRequest, plan_id: int) -> HttpResponse:
     plan = _plan(plan_id)
     template = "scheduling/plan_panel.html" if request.htmx else "scheduling/plan_detail.html"  # type: ignore[attr-defined]
     return render(request, template, {**_plan_context(plan), "group": live.PLANS})
 
 
-@scope_required(Scope.OPERATE)
+@scope_required(TokenScope.OPERATE)
 @require_POST
 def plan_action_page(request: HttpRequest, plan_id: str, action: str) -> HttpResponse:
     """Approve, reject or roll back; answers with the plan's panel (htmx swaps it in)."""

@@ -10,18 +10,18 @@ from controlplane import live
 from controlplane.audit import actor_from_request
 from controlplane.errors import ApiError, NotFound
 from controlplane.forms import service_error_add
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from scheduling import whatif
 from scheduling.forms import WhatIfForm
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def whatif_page(request: HttpRequest) -> HttpResponse:
     return render(request, "scheduling/whatif.html", {"form": WhatIfForm()})
 
 
-@scope_required(Scope.OPERATE)
+@scope_required(TokenScope.OPERATE)
 @require_POST
 def whatif_start_page(request: HttpRequest) -> HttpResponse:
     form = WhatIfForm(request.POST)
@@ -37,7 +37,7 @@ def whatif_start_page(request: HttpRequest) -> HttpResponse:
     return render(request, "scheduling/whatif.html", {"form": form}, status=422)
 
 
-@scope_required(Scope.READ)
+@scope_required(TokenScope.READ)
 def whatif_run_page(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         run = whatif.whatif_get(run_id)

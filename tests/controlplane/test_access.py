@@ -16,7 +16,7 @@ from django.test import Client
 
 from controlplane.api import api
 from controlplane.auth import token_cache_clear
-from controlplane.models import Scope
+from controlplane.models import TokenScope
 from tests.factories import api_token, bearer
 
 # (method, path as in the OpenAPI schema) -> scope required, or None for public.
@@ -97,7 +97,14 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("PATCH", "/api/v1/rebalance/settings/{cluster}"): "admin",
 }
 
-CALLERS = [*Scope.values, "no-token", "malformed-header", "unknown-token", "expired", "revoked"]
+CALLERS = [
+    *TokenScope.values,
+    "no-token",
+    "malformed-header",
+    "unknown-token",
+    "expired",
+    "revoked",
+]
 
 
 def live_operations() -> set[tuple[str, str]]:
@@ -134,7 +141,7 @@ def _concrete(path: str) -> str:
 def credentials(db: None) -> Iterator[dict[str, dict[str, str]]]:
     token_cache_clear()
     headers: dict[str, dict[str, str]] = {}
-    for scope in Scope.values:
+    for scope in TokenScope.values:
         headers[scope] = bearer(api_token(scope)[1])
     headers["no-token"] = {}
     headers["malformed-header"] = {"Authorization": "Token abc"}
@@ -149,9 +156,9 @@ def expected_denial(required: str | None, caller: str) -> int | None:
     """401 / 403 for a denied call, None when access must be granted."""
     if required is None:
         return None
-    if caller not in Scope.values:
+    if caller not in TokenScope.values:
         return 401
-    if caller == required or caller == Scope.ADMIN:
+    if caller == required or caller == TokenScope.ADMIN:
         return None
     return 403
 

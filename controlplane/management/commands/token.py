@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit import CLI_ACTOR
 from controlplane.errors import ApiError
-from controlplane.models import ApiToken, Scope
+from controlplane.models import ApiToken, TokenScope
 from controlplane.selectors import token_list
 from controlplane.services import token_bind, token_create, token_revoke
 
@@ -30,7 +30,7 @@ def _binding_arguments(parser: ArgumentParser) -> None:
 
 
 def _reports_for(token: ApiToken) -> str:
-    if token.fleet_wide or Scope.ADMIN in token.scopes:
+    if token.fleet_wide or TokenScope.ADMIN in token.scopes:
         return "fleet-wide"
     return ",".join([*token.instances, *token.links]) or "nothing"
 
@@ -46,7 +46,7 @@ class Command(BaseCommand):
             "--scope",
             action="append",
             required=True,
-            choices=Scope.values,
+            choices=TokenScope.values,
             help="repeat for several scopes",
         )
         create.add_argument("--expires", type=float, metavar="DAYS", help="lifetime in days")

@@ -150,7 +150,7 @@ class KubernetesActuator:
                 f"pod {target.namespace}/{pod} is not a running pod of {target.describe()}",
                 retry=False,
             )
-        highest = max(live, key=lambda p: _ordinal(p) if _ordinal(p) is not None else -1)
+        highest = max(live, key=_rank)
         if highest.name != pod:
             raise ActuatorError(
                 f"{target.describe()} removes its highest ordinal first ({highest.name}), "

@@ -373,4 +373,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # The Kubernetes client logs every API request at INFO: a plan's polls would flood the log.
+    "loggers": {"httpx2": {"level": "WARNING"}},
 }

@@ -296,7 +296,7 @@ def test_another_writer_scaling_the_role_stops_the_step_rather_than_scaling_agai
 
 def test_a_missing_target_object_is_a_clear_failure(kube, tmp_path):
     act = actuator(kube, tmp_path, DEPLOYMENTS)
-    with pytest.raises(ActuatorError, match="deployments.apps/scale inference/decode not found"):
+    with pytest.raises(ActuatorError, match=r"deployments\.apps/scale inference/decode not found"):
         act.notify(notice("flip", "decode-x"))
 
 

@@ -11,6 +11,9 @@ STAMP := $(VENV)/.setup-stamp
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
 # validate the compose file, promtool (package prometheus, without recommends: the tool, not the
 # service) to lint /metrics. Installed only when missing, and only where we are root with apt.
+# kubectl (1.21 or newer: `kubectl kustomize` renders deploy/kubernetes in
+# tests/test_deploy_kubernetes.py) is not installed here: Debian's kubernetes-client is 1.20,
+# whose kustomize cannot read it; install kubectl from the Kubernetes project's packages.
 system-deps:
 	@missing=""; \
 	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
@@ -24,6 +27,7 @@ system-deps:
 	      || { echo "could not install:$$missing" >&2; exit 1; }; \
 	  else echo "missing system packages:$$missing (install them with your package manager)" >&2; fi; \
 	fi; \
+	command -v kubectl >/dev/null 2>&1 || echo "missing: kubectl 1.21+ (deploy/kubernetes tests fail without it)" >&2; \
 	if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
 	    || echo "could not install promtool (package prometheus); /metrics lint is skipped" >&2; \

@@ -22,6 +22,7 @@ from django.db.models import Q
 
 from scheduling.core import bounds
 from scheduling.core.bounds import Bound
+from scheduling.core.scale_targets import ScaleTargetError, scale_targets_read
 
 
 class ClusterKind(models.TextChoices):
@@ -323,6 +324,13 @@ class Cluster(Versioned):
         default=KvConnector.NIXL,
         help_text="the engines' KV-transfer protocol, as a gateway drives it",
     )
+    # Per role, the Kubernetes object whose /scale the ``kubernetes`` actuator patches
+    # (scheduling.core.scale_targets); stored with presets resolved, every field spelt out.
+    scale_targets = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="{role: {kind | api_version + plural, namespace, name, removal, context}}",
+    )
 
     class Meta:
         ordering = ["name", "id"]
@@ -339,6 +347,14 @@ class Cluster(Versioned):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        try:
+            targets = scale_targets_read(self.scale_targets, (), cluster_kind=self.kind)
+        except ScaleTargetError as exc:
+            raise ValidationError({"scale_targets": str(exc)}) from None
+        # Stored resolved, so that a preset's defaults are visible and never change under it.
+        self.scale_targets = {t.role: t.to_json() for t in targets}
 
 
 class Instance(Versioned):

@@ -55,7 +55,9 @@ EDITABLE: dict[type[Versioned], frozenset[str]] = {
             "decode_step_seconds",
         }
     ),
-    Cluster: frozenset({"name", "kind", "site_id", "accelerator_id", "model_id", "kv_connector"}),
+    Cluster: frozenset(
+        {"name", "kind", "site_id", "accelerator_id", "model_id", "kv_connector", "scale_targets"}
+    ),
     Instance: frozenset({"cluster_id", "name", "role", "state", "endpoint", "labels"}),
     Link: frozenset(
         {"source_id", "target_id", "gbps", "rtt_ms", "kv_budget_bytes", "target_utilisation"}
@@ -374,6 +376,7 @@ def cluster_create(
     accelerator_id: int,
     model_id: int,
     kv_connector: str = KvConnector.NIXL,
+    scale_targets: dict[str, Any] | None = None,
 ) -> Cluster:
     return _create(
         Cluster,
@@ -384,6 +387,7 @@ def cluster_create(
             "accelerator_id": accelerator_id,
             "model_id": model_id,
             "kv_connector": kv_connector,
+            "scale_targets": scale_targets or {},
         },
         actor=actor,
     )

@@ -8,8 +8,9 @@ Apply rules:
 - Sites, accelerators, the model profile, its performance profiles, clusters and links are
   matched by name (profiles by accelerator and model, links by source and target) and created
   or updated. Fields the file does not describe (site descriptions, instance state, endpoints,
-  labels, and a link's KV budget or target utilisation when its entry gives none) are left
-  alone; a link entry's ``kv_budget_mib`` and ``target_utilisation`` are applied.
+  labels, a link's KV budget or target utilisation when its entry gives none, and a cluster's
+  Kubernetes scale targets when it gives no ``scale_targets``) are left alone; a link entry's
+  ``kv_budget_mib`` and ``target_utilisation`` and a cluster's ``scale_targets`` are applied.
 - A cluster's instances are described by counts: when the existing instances already have the
   file's number of prefill and decode instances, nothing changes (whatever their names); else
   the cluster gets the instances ``<cluster>-0 .. <cluster>-(P+D-1)``, the first P prefill and
@@ -46,6 +47,7 @@ from clusters.models import (
 from controlplane.audit import Actor
 from controlplane.errors import ApiError, Conflict
 from scheduling.core.performance import MIB
+from scheduling.core.scale_targets import scale_targets_json, scale_targets_of
 from scheduling.core.scenario import (
     AcceleratorSpec,
     DecodeSpec,
@@ -238,6 +240,8 @@ class _Applier:
                 "model_id": model.pk,
                 "kv_connector": spec.kv_connector,
             }
+            if spec.scale_targets is not None:
+                wanted["scale_targets"] = scale_targets_json(spec.scale_targets)
             cluster = Cluster.objects.filter(name=spec.name).first()
             with _at(path):
                 if cluster is None:
@@ -430,6 +434,9 @@ def topology_scenario() -> Scenario:
                     roles.count(InstanceRole.DECODE) if cluster.kind == ClusterKind.PD else 0
                 ),
                 kv_connector=cluster.kv_connector,
+                scale_targets=(
+                    tuple(scale_targets_of(cluster.scale_targets, cluster.kind).values()) or None
+                ),
             )
         )
     return Scenario(

@@ -283,6 +283,12 @@ REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30, low=1, 
 # attempts of at most 10 s, with back-off), so a slow actuator is not re-driven meanwhile.
 PLAN_STALLED_S = env_number("PLAN_STALLED_S", 60.0, low=1, high=86400)
 
+# The `kubernetes` actuator's credentials (docs/actuators.md): a kubeconfig file (a cluster's
+# scale targets may name one of its contexts each), or empty for the service account of the
+# pod the worker runs in. Each API request has KUBERNETES_TIMEOUT_S.
+KUBERNETES_KUBECONFIG = os.environ.get("KUBERNETES_KUBECONFIG", "").strip()
+KUBERNETES_TIMEOUT_S = env_number("KUBERNETES_TIMEOUT_S", 10.0, low=0.1, high=120)
+
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
 CELERY_BEAT_SCHEDULE = {
@@ -336,4 +342,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # The Kubernetes client logs every API request at INFO: a plan's polls would flood the log.
+    "loggers": {"httpx2": {"level": "WARNING"}},
 }

@@ -47,6 +47,8 @@ class RebalanceMode(models.TextChoices):
 class ActuatorKind(models.TextChoices):
     RECORD = "record", "record: change only the control plane's state"
     WEBHOOK = "webhook", "webhook: also POST each step to the operator's automation"
+    KUBERNETES = "kubernetes", "kubernetes: scale each role's object through /scale"
+    METRICS = "metrics", "metrics: publish desired replicas on /metrics for HPA or KEDA"
 
 
 class RebalanceSettings(models.Model):
@@ -73,6 +75,8 @@ class RebalanceSettings(models.Model):
     )
     webhook_url = models.URLField(max_length=500, blank=True, default="")
     webhook_secret = models.CharField(max_length=200, blank=True, default="")
+    # kubernetes: how long a scaled role may take to get its pods removed or ready.
+    ready_timeout_s = models.PositiveIntegerField(default=900)
     version = models.PositiveIntegerField(default=1, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -82,8 +86,16 @@ class RebalanceSettings(models.Model):
                 condition=Q(mode__in=RebalanceMode.values), name="rebalancesettings_mode_valid"
             ),
             models.CheckConstraint(
-                condition=Q(actuator=ActuatorKind.RECORD) | ~Q(webhook_url=""),
+                condition=~Q(actuator=ActuatorKind.WEBHOOK) | ~Q(webhook_url=""),
                 name="rebalancesettings_webhook_has_url",
+            ),
+            models.CheckConstraint(
+                condition=Q(actuator__in=ActuatorKind.values),
+                name="rebalancesettings_actuator_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(ready_timeout_s__gte=1) & Q(ready_timeout_s__lte=86400),
+                name="rebalancesettings_ready_timeout_bounded",
             ),
         ]
 
@@ -240,6 +252,10 @@ class PlanStep(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     detail = models.TextField(blank=True, default="")
+    # What the actuator must remember between polls and across a worker crash (the replica
+    # counts it decided before it patched, the pods it removed and added): written before it
+    # acts, so that a retried step finishes the same change instead of making another.
+    actuation = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -253,6 +269,30 @@ class PlanStep(models.Model):
 
     def __str__(self) -> str:
         return f"plan {self.plan_id} {self.phase} step {self.index}: {self.action}"
+
+
+class DesiredReplicas(models.Model):
+    """A role's replica count as the ``metrics`` actuator publishes it on ``/metrics`` for an
+    HPA or KEDA to act on, with the plan whose step set it."""
+
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="+")
+    role = models.CharField(max_length=10)
+    replicas = models.PositiveIntegerField()
+    plan = models.ForeignKey(Plan, null=True, on_delete=models.SET_NULL, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster_id", "role"]
+        verbose_name_plural = "desired replicas"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "role"], name="desiredreplicas_unique"),
+            models.CheckConstraint(
+                condition=Q(role__in=["prefill", "decode"]), name="desiredreplicas_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} {self.role}: {self.replicas}"
 
 
 class AlertEpisode(models.Model):

@@ -235,6 +235,24 @@ class PerformanceProfileOut(VersionedOut):
     decode_step_seconds: float | None
 
 
+class ScaleTargetIn(StrictIn):
+    """One role's Kubernetes object with ``/scale`` (docs/actuators.md): a known ``kind``, or
+    ``api_version`` and ``plural`` for any other."""
+
+    name: str = Field(min_length=1, max_length=253)
+    kind: Annotated[str, Field(min_length=1, max_length=63)] | Omitted = None
+    api_version: Annotated[str, Field(min_length=1, max_length=253)] | Omitted = None
+    plural: Annotated[str, Field(min_length=1, max_length=63)] | Omitted = None
+    namespace: Annotated[str, Field(min_length=1, max_length=63)] | Omitted = None
+    removal: Literal["deletion_cost", "highest_ordinal"] | Omitted = None
+    context: Annotated[str, Field(min_length=1, max_length=253)] | Omitted = None
+
+
+class ScaleTargetsIn(StrictIn):
+    prefill: ScaleTargetIn | Omitted = None
+    decode: ScaleTargetIn | Omitted = None
+
+
 class ClusterIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
     kind: Kind
@@ -242,6 +260,7 @@ class ClusterIn(StrictIn):
     accelerator_id: RefId
     model_id: RefId
     kv_connector: KvConnectorName = "nixl"
+    scale_targets: ScaleTargetsIn | Omitted = None
 
 
 class ClusterPatch(PatchIn):
@@ -251,12 +270,14 @@ class ClusterPatch(PatchIn):
     accelerator_id: RefId | Omitted = None
     model_id: RefId | Omitted = None
     kv_connector: KvConnectorName | Omitted = None
+    scale_targets: ScaleTargetsIn | Omitted = None
 
 
 class ClusterOut(VersionedOut):
     name: str
     kind: str
     kv_connector: str
+    scale_targets: dict[str, dict[str, str]]
     site_id: int
     site: str
     accelerator_id: int

@@ -247,9 +247,10 @@ class RebalanceSettingsOut(Schema):
     drain_timeout_s: int
     drain_poll_s: int
     default_output_tokens: int
-    actuator: Literal["record", "webhook"]
+    actuator: Literal["record", "webhook", "kubernetes", "metrics"]
     webhook_url: str
     webhook_secret_set: bool
+    ready_timeout_s: int
     version: int
     effective_guards: dict[str, Any]
 
@@ -268,9 +269,12 @@ class RebalanceSettingsPatch(Schema):
     drain_timeout_s: int | None = Field(None, ge=1, le=86400)
     drain_poll_s: int | None = Field(None, ge=1, le=3600)
     default_output_tokens: int | None = Field(None, ge=1, le=10_000_000)
-    actuator: Literal["record", "webhook"] | None = None
+    actuator: Literal["record", "webhook", "kubernetes", "metrics"] | None = None
     webhook_url: str | None = Field(None, max_length=500)
     webhook_secret: str | None = Field(None, max_length=200)
+    ready_timeout_s: int | None = Field(
+        None, ge=1, le=86400, description="kubernetes: seconds a scaled role may take to settle"
+    )
 
 
 def _settings_out(cluster: Cluster) -> dict[str, Any]:
@@ -286,6 +290,7 @@ def _settings_out(cluster: Cluster) -> dict[str, Any]:
         "actuator": row.actuator,
         "webhook_url": row.webhook_url,
         "webhook_secret_set": bool(row.webhook_secret),
+        "ready_timeout_s": row.ready_timeout_s,
         "version": row.version,
         "effective_guards": dataclasses.asdict(rebalance.guards_for(row)),
     }
@@ -314,7 +319,8 @@ def rebalance_settings_patch(
     cluster: str = Path(..., min_length=1, max_length=100),
 ) -> dict[str, Any]:
     """Mode (``auto``/``manual``), guard overrides, drain timing and the actuator of a PD
-    cluster's rebalancer. The webhook secret is write-only."""
+    cluster's rebalancer (``kubernetes`` needs the cluster's scale targets). The webhook secret
+    is write-only."""
     found = _pd_cluster(cluster)
     changes = payload.model_dump(exclude_unset=True)
     if not changes:

@@ -108,6 +108,9 @@ class InstanceView:
     warming_up: bool = False
     load: float | None = None
     seen_at: float | None = None
+    # Set where the role's controller removes the highest ordinal first (a StatefulSet, an
+    # LWS): the plan can then only flip the instances that shrinking the role removes.
+    ordinal: int | None = None
 
 
 @dataclass(frozen=True)

@@ -231,13 +231,25 @@ def choose_role_changes(
     """Pick ``count`` active instances of ``from_role`` to flip, idle and least loaded first.
 
     Draining, down and warming instances are never chosen. Ties break on the name so that the
-    same inputs always give the same diff.
+    same inputs always give the same diff. Where the role's controller removes the highest
+    ordinal first (instances with an ``ordinal``), only the ``count`` highest that are not down
+    can go, and none of them when one of those is draining or warming (the caller holds).
     """
-    eligible = [
-        i for i in instances if i.role == from_role and i.state == "active" and not i.warming_up
-    ]
-    eligible.sort(key=lambda i: (i.load if i.load is not None else math.inf, i.name))
-    return tuple(RoleChange(i.name, from_role, to_role) for i in eligible[:count])
+
+    def eligible(i: InstanceView) -> bool:
+        return i.state == "active" and not i.warming_up
+
+    # A down instance's pod is gone (or going): the controller has nothing of it to remove.
+    of_role = [i for i in instances if i.role == from_role and i.state != "down"]
+    if any(i.ordinal is not None for i in of_role):
+        last = sorted(of_role, key=lambda i: (-1 if i.ordinal is None else i.ordinal, i.name))
+        chosen = last[::-1][:count]
+        if not all(eligible(i) for i in chosen):
+            return ()
+        return tuple(RoleChange(i.name, from_role, to_role) for i in chosen)
+    candidates = [i for i in of_role if eligible(i)]
+    candidates.sort(key=lambda i: (i.load if i.load is not None else math.inf, i.name))
+    return tuple(RoleChange(i.name, from_role, to_role) for i in candidates[:count])
 
 
 def threshold_move(split_dir: int, thr_dir: int) -> int:

@@ -27,6 +27,7 @@ import yaml
 
 from scheduling.core import bounds
 from scheduling.core.routing import KV_CONNECTORS
+from scheduling.core.scale_targets import ScaleTarget, ScaleTargetError, scale_targets_read
 from scheduling.core.scenario_fields import (
     Loc,
     bool_read,
@@ -326,7 +327,8 @@ def _clusters(
     for i, item in enumerate(list_read(value, ("clusters",), nonempty=True)):
         loc: Loc = ("clusters", i)
         keys = ("name", "kind", "site", "accelerator", "prefill_instances")
-        body = mapping_read(item, loc, optional=(*keys, "decode_instances", "kv_connector"))
+        extra = ("kv_connector", "scale_targets")
+        body = mapping_read(item, loc, optional=(*keys, "decode_instances", *extra))
         if "kind" not in body:
             raise error_at((*loc, "kind"), "required key is missing")
         kind = str_read(body["kind"], (*loc, "kind"), choices=("prfaas", "pd"))
@@ -339,7 +341,7 @@ def _clusters(
             item,
             loc,
             required=(*keys, "decode_instances") if kind == "pd" else keys,
-            optional=("kv_connector",),
+            optional=extra,
         )
         acc = str_read(body["accelerator"], (*loc, "accelerator"))
         if acc not in accelerators:
@@ -373,10 +375,22 @@ def _clusters(
                     (*loc, "kv_connector"),
                     choices=KV_CONNECTORS,
                 ),
+                scale_targets=(
+                    _scale_targets(body["scale_targets"], (*loc, "scale_targets"), kind)
+                    if "scale_targets" in body
+                    else None
+                ),
             )
         )
     _unique([(c.name, ("clusters", i, "name")) for i, c in enumerate(out)], "cluster")
     return tuple(out)
+
+
+def _scale_targets(value: Any, loc: Loc, kind: str) -> tuple[ScaleTarget, ...]:
+    try:
+        return scale_targets_read(value, (), cluster_kind=kind)
+    except ScaleTargetError as exc:
+        raise error_at((*loc, *exc.loc), exc.message) from None
 
 
 def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[ScenarioLink, ...]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from scheduling.core.scale_targets import ScaleTarget
+
 ROOT = "<scenario>"
 
 ClusterKindName = Literal["prfaas", "pd"]
@@ -92,6 +94,9 @@ class ScenarioCluster:
     decode_instances: int = 0
     # The engines' disaggregated KV protocol, as a gateway drives it (clusters.models.KvConnector).
     kv_connector: str = "nixl"
+    # Per role, the Kubernetes object with /scale (scheduling.core.scale_targets); None when
+    # the file does not say (an apply then leaves the inventory's alone).
+    scale_targets: tuple[ScaleTarget, ...] | None = None
 
     @property
     def instances(self) -> int:

@@ -117,6 +117,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
             cl["decode_instances"] = c.decode_instances
         if c.kv_connector != "nixl":
             cl["kv_connector"] = c.kv_connector
+        if c.scale_targets:
+            cl["scale_targets"] = {t.role: t.to_json() for t in c.scale_targets}
         clusters.append(cl)
     out: dict[str, Any] = {
         "version": s.version,

@@ -5,6 +5,7 @@
 public services and selectors are re-exported here.
 """
 
+from scheduling.rebalance import desired as _desired  # noqa: F401  (registers its /metrics gauge)
 from scheduling.rebalance.apply import MAX_STEP_ATTEMPTS, plan_apply_step
 from scheduling.rebalance.lifecycle import (
     PLAN_APPLY_STEP_TASK,

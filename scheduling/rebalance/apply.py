@@ -12,13 +12,21 @@ from __future__ import annotations
 from typing import Literal
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from clusters.live.telemetry import instance_states_read
 from clusters.models import Cluster, Instance, InstanceState
 from clusters.services import instance_activate, instance_drain, instance_update
 from controlplane.audit import Actor, change_record_create
-from scheduling.actuators import Actuator, ActuatorError, StepNotice, actuator_for
+from scheduling.actuators import (
+    Actuator,
+    ActuatorError,
+    StepNotice,
+    StepReport,
+    actuator_for_cluster,
+    instance_pod,
+)
 from scheduling.models import (
     Plan,
     PlanStatus,
@@ -39,8 +47,7 @@ StepOutcome = tuple[Literal["next", "wait", "done", "idle"], float]
 
 
 def _actuator(cluster: Cluster) -> Actuator:
-    row = rebalance_settings_for(cluster)
-    return actuator_for(row.actuator, url=row.webhook_url, secret=row.webhook_secret)
+    return actuator_for_cluster(cluster, rebalance_settings_for(cluster))
 
 
 def _notice(plan: Plan, step: PlanStep) -> StepNotice:
@@ -50,9 +57,12 @@ def _notice(plan: Plan, step: PlanStep) -> StepNotice:
         action=step.action,
         cluster=plan.cluster.name,
         instance=step.instance.name if step.instance else "",
+        from_role=step.instance.role if step.instance else "",
         to_role=step.to_role,
         threshold=step.threshold,
         rollback=step.phase == PlanStep.Phase.ROLLBACK,
+        memo=dict(step.actuation or {}),
+        started_at=step.started_at.timestamp() if step.started_at else None,
     )
 
 
@@ -88,12 +98,19 @@ def plan_apply_step(*, plan_id: int, actor: Actor = SYSTEM_ACTOR) -> StepOutcome
         step.started_at = step.started_at or timezone.now()
         step.save(update_fields=["attempts", "started_at"])
         plan.save(update_fields=["updated_at"])
-    # 2. The actuator acts outside any transaction (it may be slow); its key makes repeats safe.
+    # 2. The actuator acts outside any transaction (it may be slow); its key and its memo make
+    # repeats safe. A report not done is stored (memo first) and the step polled again.
+    report: StepReport | None = None
+    replaces = False
     if step.action != "wait":
         try:
-            _actuator(plan.cluster).notify(_notice(plan, step))
+            actuator = _actuator(plan.cluster)
+            replaces = actuator.replaces_instances
+            report = actuator.notify(_notice(plan, step))
         except ActuatorError as exc:
-            return _step_failed(plan_id, step.pk, str(exc), actor)
+            return _step_failed(plan_id, step.pk, str(exc), actor, retry=exc.retry)
+        if report is not None and not report.done:
+            return _step_progress(plan_id, step.pk, report)
     # 3. Make the control plane's change and mark the step done, together.
     with transaction.atomic():
         plan = plan_locked(plan_id)
@@ -107,13 +124,17 @@ def plan_apply_step(*, plan_id: int, actor: Actor = SYSTEM_ACTOR) -> StepOutcome
             PlanStatus.ROLLING_BACK,
         ):
             return ("next", 0.0)  # someone else did it meanwhile
-        wait = _step_run(plan, fresh, actor)
+        if report is not None:
+            fresh.actuation = dict(report.memo) or fresh.actuation
+        wait = _step_run(plan, fresh, actor, replaces=replaces)
         if wait is not None:
             plan.save(update_fields=["updated_at"])
             return ("wait", wait)
+        if report is not None and report.detail:
+            fresh.detail = f"{fresh.detail}; {report.detail}" if fresh.detail else report.detail
         fresh.status = PlanStep.Status.DONE
         fresh.finished_at = timezone.now()
-        fresh.save(update_fields=["status", "finished_at", "detail"])
+        fresh.save(update_fields=["status", "finished_at", "detail", "actuation"])
         change_record_create(
             actor=actor,
             action=fresh.action,
@@ -133,12 +154,33 @@ def plan_apply_step(*, plan_id: int, actor: Actor = SYSTEM_ACTOR) -> StepOutcome
     return ("next", 0.0)
 
 
-def _step_failed(plan_id: int, step_id: int, error: str, actor: Actor) -> StepOutcome:
+def _step_progress(plan_id: int, step_id: int, report: StepReport) -> StepOutcome:
+    """Store how far the actuator got (its memo before anything else) and poll it again."""
+    with transaction.atomic():
+        plan = plan_locked(plan_id)
+        step = PlanStep.objects.select_for_update().get(pk=step_id)
+        if step.status != PlanStep.Status.PENDING or plan.status not in (
+            PlanStatus.APPLYING,
+            PlanStatus.ROLLING_BACK,
+        ):
+            return ("next", 0.0)
+        step.actuation = dict(report.memo)
+        step.detail = report.detail[:2000]
+        # A poll is not a failed attempt: only failures and crashes count towards the limit.
+        step.attempts = max(0, step.attempts - 1)
+        step.save(update_fields=["actuation", "detail", "attempts"])
+        plan.save(update_fields=["updated_at"])
+    return ("wait", report.wait_s) if report.wait_s > 0 else ("next", 0.0)
+
+
+def _step_failed(
+    plan_id: int, step_id: int, error: str, actor: Actor, *, retry: bool = True
+) -> StepOutcome:
     with transaction.atomic():
         plan = plan_locked(plan_id)
         step = PlanStep.objects.select_for_update().get(pk=step_id)
         step.detail = error[:2000]
-        if step.attempts < MAX_STEP_ATTEMPTS:
+        if retry and step.attempts < MAX_STEP_ATTEMPTS:
             step.save(update_fields=["detail"])
             return ("wait", STEP_RETRY_S * step.attempts)
         step.status = PlanStep.Status.FAILED
@@ -155,8 +197,9 @@ def _step_failed(plan_id: int, step_id: int, error: str, actor: Actor) -> StepOu
     return ("idle", 0.0)
 
 
-def _step_run(plan: Plan, step: PlanStep, actor: Actor) -> float | None:
-    """Carry one step out if its effect is not already there; seconds to wait, or None."""
+def _step_run(plan: Plan, step: PlanStep, actor: Actor, *, replaces: bool) -> float | None:
+    """Carry one step out if its effect is not already there; seconds to wait, or None.
+    ``replaces``: the actuator replaces an instance's pod rather than re-roling its engine."""
     if step.action == "policy":
         _step_policy(plan, step, actor)
         return None
@@ -165,6 +208,9 @@ def _step_run(plan: Plan, step: PlanStep, actor: Actor) -> float | None:
     # The inventory services write with queryset updates (no post_save), so tell the routers'
     # snapshots ourselves: a draining instance must stop getting work at once.
     transaction.on_commit(snapshot_version_bump)
+    if replaces and step.action in ("flip", "activate"):
+        _step_replaced(plan, step, inst, actor)
+        return None
     if step.action == "drain":
         if inst.state == InstanceState.ACTIVE:
             instance_drain(instance_id=inst.pk, actor=actor, version=inst.version)
@@ -196,7 +242,63 @@ def _step_run(plan: Plan, step: PlanStep, actor: Actor) -> float | None:
     raise ValueError(f"unknown step action {step.action!r}")
 
 
+def _step_replaced(plan: Plan, step: PlanStep, inst: Instance, actor: Actor) -> None:
+    """The inventory's side of a role change that replaced a pod (``kubernetes``): after the
+    flip, the instance whose pod was removed is down; at activate, the instances of the pods
+    the grown role gained (when they are in the inventory: their agents register them) serve
+    in that role, and an instance whose pod was not removed serves again."""
+    flip = (
+        step
+        if step.action == "flip"
+        else (plan.steps.filter(phase=step.phase, instance_id=inst.pk, action="flip").first())
+    )
+    memo = (flip.actuation if flip is not None else None) or {}
+    shrink, grow = memo.get("shrink") or {}, memo.get("grow") or {}
+    pod = instance_pod(inst.name, inst.labels)
+    removed = bool(shrink.get("done")) and shrink.get("remove") == pod
+    if step.action == "flip":
+        if removed and inst.state != InstanceState.DOWN:
+            instance_update(
+                instance_id=inst.pk,
+                version=inst.version,
+                changes={"state": InstanceState.DOWN},
+                actor=actor,
+            )
+            step.detail = f"{inst.name} down: its pod was removed"
+        else:
+            step.detail = f"{inst.name} {inst.state}"
+        return
+    notes = []
+    if not removed and inst.state != InstanceState.ACTIVE:
+        instance_activate(instance_id=inst.pk, actor=actor, version=inst.version)
+        notes.append(f"{inst.name} activated")
+    for added in grow.get("added") or []:
+        joined = (
+            Instance.objects.select_for_update()
+            .filter(cluster_id=plan.cluster_id)
+            .filter(Q(name=added) | Q(labels__pod=added))
+            .first()
+        )
+        if joined is None:
+            notes.append(f"{added} joins the inventory when its agent registers")
+            continue
+        if joined.role != grow.get("role") or joined.state != InstanceState.ACTIVE:
+            instance_update(
+                instance_id=joined.pk,
+                version=joined.version,
+                changes={"role": grow.get("role"), "state": InstanceState.ACTIVE},
+                actor=actor,
+            )
+            notes.append(f"{joined.name} active as {grow.get('role')}")
+        else:
+            notes.append(f"{joined.name} already active")
+    step.detail = "; ".join(notes) or "nothing to activate"
+
+
 def _step_wait(plan: Plan, step: PlanStep, inst: Instance) -> float | None:
+    if inst.state == InstanceState.DOWN:
+        step.detail = "down: nothing to drain"
+        return None
     row = rebalance_settings_for(plan.cluster)
     drained_at = (
         plan.steps.filter(phase=step.phase, index=step.index - 1)

@@ -14,8 +14,11 @@ from typing import Any
 from django.conf import settings as django_settings
 
 from clusters.models import Cluster, Instance, InstanceState
+from scheduling.actuators import instance_pod
 from scheduling.core import rebalancer
+from scheduling.core.scale_targets import ScaleTargetError, pod_ordinal, scale_targets_of
 from scheduling.models import (
+    ActuatorKind,
     Plan,
     Policy,
     RebalanceSettings,
@@ -77,8 +80,14 @@ def window_from_traffic(
 
 
 def instance_views(
-    instances: list[Instance], samples: Mapping[str, Any], now: float, warmup_s: float
+    instances: list[Instance],
+    samples: Mapping[str, Any],
+    now: float,
+    warmup_s: float,
+    ordinal_roles: frozenset[str] = frozenset(),
 ) -> tuple[rebalancer.InstanceView, ...]:
+    """The rebalancer's view of ``instances``; in ``ordinal_roles`` (scaled by a controller
+    that removes the highest ordinal first) each carries its pod's ordinal."""
     out = []
     for inst in instances:
         sample = samples.get(inst.name)
@@ -95,9 +104,26 @@ def instance_views(
                     else None
                 ),
                 seen_at=sample.ts if sample is not None else None,
+                ordinal=(
+                    pod_ordinal(instance_pod(inst.name, inst.labels))
+                    if inst.role in ordinal_roles
+                    else None
+                ),
             )
         )
     return tuple(out)
+
+
+def ordinal_roles_for(cluster: Cluster, row: RebalanceSettings) -> frozenset[str]:
+    """The roles whose Kubernetes controller removes the highest ordinal first, when the
+    ``kubernetes`` actuator scales the cluster (the plan must then drain exactly that pod)."""
+    if row.actuator != ActuatorKind.KUBERNETES:
+        return frozenset()
+    try:
+        targets = scale_targets_of(cluster.scale_targets, cluster.kind)
+    except ScaleTargetError:
+        return frozenset()
+    return frozenset(r for r, t in targets.items() if t.removal == "highest_ordinal")
 
 
 def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:

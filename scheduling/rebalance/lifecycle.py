@@ -14,18 +14,21 @@ from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from clusters.models import Cluster, Instance, InstanceState
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.live import OVERVIEW, PLANS, PlanEvent, live_publish
+from scheduling.actuators import instance_pod
 from scheduling.models import (
+    ActuatorKind,
     Plan,
     PlanStatus,
     PlanStep,
 )
-from scheduling.rebalance.selectors import IN_FLIGHT, plan_get
+from scheduling.rebalance.selectors import IN_FLIGHT, plan_get, rebalance_settings_for
 
 
 def plan_state(plan: Plan) -> dict[str, Any]:
@@ -208,6 +211,7 @@ def _steps_create(plan: Plan, phase: str) -> None:
         return
     rollback = phase == PlanStep.Phase.ROLLBACK
     changes = list(reversed(plan.role_changes)) if rollback else list(plan.role_changes)
+    replaces = rebalance_settings_for(plan.cluster).actuator == ActuatorKind.KUBERNETES
     index = 0
     for change in changes:
         inst = Instance.objects.get(name=change["instance"], cluster_id=plan.cluster_id)
@@ -215,9 +219,18 @@ def _steps_create(plan: Plan, phase: str) -> None:
         if rollback and untouched:
             continue  # a failed apply never reached this instance: leave it serving
         to_role = change["from_role"] if rollback else change["to_role"]
+        seeds: dict[str, dict[str, Any]] = {}
+        if rollback and replaces:
+            inst, seeds = _rollback_replaced(plan, inst)
         for action in ("drain", "wait", "flip", "activate"):
             PlanStep.objects.create(
-                plan=plan, phase=phase, index=index, action=action, instance=inst, to_role=to_role
+                plan=plan,
+                phase=phase,
+                index=index,
+                action=action,
+                instance=inst,
+                to_role=to_role,
+                actuation=seeds.get(action, {}),
             )
             index += 1
     PlanStep.objects.create(
@@ -227,6 +240,43 @@ def _steps_create(plan: Plan, phase: str) -> None:
         action="policy",
         threshold=plan.threshold_before if rollback else plan.threshold_after,
     )
+
+
+def _rollback_replaced(plan: Plan, inst: Instance) -> tuple[Instance, dict[str, dict[str, Any]]]:
+    """Undoing a change that replaced ``inst``'s pod (``kubernetes``): restore both roles'
+    replica counts as the apply recorded them (the grown role shrinks removing the pod it
+    gained, the shrunk one grows back), about the instance of the gained pod when it is in the
+    inventory (so it is drained first), else about ``inst``. Returns that instance and the
+    memos its drain and flip steps start with."""
+    apply_flip = plan.steps.filter(
+        phase=PlanStep.Phase.APPLY, instance_id=inst.pk, action="flip"
+    ).first()
+    memo = (apply_flip.actuation if apply_flip is not None else None) or {}
+    shrink, grow = memo.get("shrink") or {}, memo.get("grow") or {}
+    added = list(grow.get("added") or [])
+    flip: dict[str, Any] = {"planned": True}
+    if "from" in grow:
+        flip["shrink"] = {
+            "role": grow["role"],
+            "from": grow["to"],
+            "to": grow["from"],
+            "remove": added[0] if added else "",
+        }
+    if "from" in shrink:
+        flip["grow"] = {"role": shrink["role"], "from": shrink["to"], "to": shrink["from"]}
+    gained = (
+        Instance.objects.filter(cluster_id=plan.cluster_id)
+        .filter(Q(name__in=added) | Q(labels__pod__in=added))
+        .exclude(state=InstanceState.DOWN)
+        .first()
+        if added
+        else None
+    )
+    if gained is not None:
+        flip["shrink"]["remove"] = instance_pod(gained.name, gained.labels)
+        return gained, {"flip": flip}
+    drain = {"remove": added[0], "role": grow["role"]} if added else {"skip": True}
+    return inst, {"drain": drain, "flip": flip}
 
 
 #: The Celery task that runs a plan's steps (``scheduling.tasks.plan_apply_step``), sent by name:

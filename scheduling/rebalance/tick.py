@@ -24,10 +24,11 @@ from clusters.live.telemetry import instance_states_read
 from clusters.models import Cluster, ClusterKind, Instance
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Invalid, NotFound
-from scheduling.actuators import ActuatorError, actuator_for
+from scheduling.actuators import ActuatorError, actuator_check
 from scheduling.core import rebalancer
 from scheduling.core.scenario import ScenarioError
 from scheduling.models import (
+    ActuatorKind,
     Plan,
     PlanStatus,
     Policy,
@@ -44,6 +45,7 @@ from scheduling.rebalance.inputs import (
     PlannerFactory,
     history_for,
     instance_views,
+    ordinal_roles_for,
     policy_threshold,
     prediction_json,
     tick_context,
@@ -80,6 +82,7 @@ def rebalance_settings_update(
         "actuator",
         "webhook_url",
         "webhook_secret",
+        "ready_timeout_s",
     }
     unknown = sorted(set(changes) - allowed)
     if unknown:
@@ -97,13 +100,14 @@ def rebalance_settings_update(
         if row.mode not in RebalanceMode.values:
             raise Invalid(f"mode: must be one of {', '.join(RebalanceMode.values)}")
         guards_for(row)
-        if row.actuator == "webhook":
-            try:
-                actuator_for("webhook", url=row.webhook_url, secret=row.webhook_secret)
-            except ActuatorError as exc:
-                raise Invalid(f"webhook: {exc}") from exc
-        elif row.actuator != "record":
-            raise Invalid("actuator: must be record or webhook")
+        if row.actuator not in ActuatorKind.values:
+            raise Invalid(f"actuator: must be one of {', '.join(ActuatorKind.values)}")
+        if not 1 <= row.ready_timeout_s <= 86400:
+            raise Invalid("ready_timeout_s: must be between 1 and 86400 seconds")
+        try:
+            actuator_check(cluster, row)
+        except ActuatorError as exc:
+            raise Invalid(f"{row.actuator}: {exc}") from exc
         row.version += 1
         row.save()
         change_record_create(
@@ -121,6 +125,7 @@ def _settings_snapshot(row: RebalanceSettings) -> dict[str, Any]:
         "actuator": row.actuator,
         "webhook_url": row.webhook_url,
         "webhook_secret": "***" if row.webhook_secret else "",
+        "ready_timeout_s": row.ready_timeout_s,
     }
 
 
@@ -157,7 +162,7 @@ def rebalance_tick(
         recorder_seen_at=max(seen) if seen else None,
         default_output_tokens=row.default_output_tokens,
     )
-    views = instance_views(instances, samples, now, WARMUP_S)
+    views = instance_views(instances, samples, now, WARMUP_S, ordinal_roles_for(cluster, row))
     policy = policy_current()
     threshold = policy_threshold(policy, cluster)
     history = history_for(cluster, period_start)

@@ -417,3 +417,24 @@ def test_threshold_and_split_follow_drift_within_two_ticks_after_it_settles(flee
         # the window's histogram has ~19%-wide bins: the threshold is known to within one bin
         assert abs(threshold - settled.threshold_tokens) / settled.threshold_tokens < 0.2
     assert first_hour.n_p != settled.n_p  # the drift really moved the optimum
+
+
+def test_where_the_controller_removes_the_highest_ordinal_only_those_instances_are_chosen():
+    views = [
+        rb.InstanceView(f"decode-{k}", "decode", "active", load=float(10 - k), ordinal=k)
+        for k in range(4)
+    ]
+    # decode-0 is the idlest, but shrinking the role would remove decode-3 and then decode-2.
+    views[0] = rb.InstanceView("decode-0", "decode", "active", load=0.0, ordinal=0)
+    chosen = rb.choose_role_changes(views, "decode", "prefill", 2)
+    assert [c.instance for c in chosen] == ["decode-3", "decode-2"]
+
+
+def test_a_draining_highest_ordinal_blocks_the_choice_and_a_down_one_is_skipped():
+    views = [rb.InstanceView(f"decode-{k}", "decode", "active", ordinal=k) for k in range(3)]
+    draining = [*views[:2], rb.InstanceView("decode-2", "decode", "draining", ordinal=2)]
+    assert rb.choose_role_changes(draining, "decode", "prefill", 1) == ()
+    down = [*views[:2], rb.InstanceView("decode-2", "decode", "down", ordinal=2)]
+    assert [c.instance for c in rb.choose_role_changes(down, "decode", "prefill", 1)] == [
+        "decode-1"
+    ]

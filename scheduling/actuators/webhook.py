@@ -1,17 +1,11 @@
-"""Actuators: how an applied plan's steps reach the real fleet.
+"""The ``webhook`` actuator: a JSON POST to the operator's automation URL per step.
 
-The control plane changes its own state (policy version, instance role and state) in every
-case. An actuator is told about each step as well, so that an operator's automation can act
-on the engines themselves (restart an engine as decode, move it behind another load balancer):
-
-* ``record`` (default): nothing beyond the control plane's own state.
-* ``webhook``: a JSON POST to the operator's automation URL, signed with HMAC-SHA256 over
-  ``"{timestamp}.{body}"`` in ``X-PrfaaS-Signature: sha256=<hex>`` (timestamp in
-  ``X-PrfaaS-Timestamp``, so a receiver can refuse replays), retried with exponential backoff
-  on connection errors, timeouts and 5xx answers. ``Idempotency-Key`` is the same on every
-  retry of a step, including a retry after a worker crash, so the receiver can act once.
-  Each attempt has a total deadline (``deadline_s``, not only a timeout per read): a receiver
-  that drips its answer a byte at a time cannot hold a plan step longer than that.
+Signed with HMAC-SHA256 over ``"{timestamp}.{body}"`` in ``X-PrfaaS-Signature: sha256=<hex>``
+(timestamp in ``X-PrfaaS-Timestamp``, so a receiver can refuse replays), retried with
+exponential backoff on connection errors, timeouts and 5xx answers. ``Idempotency-Key`` is the
+same on every retry of a step, including a retry after a worker crash, so the receiver can act
+once. Each attempt has a total deadline (``deadline_s``, not only a timeout per read): a
+receiver that drips its answer a byte at a time cannot hold a plan step longer than that.
 """
 
 from __future__ import annotations
@@ -23,71 +17,14 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import httpx
+
+from scheduling.actuators.base import ActuatorError, StepNotice
 
 SIGNATURE_HEADER = "X-PrfaaS-Signature"
 TIMESTAMP_HEADER = "X-PrfaaS-Timestamp"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-
-
-class ActuatorError(Exception):
-    """The actuator could not carry a step out (after its retries)."""
-
-
-@dataclass(frozen=True)
-class StepNotice:
-    """One step of a plan being applied or rolled back, as an actuator is told about it."""
-
-    plan_id: int
-    step: int
-    action: str  # drain, flip, activate, policy
-    cluster: str
-    instance: str = ""
-    from_role: str = ""
-    to_role: str = ""
-    threshold: float | None = None
-    policy_version: int | None = None
-    rollback: bool = False
-
-    @property
-    def idempotency_key(self) -> str:
-        kind = "rollback" if self.rollback else "apply"
-        return f"plan-{self.plan_id}-{kind}-step-{self.step}"
-
-    def payload(self) -> dict[str, Any]:
-        return {
-            "plan_id": self.plan_id,
-            "step": self.step,
-            "action": self.action,
-            "cluster": self.cluster,
-            "instance": self.instance or None,
-            "from_role": self.from_role or None,
-            "to_role": self.to_role or None,
-            "threshold": self.threshold,
-            "policy_version": self.policy_version,
-            "rollback": self.rollback,
-            "idempotency_key": self.idempotency_key,
-        }
-
-
-class Actuator(Protocol):
-    name: str
-
-    def notify(self, notice: StepNotice) -> None:
-        """Carry the step out on the fleet, or raise :class:`ActuatorError`."""
-        ...
-
-
-class RecordActuator:
-    """Only the control plane's own state changes; nothing leaves the process."""
-
-    name = "record"
-
-    def notify(self, notice: StepNotice) -> None:
-        return None
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -128,6 +65,7 @@ class WebhookActuator:
     """Signed POST to the operator's automation, with retries and exponential backoff."""
 
     name = "webhook"
+    replaces_instances = False
 
     def __init__(
         self,
@@ -181,12 +119,3 @@ class WebhookActuator:
             if response.status_code < 500 and response.status_code not in (408, 429):
                 break  # the receiver refused this step; retrying will not change its mind
         raise ActuatorError(f"webhook {self.url} failed for {notice.idempotency_key}: {last}")
-
-
-def actuator_for(kind: str, *, url: str = "", secret: str = "", **options: Any) -> Actuator:
-    """The actuator named ``kind`` (``record`` or ``webhook``)."""
-    if kind == "record":
-        return RecordActuator()
-    if kind == "webhook":
-        return WebhookActuator(url, secret, **options)
-    raise ActuatorError(f"unknown actuator {kind!r} (record or webhook)")

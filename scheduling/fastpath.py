@@ -7,9 +7,8 @@ in that one thread. The route path needs none of them (no session, no CSRF, no m
 router presents a bearer token. This module is ASGI plumbing only: the body limit, the bearer
 auth, the error shape and the decision are the same functions the ninja operations use
 (:func:`controlplane.auth.abearer_authorize`, :class:`controlplane.errors.PayloadTooLarge`,
-:func:`scheduling.api.route.route_answer`); the body is decoded by msgspec in one pass
-(:func:`scheduling.api.route.route_wire_decode`, the same fields and bounds as the pydantic
-schemas, held to the same answers by tests).
+:func:`scheduling.api.route.route_answer`); the body is decoded by the operations' own
+decoder (:func:`scheduling.api.route.route_request_decode`: one msgspec schema, one pass).
 Everything else, including route calls without a bearer token (browsers with a session), goes
 to Django unchanged.
 """
@@ -20,7 +19,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from asgiref.typing import (
     ASGI3Application,
     ASGIReceiveCallable,
@@ -37,7 +35,7 @@ from controlplane.auth import abearer_authorize
 from controlplane.errors import ApiError, PayloadTooLarge, error_json
 from controlplane.middleware import request_id_new
 from controlplane.parser import json_content_type_check
-from scheduling.api.route import route_answer, route_wire_decode
+from scheduling.api.route import route_answer, route_request_decode
 
 log = logging.getLogger(__name__)
 
@@ -179,14 +177,10 @@ async def _route(scope: HTTPScope, receive: ASGIReceiveCallable, token: str, bat
         raise ApiError("the Host header names no host this server answers to", code="bad_host")
     # The caller first, then its body: an unauthenticated upload is refused unread.
     await abearer_authorize(token, "router")
-    json_content_type_check(_header(scope, b"content-type"))
+    content_type = _header(scope, b"content-type")
+    json_content_type_check(content_type)  # before the body is read
     body = await _read_body(scope, receive, conf.max_body)
-    try:
-        # One pass of msgspec: JSON to checked structs (the pydantic door's bounds).
-        inputs = route_wire_decode(body, batch=batch)
-    except msgspec.DecodeError:
-        raise ApiError("Cannot parse request body", code="http_400") from None
-    return await route_answer(inputs, batch=batch)
+    return await route_answer(route_request_decode(content_type, body, batch=batch), batch=batch)
 
 
 def route_fast_path(app: ASGI3Application) -> ASGI3Application:

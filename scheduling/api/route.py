@@ -15,11 +15,11 @@ import msgspec
 import orjson
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
-from pydantic import StringConstraints, field_validator, model_validator
 
 from clusters.live.prefix_index import BlockHashError, block_hash_key
 from controlplane.auth import require_scope
-from controlplane.errors import ErrorOut, Invalid
+from controlplane.errors import ApiError, ErrorOut, Invalid
+from controlplane.parser import json_content_type_check
 from scheduling import traffic
 from scheduling.decisions import RouteInput, route_decide_async, route_records_flush
 from scheduling.snapshot import snapshot_current_async
@@ -35,92 +35,67 @@ MAX_OUTPUT_TOKENS = 10_000_000
 MAX_BLOCK_HASHES = 20_000
 MAX_BATCH = 1000
 
+# --- the request: one msgspec schema, decoded in one pass by both doors -------------------
+# (these ninja operations and the ASGI fast path, :mod:`scheduling.fastpath`); its OpenAPI
+# schema is generated from the same structs (:func:`_request_body`).
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PROMPT_TOKENS)]
 BlockHash = (
-    Annotated[int, Field(ge=-(1 << 63), le=(1 << 64) - 1, strict=True)]
-    | Annotated[str, StringConstraints(pattern=r"^(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{64})$")]
+    # 64-bit, signed or not; msgspec bounds only int64, so the chain's folding checks it.
+    Annotated[
+        int, msgspec.Meta(extra_json_schema={"minimum": -(1 << 63), "maximum": (1 << 64) - 1})
+    ]
+    | Annotated[str, msgspec.Meta(pattern=r"^(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{64})$")]
 )
-ClusterName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
-# Counts are strict integers: pydantic's lax mode read true as 1 and 5.0 as 5.
-TokenCount = Annotated[int, Field(ge=0, le=MAX_PROMPT_TOKENS, strict=True)]
 
 
-class RouteIn(Schema):
+class RouteIn(msgspec.Struct, gc=False):
     """One LLM request, described by token counts and its prefix-block chain."""
 
-    origin: ClusterName = Field(description="PD cluster where the request arrived")
-    prompt_tokens: int = Field(ge=1, le=MAX_PROMPT_TOKENS, strict=True)
-    block_hashes: list[BlockHash] = Field(
-        default_factory=list,
-        max_length=MAX_BLOCK_HASHES,
-        description="prefix block chain: vLLM block hashes (64-bit ints, or 16/64 hex digits)",
-    )
-    cached_tokens: dict[ClusterName, TokenCount] = Field(
-        default_factory=dict,
-        max_length=64,
-        description="router-known cached prefix tokens per cluster (capped at prompt_tokens)",
-    )
-    request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
-    expected_output_tokens: int | None = Field(None, ge=0, le=MAX_OUTPUT_TOKENS, strict=True)
-
-    @field_validator("block_hashes", mode="after")
-    @classmethod
-    def _fold(cls, value: list[int | str]) -> list[int | str]:
-        out: list[int | str] = []
-        for i, h in enumerate(value):
-            try:
-                out.append(block_hash_key(h))
-            except BlockHashError as exc:
-                raise ValueError(f"block_hashes[{i}]: {exc}") from None
-        return out
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RouteIn:
-        # A cache cannot hold more of the prompt than the prompt: such counts are capped.
-        for cluster, tokens in self.cached_tokens.items():
-            if tokens > self.prompt_tokens:
-                self.cached_tokens[cluster] = self.prompt_tokens
-        return self
-
-    def to_input(self) -> RouteInput:
-        return RouteInput(
-            origin=self.origin,
-            prompt_tokens=self.prompt_tokens,
-            chain=bytes.fromhex("".join(str(h) for h in self.block_hashes)),
-            cached_tokens=self.cached_tokens,
-            request_id=self.request_id,
-            expected_output_tokens=self.expected_output_tokens,
-        )
-
-
-class RouteBatchIn(Schema):
-    requests: list[RouteIn] = Field(min_length=1, max_length=MAX_BATCH)
-
-
-# --- the same request as msgspec structs: the ASGI fast path decodes a body in one pass ------
-# (pydantic above stays the schema of the ninja operations and the OpenAPI document;
-# tests/scheduling/test_route_fastpath.py holds both doors to the same answers and errors).
-
-_WireName = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-_WireCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PROMPT_TOKENS)]
-
-
-class RouteWire(msgspec.Struct, gc=False):
-    """:class:`RouteIn` as the fast path decodes it (same fields, bounds and defaults)."""
-
-    origin: _WireName
+    origin: Annotated[Name, msgspec.Meta(description="PD cluster where the request arrived")]
     prompt_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_PROMPT_TOKENS)]
-    block_hashes: Annotated[list[int | str], msgspec.Meta(max_length=MAX_BLOCK_HASHES)] = []
-    cached_tokens: Annotated[dict[_WireName, _WireCount], msgspec.Meta(max_length=64)] = {}
+    block_hashes: Annotated[
+        list[BlockHash],
+        msgspec.Meta(
+            max_length=MAX_BLOCK_HASHES,
+            description="prefix block chain: vLLM block hashes (64-bit ints, or 16/64 hex digits)",
+        ),
+    ] = []
+    cached_tokens: Annotated[
+        dict[Name, TokenCount],
+        msgspec.Meta(
+            max_length=64,
+            description="router-known cached prefix tokens per cluster (capped at prompt_tokens)",
+        ),
+    ] = {}
     request_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None
     expected_output_tokens: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_TOKENS)] | None = None
 
 
-class RouteBatchWire(msgspec.Struct, gc=False):
-    requests: Annotated[list[RouteWire], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+class RouteBatchIn(msgspec.Struct, gc=False):
+    requests: Annotated[list[RouteIn], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
 
 
-ROUTE_DECODER = msgspec.json.Decoder(RouteWire)
-ROUTE_BATCH_DECODER = msgspec.json.Decoder(RouteBatchWire)
+ROUTE_DECODER = msgspec.json.Decoder(RouteIn)
+ROUTE_BATCH_DECODER = msgspec.json.Decoder(RouteBatchIn)
+
+
+def _request_body(struct: type[msgspec.Struct]) -> dict[str, Any]:
+    """The operation's request body for OpenAPI: the struct's JSON schema, inlined."""
+    (schema,), defs = msgspec.json.schema_components([struct], ref_template="{name}")
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"]])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    content = {"application/json": {"schema": inline(schema)}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def _chain(values: list[int | str], where: str) -> bytes:
@@ -138,7 +113,7 @@ def _chain(values: list[int | str], where: str) -> bytes:
     return bytes.fromhex("".join(keys))
 
 
-def route_wire_input(item: RouteWire, where: str = "") -> RouteInput:
+def route_input_from(item: RouteIn, where: str = "") -> RouteInput:
     """The service's input from a decoded request (``where``: ``requests[i].`` in a batch)."""
     cached = item.cached_tokens
     if cached and max(cached.values()) > item.prompt_tokens:
@@ -154,19 +129,19 @@ def route_wire_input(item: RouteWire, where: str = "") -> RouteInput:
     )
 
 
-def route_wire_decode(body: bytes, *, batch: bool) -> list[RouteInput]:
-    """Decode and check a fast-path body; ``msgspec.DecodeError`` for what is not JSON,
-    :class:`Invalid` (the pydantic door's paths: ``requests[3].prompt_tokens: ...``)."""
+def route_body_decode(body: bytes, *, batch: bool) -> list[RouteInput]:
+    """Decode and check a body; ``msgspec.DecodeError`` for what is not JSON, :class:`Invalid`
+    naming the field's path (``requests[3].prompt_tokens: ...``)."""
     try:
         if batch:
             items = ROUTE_BATCH_DECODER.decode(body).requests
-            return [route_wire_input(r, f"requests[{i}].") for i, r in enumerate(items)]
-        return [route_wire_input(ROUTE_DECODER.decode(body))]
+            return [route_input_from(r, f"requests[{i}].") for i, r in enumerate(items)]
+        return [route_input_from(ROUTE_DECODER.decode(body))]
     except msgspec.ValidationError as exc:
-        raise Invalid(_wire_detail(str(exc)), code="invalid") from None
+        raise Invalid(_decode_detail(str(exc)), code="invalid") from None
 
 
-def _wire_detail(message: str) -> str:
+def _decode_detail(message: str) -> str:
     """msgspec's ``Expected ... - at `$.requests[0].origin``` as ``requests[0].origin: ...``."""
     text, sep, where = message.rpartition(" - at `$")
     if not sep:
@@ -260,18 +235,37 @@ async def route_answer(inputs: list[RouteInput], *, batch: bool) -> bytes:
     return orjson.dumps({"decisions": decisions} if batch else decisions[0])
 
 
-@router.post("/route", auth=ROUTER, response={200: RouteOut, **ERRORS})
-async def route(request: HttpRequest, payload: RouteIn) -> HttpResponse:
+def route_request_decode(content_type: str | None, body: bytes, *, batch: bool) -> list[RouteInput]:
+    """A route call's body, checked, as the service's inputs: the one decoder of both doors."""
+    json_content_type_check(content_type)
+    try:
+        return route_body_decode(body, batch=batch)
+    except msgspec.DecodeError:
+        raise ApiError("Cannot parse request body", code="http_400") from None
+
+
+@router.post(
+    "/route",
+    auth=ROUTER,
+    response={200: RouteOut, **ERRORS},
+    openapi_extra=_request_body(RouteIn),
+)
+async def route(request: HttpRequest) -> HttpResponse:
     """Decide where one request's prefill and decode run."""
-    body = await route_answer([payload.to_input()], batch=False)
-    return HttpResponse(body, content_type="application/json")
+    inputs = route_request_decode(request.content_type, request.body, batch=False)
+    return HttpResponse(await route_answer(inputs, batch=False), content_type="application/json")
 
 
-@router.post("/route/batch", auth=ROUTER, response={200: RouteBatchOut, **ERRORS})
-async def route_batch(request: HttpRequest, payload: RouteBatchIn) -> HttpResponse:
+@router.post(
+    "/route/batch",
+    auth=ROUTER,
+    response={200: RouteBatchOut, **ERRORS},
+    openapi_extra=_request_body(RouteBatchIn),
+)
+async def route_batch(request: HttpRequest) -> HttpResponse:
     """Decide up to 1,000 requests against one live snapshot, in order."""
-    body = await route_answer([r.to_input() for r in payload.requests], batch=True)
-    return HttpResponse(body, content_type="application/json")
+    inputs = route_request_decode(request.content_type, request.body, batch=True)
+    return HttpResponse(await route_answer(inputs, batch=True), content_type="application/json")
 
 
 @router.get(

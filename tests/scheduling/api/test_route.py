@@ -31,7 +31,7 @@ from clusters.services import instance_update
 from controlplane.audit import CLI_ACTOR
 from controlplane.errors import Invalid
 from scheduling import decisions
-from scheduling.api.route import route_wire_decode
+from scheduling.api.route import route_body_decode
 from scheduling.policies import policy_create
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, link_key
 from tests.factories import PREFILL_SECONDS, api_token, bearer
@@ -678,7 +678,7 @@ async def test_route_keeps_its_snapshot_when_the_database_is_unreachable(
 )
 def test_block_hashes_in_any_encoding_travel_as_the_index_keys(hashes: list[int | str]) -> None:
     body = json.dumps({"origin": "pd-a", "prompt_tokens": 10, "block_hashes": hashes}).encode()
-    [item] = route_wire_decode(body, batch=False)
+    [item] = route_body_decode(body, batch=False)
     assert item.chain == b"".join(bytes.fromhex(block_hash_key(h)) for h in hashes)
 
 
@@ -687,5 +687,5 @@ def test_a_block_hash_beyond_64_bits_is_named_in_the_error() -> None:
         {"requests": [{"origin": "pd-a", "prompt_tokens": 10, "block_hashes": [1, 1 << 64]}]}
     ).encode()
     with pytest.raises(Invalid) as err:
-        route_wire_decode(body, batch=True)
+        route_body_decode(body, batch=True)
     assert "requests[0].block_hashes[1]" in err.value.detail

@@ -34,11 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     if config.server == "granian":
-        if Granian is None:
-            print(
-                "gateway: server: granian is not installed (pip install granian)", file=sys.stderr
-            )
-            return 2
         os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
         Granian(
             "fleet.gateway.app:gateway_from_env",

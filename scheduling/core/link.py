@@ -15,7 +15,7 @@ binding limit.
 
 **Defaults** (the router's): a link without a budget may hold
 :data:`DEFAULT_LINK_BUDGET_SECONDS` of its line rate; a link without a target utilisation
-uses :data:`DEFAULT_TARGET_UTILISATION`, the router's ``Guards.scarce_utilisation`` default:
+uses :data:`DEFAULT_TARGET_UTILISATION`, the router's ``RouteGuards.scarce_utilisation`` default:
 the egress share at which the router calls bandwidth scarce and its short-term controller
 raises the threshold. The planner never plans a link's mean egress above its target.
 
@@ -52,7 +52,7 @@ FloatArray = NDArray[np.float64]
 #: A link whose budget is not given may hold this many seconds of its line rate in flight.
 DEFAULT_LINK_BUDGET_SECONDS = 2.0
 #: A link whose target utilisation is not given is planned to at most this egress share (the
-#: router's default ``Guards.scarce_utilisation``).
+#: router's default ``RouteGuards.scarce_utilisation``).
 DEFAULT_TARGET_UTILISATION = 0.8
 #: The planner keeps the share of decisions the link refuses (``link_congested``) under this.
 DEFAULT_REFUSAL_TARGET = 0.01

@@ -12,6 +12,9 @@ from typing import Any
 import orjson
 from ninja import Schema
 
+# The scenario reader names key paths the same way: one rendering for both.
+from scheduling.core.scenario_types import location_path
+
 #: What a caller is told when no usable credential came with the request.
 UNAUTHORIZED_DETAIL = "missing, invalid, expired or revoked API token"
 #: Where ninja says a value came from; the key path a client reads leaves it out.
@@ -91,14 +94,3 @@ def validation_detail(errors: Iterable[Mapping[str, Any]]) -> str:
         msg = err.get("msg", "invalid")
         messages.append(f"{path}: {msg}" if path else msg)
     return "; ".join(messages) or "invalid input"
-
-
-def location_path(loc: tuple[Any, ...] | list[Any]) -> str:
-    """Render a validation location as a key path: ``profiles[1].prefill_seconds[3]``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out

@@ -12,7 +12,7 @@ from ninja import Field, Query, Router, Schema
 from pydantic import ConfigDict, StringConstraints
 
 from controlplane.auth import require_scope
-from controlplane.errors import Invalid
+from controlplane.errors import ErrorOut, Invalid
 from scheduling import outcomes
 from scheduling.core import routing
 from scheduling.decisions import live_state_read_async
@@ -25,11 +25,6 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=150)]
 Seconds = Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)]
 Tokens = Annotated[int, Field(ge=0, le=10_000_000)]
 MAX_OUTCOMES = 1000
-
-
-class ErrorOut(Schema):
-    detail: str
-    code: str
 
 
 ERRORS: dict[int, Any] = {s: ErrorOut for s in (401, 403, 404, 413, 422, 503)}

@@ -117,6 +117,8 @@ class Served:
     status: str = "ok"
     error: str | None = None
     fallback: str | None = None
+    # The outcome's idempotency key: the request id and this gateway's attempt at it.
+    key: str = ""
 
 
 class Gateway:
@@ -262,7 +264,8 @@ class Gateway:
     async def _serve(self, scope: Scope, send: Send, body: dict[str, Any], chat: bool) -> None:
         started = time.perf_counter()
         endpoint = "chat" if chat else "completions"
-        rid = _header(scope, b"x-request-id") or f"{self._id_prefix}{next(self._ids)}"
+        attempt = f"{self._id_prefix}{next(self._ids)}"
+        rid = _header(scope, b"x-request-id") or attempt
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         prompt_tokens, chain = await self._prompt(body, chat, rid)
         request = RouteRequest(
@@ -281,6 +284,7 @@ class Gateway:
         except RouterUnavailableError as exc:
             raise ClientError(503, "control_plane_unavailable", str(exc)) from None
         served = _served_of(decided)
+        served.key = rid if rid == attempt else f"{rid}/{attempt}"
         try:
             await self._carry_out(send, body, chat, rid, request, chain, served, started)
         except asyncio.CancelledError:
@@ -648,6 +652,7 @@ class Gateway:
             "ts": time.time(),
             "request_id": request.request_id,
             "block_hashes": n_hashes,
+            "idempotency_key": served.key,
         }
 
 

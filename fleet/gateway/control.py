@@ -32,6 +32,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ OUTCOME_BATCH_BYTES = 192 * 1024
 # Plain outcomes sent whole per flush (for the control plane's recent list); the others are
 # summed into groups, so that thousands of requests a second cost the control plane little.
 OUTCOME_SAMPLE = 8
+# The codes POST /outcomes refuses an item with (anything else is counted as "other").
+REJECT_CODES = frozenset({"invalid", "unknown_cluster", "unknown_reason"})
 
 
 def _predicted(outcome: dict[str, Any]) -> float | None:
@@ -74,11 +77,14 @@ def _predicted(outcome: dict[str, Any]) -> float | None:
 
 class _Groups:
     """Plain outcomes summed by (origin, route, reason, prefill cluster, decided by, status,
-    transfer) until the next flush (``POST /outcomes`` ``groups``)."""
+    transfer) until the next flush (``POST /outcomes`` ``groups``). Each group taken gets an
+    idempotency key of its own, so a batch sent again is applied once."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_prefix: str = "") -> None:
         self.by_key: dict[tuple[str, ...], dict[str, Any]] = {}
         self.requests = 0
+        self._key_prefix = key_prefix or f"gw-{os.urandom(6).hex()}-"
+        self._taken = itertools.count()
 
     def add(self, o: dict[str, Any]) -> None:
         key = (
@@ -117,7 +123,12 @@ class _Groups:
 
     def take(self) -> list[bytes]:
         now = time.time()
-        out = [orjson.dumps({**g, "ts": now}) for g in self.by_key.values()]
+        out = [
+            orjson.dumps(
+                {**g, "ts": now, "idempotency_key": f"{self._key_prefix}g{next(self._taken)}"}
+            )
+            for g in self.by_key.values()
+        ]
         self.by_key = {}
         self.requests = 0
         return out
@@ -391,11 +402,23 @@ class ControlPlane:
 
     async def _report(self, outcomes: list[bytes], groups: list[bytes]) -> None:
         try:
-            await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
+            answer = await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
         except RouterApiError as exc:
-            # Refused as malformed: a bug here, not a reason to block the queue behind it.
+            # The whole body refused (its shape, not an item): a bug here, not a reason to
+            # block the queue behind it.
             metrics.OUTCOMES_DROPPED.inc(len(outcomes) + len(groups))
             log.error("outcomes refused by the control plane (%s); dropped", exc)
+            return
+        rejected = answer.get("rejected") or []
+        for item in rejected:
+            code = str(item.get("code")) if isinstance(item, dict) else ""
+            metrics.OUTCOMES_REJECTED.labels(code if code in REJECT_CODES else "other").inc()
+        if rejected:
+            log.warning(
+                "%d outcome(s) refused by the control plane, e.g. %s",
+                len(rejected),
+                rejected[0].get("detail") if isinstance(rejected[0], dict) else rejected[0],
+            )
 
     async def _outcomes_loop(self) -> None:
         while True:

@@ -71,6 +71,13 @@ OUTCOMES_PENDING = Gauge(
     "Outcomes not yet sent to the control plane",
     registry=REGISTRY,
 )
+OUTCOMES_REJECTED = Counter(
+    "prfaas_gateway_outcomes_rejected",
+    "Outcomes the control plane refused one by one, by its code (their reservations are "
+    "released all the same)",
+    ["code"],
+    registry=REGISTRY,
+)
 OUTCOMES_DROPPED = Counter(
     "prfaas_gateway_outcomes_dropped",
     "Outcomes dropped (buffer full while the control plane was away, or refused)",

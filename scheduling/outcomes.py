@@ -343,7 +343,9 @@ async def _names_checked(
     """The items whose names are known (the snapshot is refreshed once when one is not, so a
     cluster added a moment ago is accepted), and the refusals of the others."""
     snap = await snapshot_get_async()
-    items = [("outcome", k, o, _outcome_names(o)) for k, o in batch.outcomes]
+    items: list[tuple[str, int, Outcome | ServedGroup, Any]] = [
+        ("outcome", k, o, _outcome_names(o)) for k, o in batch.outcomes
+    ]
     items += [("group", k, g, _group_names(g)) for k, g in batch.groups]
     if any(_names_problem(snap, *names) for *_, names in items):
         snap = await snapshot_refresh_async()
@@ -635,9 +637,9 @@ class OutcomeCollector:
             "Outcomes and groups refused one by one, by code (their reservations released)",
             labels=["code"],
         )
-        for name, value in sorted(intake.items()):
+        for name, n in sorted(intake.items()):
             if name.startswith("rejected|"):
-                rejected.add_metric([name.removeprefix("rejected|")], value)
+                rejected.add_metric([name.removeprefix("rejected|")], n)
         yield rejected
         released: Mapping[Any, Any] = r.hgetall(RELEASED_KEY)
         rel = {_text(k): float(v) for k, v in released.items()}

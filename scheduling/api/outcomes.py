@@ -214,7 +214,9 @@ def _release_of(raw: Any) -> outcomes.Release | None:
     if not isinstance(rv, dict):
         return None
     source, target, rid = rv.get("source"), rv.get("target"), rv.get("id")
-    if not all(isinstance(x, str) and 0 < len(x) <= 200 for x in (source, target, rid)):
+    if not (isinstance(source, str) and isinstance(target, str) and isinstance(rid, str)):
+        return None
+    if not all(0 < len(x) <= 200 for x in (source, target, rid)):
         return None
     return outcomes.Release(source, target, rid)
 

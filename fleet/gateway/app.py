@@ -31,6 +31,8 @@ that the answer is 503 at once. Errors have OpenAI's shape plus the project's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -48,6 +50,7 @@ from fleet.client import RouterUnavailableError
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig, config_load
 from fleet.gateway.control import ControlPlane, Decided
+from fleet.gateway.http import header_timeout_set
 from fleet.gateway.protocol import (
     Engines,
     StreamedResponse,
@@ -67,7 +70,10 @@ from scheduling.core.routing import (
 log = logging.getLogger(__name__)
 
 
-MAX_BODY_BYTES = 16 << 20
+# A body this small is read without taking from the body budget (see BodyBudget).
+SMALL_BODY_BYTES = 64 << 10
+# The control plane's bound on a request's output tokens (POST /route): more is not a request.
+MAX_OUTPUT_TOKENS = 10_000_000
 # Where ``gateway_from_env`` (the factory of each uvicorn worker) finds the configuration.
 CONFIG_ENV = "PRFAAS_GATEWAY_CONFIG"
 COMPLETIONS = "/v1/completions"
@@ -77,25 +83,61 @@ FALLBACK_REASON = Reason.PRFAAS_UNAVAILABLE
 
 
 class ClientError(Exception):
-    """An answer to send as is: status, OpenAI error type, message, code."""
+    """An answer to send as is: status, OpenAI error type, message, code; ``param``: the
+    request field at fault; ``close``: the connection is closed after it (its body was not
+    read whole, so it cannot carry another request)."""
 
-    def __init__(self, status: int, code: str, message: str, *, raw: bytes = b"") -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        raw: bytes = b"",
+        param: str | None = None,
+        close: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.raw = raw
+        self.param = param
+        self.close = close
 
 
-def error_body(status: int, code: str, message: str) -> bytes:
+def error_body(status: int, code: str, message: str, param: str | None = None) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return orjson.dumps(
         {
-            "error": {"message": message, "type": kind, "code": code},
+            "error": {"message": message, "type": kind, "param": param, "code": code},
             "detail": message,
             "code": code,
         }
     )
+
+
+class BodyBudget:
+    """Bytes of request bodies this process holds at once (``body_buffer_bytes``): a body is
+    read only with room for it, so slow or huge uploads cannot grow the gateway's memory past
+    its configuration. Bodies up to ``SMALL_BODY_BYTES`` are not counted (uvicorn buffers that
+    much per connection anyway; admission bounds how many)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if n <= SMALL_BODY_BYTES:
+            return True
+        if self.used + n > self.capacity:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        if n > SMALL_BODY_BYTES:
+            self.used -= n
 
 
 @dataclass
@@ -129,7 +171,8 @@ class Gateway:
         self.control = control or ControlPlane(config)
         self.engines = Engines(config.connect_timeout_s)
         self._slots: asyncio.Semaphore | None = None
-        self._waiting = 0
+        self._admitted = 0
+        self._bodies = BodyBudget(config.body_buffer_bytes)
         self._tokenize_rr = itertools.count()
         # Request ids of this process: a random prefix, then a counter (unique enough across
         # gateways, and cheaper than a uuid per request).
@@ -145,29 +188,60 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
         try:
-            if path in (COMPLETIONS, CHAT):
-                if method != "POST":
-                    raise ClientError(405, "method_not_allowed", f"{path} takes POST")
-                await self._admit(scope, receive, send, chat=path == CHAT)
-            elif path == "/v1/models" and method == "GET":
-                await json_send(send, 200, self._models())
-            elif path == "/health" and method == "GET":
-                await self._health(send)
-            elif path == "/metrics" and method == "GET":
-                await self._metrics(send)
-            else:
-                raise ClientError(404, "not_found", f"no route {method} {path}")
+            await self._route(scope, receive, tracked, path, method)
         except ClientError as exc:
+            if started:
+                return
+            extra = [(b"connection", b"close")] if exc.close else []
             await response_send(
-                send, exc.status, exc.raw or error_body(exc.status, exc.code, exc.message)
+                send,
+                exc.status,
+                exc.raw or error_body(exc.status, exc.code, exc.message, exc.param),
+                headers=extra,
             )
+        except Exception:
+            # A bug here: the client still gets an answer in the API's shape, never uvicorn's
+            # text/plain 500.
+            log.exception("unhandled error on %s %s", method, path)
+            metrics.ERRORS.labels("internal").inc()
+            if not started:
+                await response_send(
+                    send,
+                    500,
+                    error_body(500, "internal_error", "the gateway failed on this request"),
+                    headers=[(b"connection", b"close")],
+                )
+
+    async def _route(
+        self, scope: Scope, receive: Receive, send: Send, path: str, method: str
+    ) -> None:
+        if path in (COMPLETIONS, CHAT):
+            if method != "POST":
+                raise ClientError(405, "method_not_allowed", f"{path} takes POST", close=True)
+            await self._admit(scope, receive, send, chat=path == CHAT)
+        elif path == "/v1/models" and method == "GET":
+            await json_send(send, 200, self._models())
+        elif path == "/health" and method == "GET":
+            await self._health(send)
+        elif path == "/metrics" and method == "GET":
+            await self._metrics(send)
+        else:
+            raise ClientError(404, "not_found", f"no route {method} {path}", close=True)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
+                    _large_allocations_returned()
                     self._slots = asyncio.Semaphore(self.config.max_inflight)
                     await self.engines.start()
                     await self.control.start()
@@ -212,25 +286,73 @@ class Gateway:
     # -- admission and cancellation ---------------------------------------------------------
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
-        body = await _read_json(receive)
-        slots = self._slots
-        assert slots is not None
-        if slots.locked() and self._waiting >= self.config.max_waiting:
+        """Admission before any of the body is read: its declared size within
+        ``max_body_bytes``, room among the admitted requests (``max_inflight`` served plus
+        ``max_waiting`` reading their body or queued for a slot) and in the body budget;
+        otherwise 413 or 503 at once, and the connection closed. The body is then read within
+        ``body_timeout_s``, checked, and the request waits for a serving slot."""
+        cfg = self.config
+        length = _content_length(scope)
+        if length is not None and length > cfg.max_body_bytes:
+            metrics.ERRORS.labels("body_too_large").inc()
+            raise ClientError(
+                413, "body_too_large", f"the body exceeds {cfg.max_body_bytes} bytes", close=True
+            )
+        if self._admitted >= cfg.max_inflight + cfg.max_waiting:
             metrics.ERRORS.labels("queue_full").inc()
-            raise ClientError(503, "overloaded", "the gateway is at its queue limit; retry later")
-        self._waiting += 1
+            raise ClientError(
+                503, "overloaded", "the gateway is at its queue limit; retry later", close=True
+            )
+        held = [length or 0]  # bytes held in the budget for this body (grows if chunked)
+        if not self._bodies.take(held[0]):
+            metrics.ERRORS.labels("body_buffer_full").inc()
+            raise ClientError(
+                503,
+                "overloaded",
+                "the gateway holds as many request bodies as it may; retry later",
+                close=True,
+            )
+        self._admitted += 1
         metrics.WAITING.inc()
         try:
+            body = await self._body_read(receive, length, held)
+            _openai_check(body, chat)
+            slots = self._slots
+            assert slots is not None
             await slots.acquire()
-        finally:
-            self._waiting -= 1
+        except BaseException:
             metrics.WAITING.dec()
+            self._admitted -= 1
+            self._bodies.give(held[0])
+            raise
+        metrics.WAITING.dec()
         metrics.INFLIGHT.inc()
         try:
             await self._serve_cancellable(scope, receive, send, body, chat)
         finally:
             slots.release()
             metrics.INFLIGHT.dec()
+            self._admitted -= 1
+            self._bodies.give(held[0])
+
+    async def _body_read(
+        self, receive: Receive, length: int | None, held: list[int]
+    ) -> dict[str, Any]:
+        """The body as a JSON object (``held``: the bytes held for it in the budget; a body of
+        unknown length takes room as it arrives)."""
+        cfg = self.config
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                raw = await _body_receive(receive, length, held, cfg, self._bodies)
+        except TimeoutError:
+            metrics.ERRORS.labels("body_timeout").inc()
+            raise ClientError(
+                408,
+                "body_timeout",
+                f"the request body did not arrive within {cfg.body_timeout_s:g} s",
+                close=True,
+            ) from None
+        return _json_object(raw)
 
     async def _serve_cancellable(
         self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
@@ -677,22 +799,94 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _read_json(receive: Receive) -> dict[str, Any]:
+# glibc's M_MMAP_THRESHOLD (mallopt's parameter number).
+_M_MMAP_THRESHOLD = -3
+
+
+def _large_allocations_returned() -> None:
+    """Allocations of 1 MiB or more (request bodies, long prompts) mapped on their own and so
+    given back to the system when freed. glibc raises its mmap threshold after each such free
+    (up to 32 MiB), after which a 15 MiB body stayed in the process heap once freed: 100 of them
+    kept the gateway at 1.5 GB. A fixed threshold turns that adjustment off."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                n = int(value)
+            except ValueError:
+                n = -1
+            if n < 0:
+                raise ClientError(400, "bad_request", "content-length: not a size", close=True)
+            return n
+    return None
+
+
+async def _body_receive(
+    receive: Receive, length: int | None, held: list[int], cfg: GatewayConfig, budget: BodyBudget
+) -> bytes | bytearray:
+    """The body's bytes as they arrive: into one buffer of the declared length (one
+    allocation, given back to the system whole when freed), else chunk by chunk, each taking
+    its room in the budget first."""
+    if length is not None:
+        buf = bytearray(length)
+        at = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientError(400, "client_disconnect", "the client went away", close=True)
+            chunk = message.get("body", b"")
+            if at + len(chunk) > length:
+                raise ClientError(
+                    400, "bad_request", "the body is longer than its content-length", close=True
+                )
+            buf[at : at + len(chunk)] = chunk
+            at += len(chunk)
+            more = message.get("more_body", False)
+        if at != length:
+            raise ClientError(
+                400, "bad_request", "the body is shorter than its content-length", close=True
+            )
+        return buf
     chunks: list[bytes] = []
     size = 0
     more = True
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientError(400, "client_disconnect", "the client went away")
+            raise ClientError(400, "client_disconnect", "the client went away", close=True)
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ClientError(413, "body_too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        if size > cfg.max_body_bytes:
+            metrics.ERRORS.labels("body_too_large").inc()
+            raise ClientError(
+                413, "body_too_large", f"the body exceeds {cfg.max_body_bytes} bytes", close=True
+            )
+        if size > SMALL_BODY_BYTES and size > held[0]:
+            want = min(max(size, 2 * held[0], SMALL_BODY_BYTES + 1), cfg.max_body_bytes)
+            budget.give(held[0])
+            held[0] = 0
+            if not budget.take(want):
+                metrics.ERRORS.labels("body_buffer_full").inc()
+                raise ClientError(
+                    503,
+                    "overloaded",
+                    "the gateway holds as many request bodies as it may; retry later",
+                    close=True,
+                )
+            held[0] = want
         chunks.append(chunk)
         more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _json_object(raw: bytes | bytearray) -> dict[str, Any]:
     try:
-        data = orjson.loads(b"".join(chunks))
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         metrics.ERRORS.labels("bad_request").inc()
         raise ClientError(400, "invalid_json", f"the body is not JSON: {exc}") from None
@@ -702,7 +896,58 @@ async def _read_json(receive: Receive) -> dict[str, Any]:
     return data
 
 
+def _openai_check(body: dict[str, Any], chat: bool) -> None:
+    """The OpenAI fields the gateway acts on, checked before anything is decided or sent: a
+    bad value is the client's 400 naming the field, never an engine's refusal after a prefill
+    (or a control plane's after a reservation)."""
+
+    def bad(param: str, message: str) -> ClientError:
+        metrics.ERRORS.labels("bad_request").inc()
+        code = {"prompt": "invalid_prompt", "messages": "invalid_messages"}.get(
+            param, "invalid_value"
+        )
+        return ClientError(400, code, f"{param}: {message}", param=param)
+
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or not 1 <= value <= MAX_OUTPUT_TOKENS:
+            raise bad(name, f"an integer from 1 to {MAX_OUTPUT_TOKENS}, not {value!r}")
+    for name in ("stream",):
+        value = body.get(name)
+        if value is not None and type(value) is not bool:
+            raise bad(name, f"true or false, not {value!r}")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad("stream_options", "an object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "a string")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad("n", "only 1 choice per request is served")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad("messages", "a non-empty list is required")
+        if not all(isinstance(m, dict) for m in messages):
+            raise bad("messages", "each message is an object")
+        return
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return
+    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        return
+    raise bad(
+        "prompt",
+        "one string or one list of token ids (batched prompts are not supported by the gateway)",
+    )
+
+
 def gateway_from_env() -> Gateway:
     """For ``uvicorn --factory`` (``workers`` > 1): the gateway of the file named by
     ``PRFAAS_GATEWAY_CONFIG``."""
-    return Gateway(config_load(os.environ[CONFIG_ENV]))
+    config = config_load(os.environ[CONFIG_ENV])
+    header_timeout_set(config.header_timeout_s)
+    return Gateway(config)

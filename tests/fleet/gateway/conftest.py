@@ -138,7 +138,10 @@ def stack_factory(
     read = api_token("read")[1]
     stops: list[Any] = []
 
-    def build(connector: str = "nixl", decide: str = "local", token_s: float = 0.0) -> Stack:
+    def build(
+        connector: str = "nixl", decide: str = "local", token_s: float = 0.0, **extra: Any
+    ) -> Stack:
+        """``extra``: gateway.yaml keys over the test's defaults."""
         Cluster.objects.update(kv_connector=connector)
         ports = {name: free_port() for name, _ in INSTANCES}
         engines_cm = fake_engines_serve(
@@ -165,6 +168,7 @@ def stack_factory(
             "outcome_interval_s": 0.1,
             "prefill_timeout_s": 10,
             "decode_timeout_s": 30,
+            **extra,
         }
         path = tmp_path / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))

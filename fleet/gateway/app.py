@@ -45,13 +45,14 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
-from fleet.blockhash import block_keys
+from fleet.blockhash import block_hash_chain, block_key, block_keys
 from fleet.client import RouterUnavailableError
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig, config_load
 from fleet.gateway.control import ControlPlane, Decided
 from fleet.gateway.http import header_timeout_set
 from fleet.gateway.protocol import (
+    AnswerTooLarge,
     Engines,
     StreamedResponse,
     UpstreamError,
@@ -173,6 +174,10 @@ class Gateway:
         self._slots: asyncio.Semaphore | None = None
         self._admitted = 0
         self._bodies = BodyBudget(config.body_buffer_bytes)
+        self._lag_task: asyncio.Task[None] | None = None
+        # The largest /tokenize answer read: max_prompt_tokens ids of up to 10 digits and a
+        # comma, and room for the rest; a longer prompt is refused without parsing it.
+        self._tokenize_max_bytes = config.max_prompt_tokens * 11 + 4096
         self._tokenize_rr = itertools.count()
         # Request ids of this process: a random prefix, then a counter (unique enough across
         # gateways, and cheaper than a uuid per request).
@@ -245,11 +250,14 @@ class Gateway:
                     self._slots = asyncio.Semaphore(self.config.max_inflight)
                     await self.engines.start()
                     await self.control.start()
+                    self._lag_task = asyncio.create_task(_loop_lag_watch())
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._lag_task is not None:
+                    self._lag_task.cancel()
                 await self.control.close()
                 await self.engines.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -434,7 +442,7 @@ class Gateway:
     ) -> tuple[int, tuple[int, ...]]:
         """The prompt's length in tokens and its block-hash chain (none when estimated)."""
         prompt = body.get("prompt")
-        given = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
+        given = isinstance(prompt, list)  # token ids (checked by _openai_check)
         if self.config.tokenizer == "estimate" and not given:
             if chat:
                 messages = body.get("messages")
@@ -451,10 +459,27 @@ class Gateway:
                 raise ClientError(
                     400, "invalid_prompt", "prompt: one string or one list of token ids"
                 )
-            return max(1, round(size / self.config.chars_per_token)), ()
+            n = max(1, round(size / self.config.chars_per_token))
+            self._length_check(n)
+            return n, ()
         tokens = await self._tokens(body, chat, rid)
+        self._length_check(len(tokens))
+        if len(tokens) > IDS_CHECKED_AT_ONCE:
+            await ids_check_async(tokens)
         block_tokens = self.control.snapshot.topology.model.block_tokens
-        return max(1, len(tokens)), tuple(block_keys(tokens, block_tokens))
+        return max(1, len(tokens)), await _chain(tokens, block_tokens)
+
+    def _length_check(self, n: int) -> None:
+        """A prompt longer than ``max_prompt_tokens`` is refused before any hashing."""
+        if n > self.config.max_prompt_tokens:
+            metrics.ERRORS.labels("prompt_too_long").inc()
+            raise ClientError(
+                400,
+                "prompt_too_long",
+                f"prompt: {n} tokens, more than the {self.config.max_prompt_tokens} this "
+                "gateway takes",
+                param="prompt",
+            )
 
     async def _tokens(self, body: dict[str, Any], chat: bool, rid: str) -> list[int]:
         """The prompt's token ids: given (a completion prompt of ids), or from an engine."""
@@ -466,7 +491,7 @@ class Gateway:
             ask["add_generation_prompt"] = body.get("add_generation_prompt", True)
         else:
             prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            if isinstance(prompt, list):  # token ids (checked by _openai_check)
                 return prompt
             if not isinstance(prompt, str) or not prompt:
                 raise ClientError(
@@ -492,7 +517,11 @@ class Gateway:
                     ask,
                     rid,
                     self.config.prefill_timeout_s,
+                    max_bytes=self._tokenize_max_bytes,
                 )
+            except AnswerTooLarge:
+                self._length_check(self.config.max_prompt_tokens + 1)
+                raise
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise ClientError(
@@ -778,6 +807,64 @@ class Gateway:
         }
 
 
+LAG_PERIOD_S = 0.02
+
+
+async def _loop_lag_watch() -> None:
+    """How late a timer due every LAG_PERIOD_S runs: the longest stretch of work that held
+    the event loop, as every request in this process felt it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LAG_PERIOD_S
+        await asyncio.sleep(LAG_PERIOD_S)
+        metrics.LOOP_LAG.observe(max(0.0, loop.time() - due))
+
+
+# Token ids checked in one go; a longer list is checked in slices (ids_check_async).
+IDS_CHECKED_AT_ONCE = 4096
+
+
+def _ids(tokens: list[Any]) -> bool:
+    return all(type(t) is int and t >= 0 for t in tokens)
+
+
+async def ids_check_async(tokens: list[Any]) -> None:
+    """Every one a token id (a non-negative integer), checked in slices with the loop free
+    between them; 400 naming the prompt otherwise."""
+    for at in range(0, len(tokens), IDS_CHECKED_AT_ONCE):
+        if not _ids(tokens[at : at + IDS_CHECKED_AT_ONCE]):
+            metrics.ERRORS.labels("bad_request").inc()
+            raise ClientError(
+                400,
+                "invalid_prompt",
+                "prompt: one string or one list of token ids (non-negative integers)",
+                param="prompt",
+            )
+        if at:
+            await asyncio.sleep(0)
+
+
+# Blocks hashed between two yields to the event loop (~1-2 ms of work): a 1M-token prompt's
+# chain took 170 ms here, which every other request waited behind when hashed in one go.
+HASH_SLICE_BLOCKS = 32
+
+
+async def _chain(tokens: list[int], block_tokens: int) -> tuple[int, ...]:
+    """The prompt's block keys, hashed in slices with the loop free between them."""
+    t = time.perf_counter()
+    if len(tokens) // block_tokens <= HASH_SLICE_BLOCKS:
+        keys = tuple(block_keys(tokens, block_tokens))
+    else:
+        out: list[int] = []
+        for digest in block_hash_chain(tokens, block_tokens):
+            out.append(block_key(digest))
+            if len(out) % HASH_SLICE_BLOCKS == 0:
+                await asyncio.sleep(0)
+        keys = tuple(out)
+    metrics.STEP.labels("hash").observe(time.perf_counter() - t)
+    return keys
+
+
 def _served_of(decided: Decided) -> Served:
     d = decided.decision
     return Served(
@@ -937,7 +1024,8 @@ def _openai_check(body: dict[str, Any], chat: bool) -> None:
     prompt = body.get("prompt")
     if isinstance(prompt, str) and prompt:
         return
-    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+    # (a long list of ids is checked later, in slices, once its length is known to be allowed)
+    if isinstance(prompt, list) and prompt and (len(prompt) > IDS_CHECKED_AT_ONCE or _ids(prompt)):
         return
     raise bad(
         "prompt",

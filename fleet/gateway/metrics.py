@@ -52,9 +52,17 @@ DURATION = Histogram(
 )
 STEP = Histogram(
     "prfaas_gateway_step_seconds",
-    "Upstream steps: prefill (whole answer), decode (to its headers), cache_transfer",
+    "Steps: prefill (whole answer), decode (to its headers), cache_transfer (upstream); "
+    "hash (the prompt's block hashes, in the gateway)",
     ["step"],
     buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+LOOP_LAG = Histogram(
+    "prfaas_gateway_event_loop_lag_seconds",
+    "How late the event loop ran a timer due every 20 ms (work that held the loop: every "
+    "request in the process waited as long)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
     registry=REGISTRY,
 )
 INFLIGHT = Gauge("prfaas_gateway_inflight_requests", "Requests being served now", registry=REGISTRY)

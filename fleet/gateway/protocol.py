@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from fleet.gateway.upstream import Response, Upstream
+from fleet.gateway.upstream import Response, TooLarge, Upstream
 
 NIXL = "nixl"
 SHARED_STORAGE = "shared_storage"
@@ -87,6 +87,13 @@ class UpstreamError(Exception):
         self.body = body
 
 
+class AnswerTooLarge(UpstreamError):
+    """An answer longer than the caller takes (not read past that)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False, status=400)
+
+
 class StreamedResponse:
     """A decode answer being read: status, content type, the body whole or in chunks, all
     within the step's deadline (a time-out raises TimeoutError)."""
@@ -128,9 +135,17 @@ class Engines:
         self._upstream.close()
 
     async def call_json(
-        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+        self,
+        url: str,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        timeout_s: float,
+        *,
+        max_bytes: int | None = None,
     ) -> dict[str, Any]:
-        """POST ``body``, read the whole JSON answer (the prefill step, /tokenize)."""
+        """POST ``body``, read the whole JSON answer (the prefill step, /tokenize); an answer
+        longer than ``max_bytes`` raises AnswerTooLarge without being read further."""
         where = url + path
         try:
             async with asyncio.timeout(timeout_s):
@@ -138,9 +153,11 @@ class Engines:
                     url, path, orjson.dumps(body), _id_header(request_id)
                 )
                 try:
-                    raw = await resp.read()
+                    raw = await resp.read(max_bytes)
                 finally:
                     resp.close()  # a no-op once read whole; else frees its engine slot
+        except TooLarge:
+            raise AnswerTooLarge(f"{where}: answer longer than {max_bytes} bytes") from None
         except _ERRORS as exc:
             raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
         if resp.status >= 400:

@@ -139,7 +139,11 @@ def stack_factory(
     stops: list[Any] = []
 
     def build(
-        connector: str = "nixl", decide: str = "local", token_s: float = 0.0, **extra: Any
+        connector: str = "nixl",
+        decide: str = "local",
+        token_s: float = 0.0,
+        max_model_len: int = 8192,
+        **extra: Any,
     ) -> Stack:
         """``extra``: gateway.yaml keys over the test's defaults."""
         Cluster.objects.update(kv_connector=connector)
@@ -149,6 +153,7 @@ def stack_factory(
             connector=connector,
             storage=str(tmp_path / "kv") if connector == "shared_storage" else "",
             token_s=token_s,
+            max_model_len=max_model_len,
         )
         (tmp_path / "kv").mkdir(exist_ok=True)
         engines, _ = engines_cm.__enter__()

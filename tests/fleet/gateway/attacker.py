@@ -52,15 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"opened": len(socks)}), flush=True)
     sel = selectors.DefaultSelector()
     for s in socks:
-        sel.register(s, selectors.EVENT_READ)
+        sel.register(s, selectors.EVENT_READ, s)
     closed = 0
     last_close = 0.0
     chunk = b"x" * (256 << 10)
     next_drip = time.monotonic()
     while socks and time.monotonic() - start < args.wait_s:
         for key, _ in sel.select(timeout=0.05):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
+            s = key.data
             try:
                 data = s.recv(65536)
             except OSError:

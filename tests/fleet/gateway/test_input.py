@@ -100,7 +100,7 @@ def test_bad_openai_fields_are_refused_before_anything_is_decided(
     stack = stack_factory(decide="remote")
     long_prompt = list(range(1, 6000))  # above the threshold: it would be offloaded
     before = stack.engine_stats()
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_tokens": -1}, "max_tokens"),
         ({"max_tokens": 10**12}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),

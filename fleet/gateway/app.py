@@ -272,9 +272,16 @@ class Gateway:
         }
 
     async def _health(self, send: Send) -> None:
+        """200 ``ok``; 200 ``degraded`` while the control plane refuses the gateway's token
+        (it serves, from the cached policy, but reserves nothing and its outcomes are lost:
+        ``problems`` says which calls); 503 ``starting`` before the first policy snapshot."""
         snap = self.control.client.policy_snapshot
+        problems = [f"{what}: {why}" for what, why in sorted(self.control.refusals.items())]
+        metrics.DEGRADED.set(1 if problems else 0)
+        status = "starting" if snap is None else "degraded" if problems else "ok"
         body = {
-            "status": "ok" if snap is not None else "starting",
+            "status": status,
+            "problems": problems,
             "origin": self.config.origin,
             "decide": self.config.decide,
             "policy_version": snap.policy.version if snap else None,
@@ -551,7 +558,9 @@ class Gateway:
             await self._cache_transfer(d, body, chat, request, rid, served)
         connector = self.control.connector_of(served.prefill[0])
         try:
-            kv = await self._prefill(served.prefill[1], path, body, connector, rid)
+            kv = await self._prefill(
+                served.prefill[1], path, body, connector, rid, served.incremental_tokens
+            )
         except UpstreamError as exc:
             if not exc.retryable:
                 raise ClientError(exc.status, "invalid_request", str(exc), raw=exc.body) from None
@@ -562,26 +571,34 @@ class Gateway:
         if not body.get("stream"):
             served.ttft_s = time.perf_counter() - started
         self.control.prefixes.add(chain, served.prefill[1], served.prefill[0])
-        resp = await self._decode_open(path, body, connector, kv, rid, request, served)
-        try:
-            await self._relay(send, resp, body, served, started)
-        finally:
-            resp.close()
+        with self.control.dispatches.held(served.decode[1], "decode"):
+            resp = await self._decode_open(path, body, connector, kv, rid, request, served)
+            try:
+                await self._relay(send, resp, body, served, started)
+            finally:
+                resp.close()
         if served.route == "prfaas":
             served.transfer = "finished"
             served.transfer_bytes += served.decision.kv_bytes
 
     async def _prefill(
-        self, instance: str, path: str, body: dict[str, Any], connector: str, rid: str
+        self,
+        instance: str,
+        path: str,
+        body: dict[str, Any],
+        connector: str,
+        rid: str,
+        tokens: int = 0,
     ) -> dict[str, Any] | None:
         t = time.perf_counter()
-        answer = await self.engines.call_json(
-            self.control.endpoint(instance),
-            path,
-            prefill_body(body, connector),
-            rid,
-            self.config.prefill_timeout_s,
-        )
+        with self.control.dispatches.held(instance, "prefill", tokens):
+            answer = await self.engines.call_json(
+                self.control.endpoint(instance),
+                path,
+                prefill_body(body, connector),
+                rid,
+                self.config.prefill_timeout_s,
+            )
         metrics.STEP.labels("prefill").observe(time.perf_counter() - t)
         params = answer.get("kv_transfer_params")
         return params if isinstance(params, dict) else None
@@ -621,7 +638,12 @@ class Gateway:
         served.prefill = (served.prefill[0], target)
         try:
             return await self._prefill(
-                target, path, body, self.control.connector_of(served.prefill[0]), rid
+                target,
+                path,
+                body,
+                self.control.connector_of(served.prefill[0]),
+                rid,
+                served.incremental_tokens,
             )
         except UpstreamError as exc:
             if not exc.retryable:

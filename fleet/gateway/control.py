@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig
 from scheduling.core.routing import (
+    InstanceLoad,
     InstanceSpec,
     LinkReservation,
     LiveState,
@@ -180,6 +181,60 @@ class ServedPrefixIndex:
             self._holders.popitem(last=False)
 
 
+class Dispatches:
+    """This gateway's requests on each engine now: prefills (with their uncached tokens) and
+    decodes, with when each started (unix time, as the engines' samples are stamped)."""
+
+    def __init__(self) -> None:
+        self._by: dict[str, dict[int, tuple[float, str, int]]] = {}
+        self._ids = itertools.count()
+
+    @contextlib.contextmanager
+    def held(self, instance: str, role: str, tokens: int = 0) -> Iterator[None]:
+        key = next(self._ids)
+        mine = self._by.setdefault(instance, {})
+        mine[key] = (time.time(), role, tokens)
+        try:
+            yield
+        finally:
+            mine.pop(key, None)
+
+    def count(self, instance: str) -> int:
+        return len(self._by.get(instance, ()))
+
+    def overlay(self, loads: Mapping[str, InstanceLoad]) -> Mapping[str, InstanceLoad]:
+        """``loads`` with the dispatches each sample cannot have seen yet (started after it)
+        added: a prefill to the queue (depth and tokens), a decode to the running requests.
+        The same mapping when there are none."""
+        changed: dict[str, InstanceLoad] = {}
+        for name, mine in self._by.items():
+            if not mine:
+                continue
+            load = loads.get(name)
+            since = load.updated_at if load is not None and load.updated_at else 0.0
+            depth = tokens = running = 0
+            for started, role, n in mine.values():
+                if started <= since:
+                    continue
+                if role == "prefill":
+                    depth += 1
+                    tokens += n
+                else:
+                    running += 1
+            if not (depth or running):
+                continue
+            base = load or InstanceLoad()
+            changed[name] = dataclasses.replace(
+                base,
+                queue_depth=base.queue_depth + depth,
+                queued_prefill_tokens=base.queued_prefill_tokens + tokens,
+                running=base.running + running,
+            )
+        if not changed:
+            return loads
+        return {**loads, **changed}
+
+
 @dataclass(frozen=True)
 class Decided:
     """A decision and how it was made (``decided_by``: gateway | control_plane)."""
@@ -196,9 +251,13 @@ class ControlPlane:
             config.token,
             timeout_s=config.control_plane_timeout_s,
             retries=1,
-            cooldown_s=1.0,
+            cooldown_s=config.control_plane_cooldown_s,
         )
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
+        self.dispatches = Dispatches()
+        # What the control plane refuses this gateway (401/403: its token), by call, for
+        # /health; cleared when that call succeeds again.
+        self.refusals: dict[str, str] = {}
         self._outcomes: collections.deque[bytes] = collections.deque()
         self._groups = _Groups()
         self._pending_groups: list[bytes] = []
@@ -216,8 +275,10 @@ class ControlPlane:
                 await asyncio.to_thread(self.client.refresh_policy)
                 break
             except (RouterUnavailableError, RouterApiError) as exc:
+                self._refused("policy snapshot", exc)
                 log.warning("waiting for the control plane's policy snapshot: %s", exc)
                 await asyncio.sleep(1.0)
+        self._refused("policy snapshot", None)
         self._tasks = [
             asyncio.create_task(self._every(self.config.policy_refresh_s, self._refresh_policy)),
             asyncio.create_task(self._outcomes_loop()),
@@ -247,8 +308,18 @@ class ControlPlane:
         try:
             await asyncio.to_thread(fetch)
         except (RouterUnavailableError, RouterApiError) as exc:
+            self._refused(what, exc)
             metrics.ERRORS.labels("control_plane_unreachable").inc()
             log.warning("%s refresh failed: %s", what, exc)
+        else:
+            self._refused(what, None)
+
+    def _refused(self, what: str, exc: BaseException | None) -> None:
+        """Keep /health's account of what the control plane refuses this gateway."""
+        if isinstance(exc, RouterApiError) and exc.status in (401, 403):
+            self.refusals[what] = str(exc)
+        elif exc is None:
+            self.refusals.pop(what, None)
 
     async def _refresh_policy(self) -> None:
         await self._refresh("policy snapshot", self.client.refresh_policy)
@@ -278,8 +349,15 @@ class ControlPlane:
                     request_id=request.request_id,
                     expected_output_tokens=request.expected_output_tokens,
                 )
-            except RouterUnavailableError:
-                raise
+            except RouterApiError as exc:
+                # Refused (the token, or input the gateway let through): served all the same,
+                # decided here and kept local (nothing was reserved).
+                self._refused("route", exc)
+                metrics.ERRORS.labels("control_plane_refused").inc()
+                log.warning("POST /route refused, deciding locally: %s", exc)
+                d = self.client.decide_locally(request, None)
+                return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+            self._refused("route", None)
             rv = d.reservation
             if rv is not None and rv.bytes > 0 and not rv.id:
                 # Answered by the client itself (control plane away): nothing is reserved (a
@@ -298,17 +376,22 @@ class ControlPlane:
             request_id=request.request_id,
             expected_output_tokens=request.expected_output_tokens,
         )
-        live = self.client.live_state(self.config.live_max_age_s)
-        d = self.client.decide_locally(request, live)
+        d = self.client.decide_locally(request, self.live_state())
         rv = d.reservation
         if rv is None or rv.bytes <= 0:
             return Decided(d, "gateway")
         try:
+            if not self.client.server_usable():
+                # Within the cooldown after a failed call: nothing is tried (and no thread is
+                # waited for), so a dead control plane costs one timeout, then none.
+                raise RouterUnavailableError("the control plane is away (cooldown)")
             taken = await asyncio.to_thread(self.client.link_reserve, rv, self._hold_s(d))
         except (RouterUnavailableError, RouterApiError) as exc:
+            self._refused("reservations", exc)
             metrics.ERRORS.labels("reservation_unavailable").inc()
-            log.warning("no reservation possible, keeping the request local: %s", exc)
+            log.debug("no reservation possible, keeping the request local: %s", exc)
             return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+        self._refused("reservations", None)
         if taken is None:
             metrics.ERRORS.labels("reservation_refused").inc()
             return Decided(self._without_offload(request, d, Reason.LINK_CONGESTED), "gateway")
@@ -325,14 +408,26 @@ class ControlPlane:
         """The local decision for a request whose offload failed on the way (prefill
         instance down): same origin, no transfer, ``reason`` as given."""
         snap = self.snapshot
-        live = self.client.live_state(self.config.live_max_age_s)
         return route_fallback_local(
-            request,
-            snap.policy,
-            snap.topology,
-            live if live is not None else _stale(),
-            reason=reason,
-            original=d,
+            request, snap.policy, snap.topology, self.live_state(), reason=reason, original=d
+        )
+
+    def live_state(self) -> LiveState:
+        """The live state decisions use: the control plane's (stale past ``live_max_age_s``),
+        with this gateway's own knowledge over it: its dispatches since each instance's last
+        sample (the engines' next samples will show them; until then every request would
+        see the same idle instance and go there), and the engines it has ejected."""
+        base = self.client.live_state(self.config.live_max_age_s) or _stale()
+        loads = self.dispatches.overlay(base.instances)
+        if loads is base.instances:
+            return base
+        return LiveState(
+            now=base.now,
+            instances=loads,
+            links=base.links,
+            control=base.control,
+            stale=base.stale,
+            telemetry_at=base.telemetry_at,
         )
 
     def _hold_s(self, d: RouteDecision) -> float:
@@ -404,11 +499,13 @@ class ControlPlane:
         try:
             answer = await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
         except RouterApiError as exc:
-            # The whole body refused (its shape, not an item): a bug here, not a reason to
-            # block the queue behind it.
+            # The whole body refused (its shape, or the token): not a reason to block the
+            # queue behind it.
+            self._refused("outcomes", exc)
             metrics.OUTCOMES_DROPPED.inc(len(outcomes) + len(groups))
             log.error("outcomes refused by the control plane (%s); dropped", exc)
             return
+        self._refused("outcomes", None)
         rejected = answer.get("rejected") or []
         for item in rejected:
             code = str(item.get("code")) if isinstance(item, dict) else ""

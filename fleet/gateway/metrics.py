@@ -69,6 +69,11 @@ INFLIGHT = Gauge("prfaas_gateway_inflight_requests", "Requests being served now"
 WAITING = Gauge(
     "prfaas_gateway_waiting_requests", "Requests queued for a serving slot", registry=REGISTRY
 )
+DEGRADED = Gauge(
+    "prfaas_gateway_degraded",
+    "1 while the control plane refuses this gateway's token (/health says degraded)",
+    registry=REGISTRY,
+)
 LIVE_AGE = Gauge(
     "prfaas_gateway_live_state_age_seconds",
     "Age of the live state decisions use (-1: none fetched yet)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +19,7 @@ FORWARD, REFUSE, STALL = "forward", "refuse", "stall"
 class TcpProxy:
     """``127.0.0.1:port`` -> ``upstream``; ``mode`` is forward, refuse or stall. Switching to
     refuse closes the listening socket and every open connection; to stall, connections are
-    accepted and held without a byte forwarded either way (those open stay as they are)."""
+    accepted and held, and nothing more is forwarded either way on any connection."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
@@ -86,6 +87,9 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                # Stalled: what arrives is held (connections open before the stall hang too).
+                while self.mode == STALL and not self._stopped.is_set():
+                    time.sleep(0.05)
                 dst.sendall(data)
         except OSError:
             pass

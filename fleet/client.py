@@ -59,6 +59,7 @@ POLICY_PATH = "/api/v1/policy"
 LIVE_PATH = "/api/v1/route/live"
 RESERVATIONS_PATH = "/api/v1/reservations"
 OUTCOMES_PATH = "/api/v1/outcomes"
+EJECTIONS_PATH = "/api/v1/ejections"
 
 # Statuses that mean "the control plane cannot answer now", worth a retry and a fallback.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -372,6 +373,16 @@ class RouterClient:
         except _Unreachable as exc:
             self._mark_down(exc)
             raise RouterUnavailableError(f"outcomes not delivered: {exc}") from exc
+
+    def instance_eject(self, instance: str, for_s: float, reason: str) -> None:
+        """Tell the control plane that ``instance`` failed or hung here and should not be
+        decided onto for ``for_s`` seconds (``POST /api/v1/ejections``)."""
+        body = {"ejections": [{"instance": instance, "for_s": for_s, "reason": reason[:200]}]}
+        try:
+            self._send("POST", EJECTIONS_PATH, json=body, attempts=1)
+        except _Unreachable as exc:
+            self._mark_down(exc)
+            raise RouterUnavailableError(f"ejection not reported: {exc}") from exc
 
     # -- transport ------------------------------------------------------------------------
 

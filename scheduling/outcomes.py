@@ -52,6 +52,7 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from clusters.live import telemetry
+from clusters.live.ejections import ejections_store_async
 from clusters.live.scripts import counters_queue, scripts_ensure_async
 from controlplane.errors import ApiError
 from controlplane.redis_connection import redis_async, redis_sync
@@ -96,6 +97,11 @@ def ttft_key(cluster: str) -> str:
 class UnknownLink(ApiError):
     status = 404
     code = "unknown_link"
+
+
+class UnknownInstance(ApiError):
+    status = 404
+    code = "unknown_instance"
 
 
 # --- reservations ------------------------------------------------------------------------------
@@ -520,6 +526,37 @@ async def _apply(
         duplicates,
         tuple(sorted(rejected, key=lambda x: (x.kind, x.index))),
     )
+
+
+# --- ejections --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ejection:
+    """A router's report: ``instance`` failed or hung there; avoid it for ``for_s``."""
+
+    instance: str
+    for_s: float
+    reason: str
+
+
+async def instance_ejections_record_async(ejections: Sequence[Ejection]) -> int:
+    """Record ejections of known instances (every decision then takes them as down until
+    their end; :mod:`clusters.live.ejections`); returns how many. An unknown instance is a
+    404 (names become Redis fields)."""
+    snap = await snapshot_get_async()
+    if any(e.instance not in snap.known_instances for e in ejections):
+        snap = await snapshot_refresh_async()
+    for i, e in enumerate(ejections):
+        if e.instance not in snap.known_instances:
+            raise UnknownInstance(f"ejections[{i}].instance: unknown instance {e.instance!r}")
+    now = time.time()
+    until: dict[str, float] = {}
+    for e in ejections:
+        until[e.instance] = max(until.get(e.instance, 0.0), now + min(e.for_s, MAX_HOLD_S))
+    async with asyncio.timeout(REDIS_DEADLINE_S):
+        await ejections_store_async(until)
+    return len(until)
 
 
 async def outcomes_recent_async(limit: int = 50) -> list[dict[str, Any]]:

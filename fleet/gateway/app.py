@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -523,7 +524,7 @@ class Gateway:
                     "/tokenize",
                     ask,
                     rid,
-                    self.config.prefill_timeout_s,
+                    self.config.first_byte_timeout_s,
                     max_bytes=self._tokenize_max_bytes,
                 )
             except AnswerTooLarge:
@@ -534,6 +535,7 @@ class Gateway:
                     raise ClientError(
                         exc.status, "invalid_request", str(exc), raw=exc.body
                     ) from None
+                self.control.engine_failed(inst.name, f"tokenize: {exc}")
                 last = exc
                 continue
             tokens = answer.get("tokens")
@@ -559,7 +561,13 @@ class Gateway:
         connector = self.control.connector_of(served.prefill[0])
         try:
             kv = await self._prefill(
-                served.prefill[1], path, body, connector, rid, served.incremental_tokens
+                served.prefill[1],
+                path,
+                body,
+                connector,
+                rid,
+                served.incremental_tokens,
+                self._prefill_deadline_s(served),
             )
         except UpstreamError as exc:
             if not exc.retryable:
@@ -589,16 +597,25 @@ class Gateway:
         connector: str,
         rid: str,
         tokens: int = 0,
+        deadline_s: float | None = None,
     ) -> dict[str, Any] | None:
+        """The prefill step on ``instance``, answered within ``deadline_s`` (default
+        ``prefill_timeout_s``); a failure or time-out counts against the instance (ejection)."""
         t = time.perf_counter()
         with self.control.dispatches.held(instance, "prefill", tokens):
-            answer = await self.engines.call_json(
-                self.control.endpoint(instance),
-                path,
-                prefill_body(body, connector),
-                rid,
-                self.config.prefill_timeout_s,
-            )
+            try:
+                answer = await self.engines.call_json(
+                    self.control.endpoint(instance),
+                    path,
+                    prefill_body(body, connector),
+                    rid,
+                    self.config.prefill_timeout_s if deadline_s is None else deadline_s,
+                )
+            except UpstreamError as exc:
+                if exc.retryable:
+                    self.control.engine_failed(instance, f"prefill: {exc}")
+                raise
+        self.control.engine_answered(instance)
         metrics.STEP.labels("prefill").observe(time.perf_counter() - t)
         params = answer.get("kv_transfer_params")
         return params if isinstance(params, dict) else None
@@ -612,30 +629,47 @@ class Gateway:
         served: Served,
         first: UpstreamError,
     ) -> dict[str, Any] | None:
-        """The prefill instance failed: an offload falls back to local prefill; a local
-        prefill is retried once on another prefill instance of the origin."""
+        """The prefill instance failed: retried once on another prefill instance of its
+        cluster (an offload keeps its reservation: the link is the same); an offload whose
+        PrfaaS cluster has no other (or whose other fails too) falls back to local prefill."""
         failed = served.prefill[1]
-        if served.route == "prfaas":
-            fb = self.control.fallback_local(request, served.decision, FALLBACK_REASON)
-            metrics.ERRORS.labels("fallback_local").inc()
-            served.route, served.reason = "local", FALLBACK_REASON
-            served.prefill = (fb.prefill.cluster, fb.prefill.instance)
-            served.decode = (fb.decode.cluster, fb.decode.instance)
-            served.incremental_tokens, served.cached_tokens = (
-                fb.incremental_tokens,
-                fb.cached_tokens,
-            )
-            served.transfer, served.fallback = "failed", "prefill_failed"
-            candidates = [served.prefill[1]]
-        else:
+        cluster = served.prefill[0]
+        others = [i.name for i in self.control.instances(cluster, "prefill") if i.name != failed]
+        if others:
+            target = others[0]
             metrics.ERRORS.labels("retried").inc()
-            served.fallback = "prefill_retried"
-            others = [i.name for i in self.control.instances(served.prefill[0], "prefill")]
-            candidates = [n for n in others if n != failed][:1]
-        if not candidates:
+            served.prefill, served.fallback = (cluster, target), "prefill_retried"
+            try:
+                return await self._prefill(
+                    target,
+                    path,
+                    body,
+                    self.control.connector_of(cluster),
+                    rid,
+                    served.incremental_tokens,
+                    self._prefill_deadline_s(served),
+                )
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise ClientError(
+                        exc.status, "invalid_request", str(exc), raw=exc.body
+                    ) from None
+                metrics.ERRORS.labels("prefill_failed").inc()
+                if served.route != "prfaas":
+                    raise ClientError(
+                        502, "prefill_failed", f"prefill failed on {failed} and {target}: {exc}"
+                    ) from None
+                failed, first = f"{failed} and {target}", exc
+        if served.route != "prfaas":
             raise ClientError(502, "prefill_failed", f"prefill failed on {failed}: {first}")
-        target = candidates[0]
-        served.prefill = (served.prefill[0], target)
+        fb = self.control.fallback_local(request, served.decision, FALLBACK_REASON)
+        metrics.ERRORS.labels("fallback_local").inc()
+        served.route, served.reason = "local", FALLBACK_REASON
+        served.prefill = (fb.prefill.cluster, fb.prefill.instance)
+        served.decode = (fb.decode.cluster, fb.decode.instance)
+        served.incremental_tokens, served.cached_tokens = fb.incremental_tokens, fb.cached_tokens
+        served.transfer, served.fallback = "failed", "prefill_failed"
+        target = served.prefill[1]
         try:
             return await self._prefill(
                 target,
@@ -644,6 +678,7 @@ class Gateway:
                 self.control.connector_of(served.prefill[0]),
                 rid,
                 served.incremental_tokens,
+                self._prefill_deadline_s(served),
             )
         except UpstreamError as exc:
             if not exc.retryable:
@@ -652,6 +687,20 @@ class Gateway:
             raise ClientError(
                 502, "prefill_failed", f"prefill failed on {failed} and {target}: {exc}"
             ) from None
+
+    def _prefill_deadline_s(self, served: Served) -> float:
+        """How long a prefill may take to answer: ``first_byte_timeout_s`` plus
+        ``first_byte_factor`` times the decision's prediction for the route served (a hung
+        engine is found out in seconds, not at ``prefill_timeout_s``), within
+        ``prefill_timeout_s``."""
+        cfg = self.config
+        est = served.decision.ttft_estimate_s
+        predicted = est.prfaas if served.route == "prfaas" else est.local
+        if predicted is None or not math.isfinite(predicted) or predicted < 0:
+            return cfg.prefill_timeout_s
+        return min(
+            cfg.prefill_timeout_s, cfg.first_byte_timeout_s + cfg.first_byte_factor * predicted
+        )
 
     async def _decode_open(
         self,
@@ -665,6 +714,7 @@ class Gateway:
     ) -> StreamedResponse:
         """Open the decode step; a failed decode instance is retried once on another."""
         dbody = decode_body(body, connector, kv)
+        streamed = bool(body.get("stream"))
         tried: list[str] = []
         instance = served.decode[1]
         while True:
@@ -672,13 +722,22 @@ class Gateway:
             t = time.perf_counter()
             try:
                 resp = await self.engines.open(
-                    self.control.endpoint(instance), path, dbody, rid, self.config.decode_timeout_s
+                    self.control.endpoint(instance),
+                    path,
+                    dbody,
+                    rid,
+                    self.config.decode_timeout_s,
+                    # A streamed answer starts at once (vLLM sends its head before the first
+                    # token); one answered whole starts only when it is all generated.
+                    first_byte_s=self.config.first_byte_timeout_s if streamed else None,
+                    idle_s=self.config.stream_idle_timeout_s if streamed else None,
                 )
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise ClientError(
                         exc.status, "invalid_request", str(exc), raw=exc.body
                     ) from None
+                self.control.engine_failed(instance, f"decode: {exc}")
                 metrics.ERRORS.labels("decode_failed").inc()
                 others = [
                     i.name
@@ -695,6 +754,7 @@ class Gateway:
                 served.fallback = served.fallback or "decode_retried"
                 instance = others[0]
                 continue
+            self.control.engine_answered(instance)
             metrics.STEP.labels("decode").observe(time.perf_counter() - t)
             served.decode = (served.decode[0], instance)
             return resp
@@ -720,6 +780,7 @@ class Gateway:
             try:
                 raw = await resp.read()
             except (OSError, TimeoutError) as exc:
+                self.control.engine_failed(served.decode[1], f"decode answer: {exc!r}")
                 metrics.ERRORS.labels("decode_failed").inc()
                 if served.route == "prfaas":
                     served.transfer = "failed"
@@ -748,8 +809,9 @@ class Gateway:
                 events += chunk.count(b"data: ")
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (OSError, TimeoutError) as exc:
-            # The stream broke after it started: nothing can be retried, the client sees the
-            # stream end without [DONE].
+            # The stream broke (or stalled past stream_idle_timeout_s) after it started:
+            # nothing can be retried, the client sees the stream end without [DONE].
+            self.control.engine_failed(served.decode[1], f"decode stream: {exc!r}")
             metrics.ERRORS.labels("decode_failed").inc()
             served.status, served.error = "failed", f"decode_interrupted:{type(exc).__name__}"
             if served.route == "prfaas" and served.ttft_s is None:

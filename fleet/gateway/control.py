@@ -181,6 +181,55 @@ class ServedPrefixIndex:
             self._holders.popitem(last=False)
 
 
+class Outliers:
+    """Engines that fail or hang are ejected for a while, as Envoy's outlier detection does:
+    ``eject_failures`` failures in a row (a connection refused or reset, a 5xx, a deadline
+    passed) eject an instance for ``eject_base_s``, doubled for each ejection that follows
+    without a success between, up to ``eject_max_s``. An ejected instance is not decided onto
+    (its load says ``down``) nor retried on; when its time is up it is tried again."""
+
+    def __init__(self, failures: int, base_s: float, max_s: float) -> None:
+        self.failures = failures
+        self.base_s = base_s
+        self.max_s = max_s
+        self._in_a_row: dict[str, int] = {}
+        self._times: dict[str, int] = {}  # ejections since the last success
+        self._until: dict[str, float] = {}  # monotonic time an ejection ends
+
+    def failed(self, instance: str, may_eject: bool = True) -> float | None:
+        """Count a failure; the ejection's length when this one ejects the instance
+        (``may_eject`` False: the last of its pool is never ejected, as Envoy's
+        max_ejection_percent keeps some hosts whatever they do)."""
+        n = self._in_a_row.get(instance, 0) + 1
+        self._in_a_row[instance] = n
+        if n < self.failures or not may_eject or self.ejected(instance):
+            return None
+        times = self._times.get(instance, 0) + 1
+        self._times[instance] = times
+        self._in_a_row[instance] = 0
+        length = min(self.max_s, self.base_s * 2 ** (times - 1))
+        self._until[instance] = time.monotonic() + length
+        return length
+
+    def succeeded(self, instance: str) -> None:
+        if instance in self._in_a_row or instance in self._times:
+            self._in_a_row.pop(instance, None)
+            self._times.pop(instance, None)
+
+    def ejected(self, instance: str) -> bool:
+        until = self._until.get(instance)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._until[instance]
+        return False
+
+    def now(self) -> frozenset[str]:
+        """The instances ejected now."""
+        return frozenset(name for name in list(self._until) if self.ejected(name))
+
+
 class Dispatches:
     """This gateway's requests on each engine now: prefills (with their uncached tokens) and
     decodes, with when each started (unix time, as the engines' samples are stamped)."""
@@ -255,9 +304,11 @@ class ControlPlane:
         )
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
         self.dispatches = Dispatches()
+        self.outliers = Outliers(config.eject_failures, config.eject_base_s, config.eject_max_s)
         # What the control plane refuses this gateway (401/403: its token), by call, for
         # /health; cleared when that call succeeds again.
         self.refusals: dict[str, str] = {}
+        self._reports: set[asyncio.Task[None]] = set()
         self._outcomes: collections.deque[bytes] = collections.deque()
         self._groups = _Groups()
         self._pending_groups: list[bytes] = []
@@ -419,6 +470,15 @@ class ControlPlane:
         see the same idle instance and go there), and the engines it has ejected."""
         base = self.client.live_state(self.config.live_max_age_s) or _stale()
         loads = self.dispatches.overlay(base.instances)
+        ejected = self.outliers.now()
+        if ejected:
+            loads = {
+                **loads,
+                **{
+                    name: dataclasses.replace(loads.get(name) or InstanceLoad(), state="down")
+                    for name in ejected
+                },
+            }
         if loads is base.instances:
             return base
         return LiveState(
@@ -438,10 +498,44 @@ class ControlPlane:
         return min(600.0, head + HOLD_MARGIN_S)
 
     def instances(self, cluster: str, role: str) -> tuple[InstanceSpec, ...]:
-        """Active instances of ``cluster`` in ``role`` (for retries elsewhere)."""
+        """Active instances of ``cluster`` in ``role`` that this gateway has not ejected (for
+        retries elsewhere)."""
         topo = self.snapshot.topology
         pool = topo.prefill_by_cluster if role == "prefill" else topo.decode_by_cluster
-        return tuple(i for i in pool.get(cluster, ()) if i.state == "active")
+        return tuple(
+            i
+            for i in pool.get(cluster, ())
+            if i.state == "active" and not self.outliers.ejected(i.name)
+        )
+
+    def engine_failed(self, instance: str, why: str) -> None:
+        """An engine call failed (``why``: what happened): counted, and past
+        ``eject_failures`` in a row the instance is ejected and the control plane told, so
+        that its decisions (and other gateways', through the live state) avoid it too."""
+        spec = self.snapshot.topology.instance_by_name.get(instance)
+        others = (
+            [i for i in self.instances(spec.cluster, spec.role) if i.name != instance]
+            if spec is not None
+            else []
+        )
+        length = self.outliers.failed(instance, may_eject=bool(others))
+        if length is None:
+            return
+        metrics.EJECTIONS.labels(instance).inc()
+        log.warning("engine %s ejected for %.0f s: %s", instance, length, why)
+        if self.client.server_usable():
+            task = asyncio.create_task(self._ejection_report(instance, length, why))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    def engine_answered(self, instance: str) -> None:
+        self.outliers.succeeded(instance)
+
+    async def _ejection_report(self, instance: str, length: float, why: str) -> None:
+        try:
+            await asyncio.to_thread(self.client.instance_eject, instance, length, why)
+        except (RouterUnavailableError, RouterApiError) as exc:
+            log.warning("ejection of %s not reported: %s", instance, exc)
 
     def connector_of(self, cluster: str) -> str:
         spec = self.snapshot.topology.cluster_by_name.get(cluster)

@@ -65,6 +65,12 @@ LOOP_LAG = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
     registry=REGISTRY,
 )
+EJECTIONS = Counter(
+    "prfaas_gateway_ejections",
+    "Engines ejected after failing or hanging (outlier detection), by instance",
+    ["instance"],
+    registry=REGISTRY,
+)
 INFLIGHT = Gauge("prfaas_gateway_inflight_requests", "Requests being served now", registry=REGISTRY)
 WAITING = Gauge(
     "prfaas_gateway_waiting_requests", "Requests queued for a serving slot", registry=REGISTRY

@@ -96,18 +96,32 @@ class AnswerTooLarge(UpstreamError):
 
 class StreamedResponse:
     """A decode answer being read: status, content type, the body whole or in chunks, all
-    within the step's deadline (a time-out raises TimeoutError)."""
+    within the step's deadline, and chunks at most ``idle_s`` apart (a hung stream); a
+    time-out raises TimeoutError."""
 
-    def __init__(self, response: Response, deadline: float) -> None:
+    def __init__(self, response: Response, deadline: float, idle_s: float | None = None) -> None:
         self.response = response
         self.status = response.status
         self.content_type = response.content_type
         self._deadline = deadline
+        self._idle_s = idle_s
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async with asyncio.timeout_at(self._deadline):
-            async for chunk in self.response.chunks():
-                yield chunk
+        if self._idle_s is None:
+            async with asyncio.timeout_at(self._deadline):
+                async for chunk in self.response.chunks():
+                    yield chunk
+            return
+        loop = asyncio.get_running_loop()
+        source = aiter(self.response.chunks())
+        while True:
+            # (one timer per chunk: streams are paced by tokens, tens of ms apart at least)
+            async with asyncio.timeout_at(min(self._deadline, loop.time() + self._idle_s)):
+                try:
+                    chunk = await anext(source)
+                except StopAsyncIteration:
+                    return
+            yield chunk
 
     async def read(self) -> bytes:
         async with asyncio.timeout_at(self._deadline):
@@ -176,15 +190,26 @@ class Engines:
         return data
 
     async def open(
-        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+        self,
+        url: str,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        timeout_s: float,
+        *,
+        first_byte_s: float | None = None,
+        idle_s: float | None = None,
     ) -> StreamedResponse:
-        """POST ``body`` and return as soon as the headers are in (the decode step), the
-        rest to be read within ``timeout_s`` of now. A 4xx or 5xx is read whole and raised
-        as UpstreamError."""
+        """POST ``body`` and return as soon as the headers are in (the decode step), within
+        ``first_byte_s`` when given; the rest to be read within ``timeout_s`` of now, its
+        chunks at most ``idle_s`` apart. A 4xx or 5xx is read whole and raised as
+        UpstreamError."""
         where = url + path
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        now = asyncio.get_running_loop().time()
+        deadline = now + timeout_s
+        head_by = deadline if first_byte_s is None else min(deadline, now + first_byte_s)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(head_by):
                 resp = await self._upstream.request(
                     url, path, orjson.dumps(body), _id_header(request_id)
                 )
@@ -204,7 +229,7 @@ class Engines:
                 status=resp.status,
                 body=raw,
             )
-        return StreamedResponse(resp, deadline)
+        return StreamedResponse(resp, deadline, idle_s)
 
 
 def _id_header(request_id: str) -> bytes:

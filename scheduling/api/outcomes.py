@@ -268,6 +268,31 @@ async def outcomes_post(request: HttpRequest, payload: OutcomesIn) -> HttpRespon
     )
 
 
+class EjectionIn(StrictBody):
+    instance: Name
+    for_s: float = Field(gt=0, le=outcomes.MAX_HOLD_S, allow_inf_nan=False)
+    reason: Annotated[str, StringConstraints(max_length=200)] = ""
+
+
+class EjectionsIn(StrictBody):
+    ejections: list[EjectionIn] = Field(min_length=1, max_length=100)
+
+
+class EjectionsOut(Schema):
+    recorded: int
+
+
+@router.post("/ejections", auth=ROUTER, response={200: EjectionsOut, **ERRORS})
+async def instance_ejections(request: HttpRequest, payload: EjectionsIn) -> HttpResponse:
+    """A router ejected engines that failed or hung there (its outlier detection): every
+    decision, the route API's and the live state's readers', takes them as ``down`` until
+    ``for_s`` has passed."""
+    recorded = await outcomes.instance_ejections_record_async(
+        [outcomes.Ejection(e.instance, e.for_s, e.reason) for e in payload.ejections]
+    )
+    return _json({"recorded": recorded})
+
+
 @router.get(
     "/outcomes/recent",
     auth=READ,

@@ -424,7 +424,10 @@ class Gateway:
         served = _served_of(decided)
         served.key = rid if rid == attempt else f"{rid}/{attempt}"
         try:
-            await self._carry_out(send, body, chat, rid, request, chain, served, started)
+            # Counted on its decode instance from the decision on (the next decisions, made
+            # before this one's decode starts, see it there), until the answer ends.
+            with self.control.dispatches.held(served.decode[1], "decode"):
+                await self._carry_out(send, body, chat, rid, request, chain, served, started)
         except asyncio.CancelledError:
             served.status, served.error = "cancelled", "client_disconnect"
             raise
@@ -579,12 +582,11 @@ class Gateway:
         if not body.get("stream"):
             served.ttft_s = time.perf_counter() - started
         self.control.prefixes.add(chain, served.prefill[1], served.prefill[0])
-        with self.control.dispatches.held(served.decode[1], "decode"):
-            resp = await self._decode_open(path, body, connector, kv, rid, request, served)
-            try:
-                await self._relay(send, resp, body, served, started)
-            finally:
-                resp.close()
+        resp = await self._decode_open(path, body, connector, kv, rid, request, served)
+        try:
+            await self._relay(send, resp, body, served, started)
+        finally:
+            resp.close()
         if served.route == "prfaas":
             served.transfer = "finished"
             served.transfer_bytes += served.decision.kv_bytes

@@ -5,9 +5,13 @@ Endpoints: ``POST /v1/completions`` and ``/v1/chat/completions`` (streaming and 
 
 Per request:
 
-1. read the body (bounded), take the prompt's token ids (a completion prompt given as ids) or
-   have an engine of the origin tokenize it (``POST /tokenize``, text or chat messages);
-2. compute vLLM's block hashes of the tokens (:mod:`fleet.blockhash`, the model's block size);
+1. admit it (room among the admitted requests and in the body budget, its declared size)
+   before reading any of the body; read the body within ``body_timeout_s``; check the OpenAI
+   fields the gateway acts on; take the prompt's token ids (a completion prompt given as ids)
+   or have an engine of the origin tokenize it (``POST /tokenize``, text or chat messages);
+2. refuse a prompt over ``max_prompt_tokens``; compute vLLM's block hashes of the tokens
+   (:mod:`fleet.blockhash`, the model's block size), in slices with the event loop free
+   between them;
 3. decide (:class:`fleet.gateway.control.ControlPlane`: in process with the policy snapshot
    and bounded-age live state, the link reservation taken atomically on the control plane for
    an offload; or ``POST /route``);
@@ -17,15 +21,18 @@ Per request:
 5. report the outcome (served route and instances, observed TTFT, transfer result), which
    releases the reservation on the control plane.
 
-Failures: a prefill instance that fails or times out is retried once on another prefill
-instance of its cluster, or, for an offload, the request falls back to local prefill
-(reason ``prfaas_unavailable``, header ``x-prfaas-fallback: prefill_failed``); a decode
-instance that fails before answering is retried once on another decode instance. A 4xx from
-an engine is the client's and is passed on unchanged. A client that disconnects cancels the
-upstream calls (closing their connections, which makes vLLM abort the request). At most
-``max_inflight`` requests are served at once and ``max_waiting`` wait for a slot; beyond
-that the answer is 503 at once. Errors have OpenAI's shape plus the project's
-``{"detail", "code"}``.
+Failures: a prefill instance that fails, or has not answered by its first-byte deadline (a
+multiple of its predicted time), is retried once on another prefill instance of its cluster;
+an offload with no other PrfaaS instance (or whose other fails too) falls back to local
+prefill (reason ``prfaas_unavailable``, header ``x-prfaas-fallback: prefill_failed``); a
+decode instance that fails before answering (a streamed one: before its head, within
+``first_byte_timeout_s``) is retried once on another decode instance. An engine that fails
+or hangs is ejected for a while and the control plane told (:class:`control.Outliers`). A 4xx
+from an engine is the client's and is passed on unchanged. A client that disconnects cancels
+the upstream calls (closing their connections, which makes vLLM abort the request). At most
+``max_inflight`` requests are served at once and ``max_waiting`` more admitted; beyond that
+the answer is 503 at once. Errors have OpenAI's shape plus the project's
+``{"detail", "code"}``, always JSON. docs/gateway.md lists every limit and timeout.
 """
 
 from __future__ import annotations

@@ -433,8 +433,11 @@ class Gateway:
         try:
             # Counted on its decode instance from the decision on (the next decisions, made
             # before this one's decode starts, see it there), until the answer ends.
-            with self.control.dispatches.held(served.decode[1], "decode"):
+            decoding = self.control.dispatches.begin(served.decode[1], "decode")
+            try:
                 await self._carry_out(send, body, chat, rid, request, chain, served, started)
+            finally:
+                self.control.dispatches.end(decoding)
         except asyncio.CancelledError:
             served.status, served.error = "cancelled", "client_disconnect"
             raise
@@ -611,19 +614,21 @@ class Gateway:
         """The prefill step on ``instance``, answered within ``deadline_s`` (default
         ``prefill_timeout_s``); a failure or time-out counts against the instance (ejection)."""
         t = time.perf_counter()
-        with self.control.dispatches.held(instance, "prefill", tokens):
-            try:
-                answer = await self.engines.call_json(
-                    self.control.endpoint(instance),
-                    path,
-                    prefill_body(body, connector),
-                    rid,
-                    self.config.prefill_timeout_s if deadline_s is None else deadline_s,
-                )
-            except UpstreamError as exc:
-                if exc.retryable:
-                    self.control.engine_failed(instance, f"prefill: {exc}")
-                raise
+        prefilling = self.control.dispatches.begin(instance, "prefill", tokens)
+        try:
+            answer = await self.engines.call_json(
+                self.control.endpoint(instance),
+                path,
+                prefill_body(body, connector),
+                rid,
+                self.config.prefill_timeout_s if deadline_s is None else deadline_s,
+            )
+        except UpstreamError as exc:
+            if exc.retryable:
+                self.control.engine_failed(instance, f"prefill: {exc}")
+            raise
+        finally:
+            self.control.dispatches.end(prefilling)
         self.control.engine_answered(instance)
         metrics.STEP.labels("prefill").observe(time.perf_counter() - t)
         params = answer.get("kv_transfer_params")

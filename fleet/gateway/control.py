@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,24 +238,28 @@ class Dispatches:
         self._by: dict[str, dict[int, tuple[float, str, int]]] = {}
         self._ids = itertools.count()
 
-    @contextlib.contextmanager
-    def held(self, instance: str, role: str, tokens: int = 0) -> Iterator[None]:
+    def begin(self, instance: str, role: str, tokens: int = 0) -> tuple[str, int]:
+        """A dispatch starts; :meth:`end` it with what this returns (plain calls, not a
+        context manager: two of them per request, on the hot path)."""
         key = next(self._ids)
-        mine = self._by.setdefault(instance, {})
+        mine = self._by.get(instance)
+        if mine is None:
+            mine = self._by[instance] = {}
         mine[key] = (time.time(), role, tokens)
-        try:
-            yield
-        finally:
-            mine.pop(key, None)
+        return instance, key
+
+    def end(self, handle: tuple[str, int]) -> None:
+        mine = self._by.get(handle[0])
+        if mine is not None:
+            mine.pop(handle[1], None)
 
     def count(self, instance: str) -> int:
         return len(self._by.get(instance, ()))
 
-    def overlay(self, loads: Mapping[str, InstanceLoad]) -> Mapping[str, InstanceLoad]:
-        """``loads`` with the dispatches each sample cannot have seen yet (started after it)
-        added: a prefill to the queue (depth and tokens), a decode to the running requests.
-        The same mapping when there are none."""
-        changed: dict[str, InstanceLoad] = {}
+    def unseen(self, loads: Mapping[str, InstanceLoad]) -> tuple[tuple[str, int, int, int], ...]:
+        """Per instance, the dispatches its sample in ``loads`` cannot have seen yet (started
+        after it): ``(instance, prefills, their tokens, decodes)``, those with any."""
+        out = []
         for name, mine in self._by.items():
             if not mine:
                 continue
@@ -270,18 +274,45 @@ class Dispatches:
                     tokens += n
                 else:
                     running += 1
-            if not (depth or running):
-                continue
-            base = load or InstanceLoad()
-            changed[name] = dataclasses.replace(
-                base,
-                queue_depth=base.queue_depth + depth,
-                queued_prefill_tokens=base.queued_prefill_tokens + tokens,
-                running=base.running + running,
-            )
-        if not changed:
-            return loads
-        return {**loads, **changed}
+            if depth or running:
+                out.append((name, depth, tokens, running))
+        return tuple(out)
+
+
+def _loads_over(
+    loads: Mapping[str, InstanceLoad],
+    unseen: tuple[tuple[str, int, int, int], ...],
+    ejected: frozenset[str],
+) -> dict[str, InstanceLoad]:
+    """``loads`` with the unseen dispatches added (a prefill to the queue, a decode to the
+    running requests) and the ejected instances down."""
+    out = dict(loads)
+    empty = InstanceLoad()
+    for name, depth, tokens, running in unseen:
+        x = out.get(name) or empty
+        out[name] = InstanceLoad(
+            x.queue_depth + depth,
+            x.queued_prefill_tokens + tokens,
+            x.queued_prefill_s,
+            x.running + running,
+            x.waiting,
+            x.kv_usage,
+            x.updated_at,
+            x.state,
+        )
+    for name in ejected:
+        x = out.get(name) or empty
+        out[name] = InstanceLoad(
+            x.queue_depth,
+            x.queued_prefill_tokens,
+            x.queued_prefill_s,
+            x.running,
+            x.waiting,
+            x.kv_usage,
+            x.updated_at,
+            "down",
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -305,6 +336,7 @@ class ControlPlane:
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
         self.dispatches = Dispatches()
         self.outliers = Outliers(config.eject_failures, config.eject_base_s, config.eject_max_s)
+        self._overlaid: tuple[Mapping[str, InstanceLoad], Any, LiveState] | None = None
         # What the control plane refuses this gateway (401/403: its token), by call, for
         # /health; cleared when that call succeeds again.
         self.refusals: dict[str, str] = {}
@@ -469,26 +501,27 @@ class ControlPlane:
         sample (the engines' next samples will show them; until then every request would
         see the same idle instance and go there), and the engines it has ejected."""
         base = self.client.live_state(self.config.live_max_age_s) or _stale()
-        loads = self.dispatches.overlay(base.instances)
+        unseen = self.dispatches.unseen(base.instances)
         ejected = self.outliers.now()
-        if ejected:
-            loads = {
-                **loads,
-                **{
-                    name: dataclasses.replace(loads.get(name) or InstanceLoad(), state="down")
-                    for name in ejected
-                },
-            }
-        if loads is base.instances:
+        if not unseen and not ejected:
             return base
-        return LiveState(
+        # The same view as the last decision's while nothing in it changed: a new LiveState
+        # loses what decisions memoise on it (each pool's least loaded entry), which cost as
+        # much again as the decision itself.
+        key = (unseen, ejected)
+        cached = self._overlaid
+        if cached is not None and cached[0] is base.instances and cached[1] == key:
+            return cached[2]
+        live = LiveState(
             now=base.now,
-            instances=loads,
+            instances=_loads_over(base.instances, unseen, ejected),
             links=base.links,
             control=base.control,
             stale=base.stale,
             telemetry_at=base.telemetry_at,
         )
+        self._overlaid = (base.instances, key, live)
+        return live
 
     def _hold_s(self, d: RouteDecision) -> float:
         """How long the reservation may live without an outcome: the predicted end of its

@@ -15,9 +15,13 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def response_send(
-    send: Send, status: int, payload: bytes, content_type: bytes = b"application/json"
+    send: Send,
+    status: int,
+    payload: bytes,
+    content_type: bytes = b"application/json",
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """A whole response: status, content type and length, body."""
+    """A whole response: status, content type and length, any other ``headers``, body."""
     await send(
         {
             "type": "http.response.start",
@@ -25,6 +29,7 @@ async def response_send(
             "headers": [
                 (b"content-type", content_type),
                 (b"content-length", str(len(payload)).encode()),
+                *(headers or ()),
             ],
         }
     )

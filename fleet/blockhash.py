@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import cbor2
@@ -116,13 +116,37 @@ def block_hashes(
         )
     elif len(extra_keys) < n_blocks:
         raise ValueError(f"extra_keys has {len(extra_keys)} entries for {n_blocks} full blocks")
+    return list(_chain(token_ids, block_size, hash_fn, extra_keys, n_blocks, algorithm, seed))
+
+
+def block_hash_chain(
+    token_ids: Sequence[int], block_size: int, *, algorithm: str = "sha256", seed: str | None = None
+) -> Iterator[bytes]:
+    """:func:`block_hashes` one digest at a time (no extra keys), so that a caller on an event
+    loop can hash a long prompt in slices, letting other work run between them."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, not {block_size}")
+    n_blocks = len(token_ids) // block_size
+    return _chain(
+        token_ids, block_size, _hash_fn(algorithm), [None] * n_blocks, n_blocks, algorithm, seed
+    )
+
+
+def _chain(
+    token_ids: Sequence[int],
+    block_size: int,
+    hash_fn: Any,
+    extra_keys: Sequence[tuple[Any, ...] | None],
+    n_blocks: int,
+    algorithm: str,
+    seed: str | None,
+) -> Iterator[bytes]:
     parent = none_hash(algorithm, seed if seed is not None else os.environ.get("PYTHONHASHSEED"))
-    out: list[bytes] = []
     for i in range(n_blocks):
-        block = tuple(int(t) for t in token_ids[i * block_size : (i + 1) * block_size])
+        # int(): token ids of another integer type (numpy's) would pickle differently
+        block = tuple(map(int, token_ids[i * block_size : (i + 1) * block_size]))
         parent = bytes(hash_fn((parent, block, extra_keys[i])))
-        out.append(parent)
-    return out
+        yield parent
 
 
 def block_key(digest: bytes) -> int:

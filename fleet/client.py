@@ -59,6 +59,7 @@ POLICY_PATH = "/api/v1/policy"
 LIVE_PATH = "/api/v1/route/live"
 RESERVATIONS_PATH = "/api/v1/reservations"
 OUTCOMES_PATH = "/api/v1/outcomes"
+EJECTIONS_PATH = "/api/v1/ejections"
 
 # Statuses that mean "the control plane cannot answer now", worth a retry and a fallback.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -237,7 +238,7 @@ class RouterClient:
             request_id=request_id,
             expected_output_tokens=expected_output_tokens,
         )
-        if self._server_usable():
+        if self.server_usable():
             try:
                 response = self._send("POST", ROUTE_PATH, json=route_request_to_dict(request))
                 decision = decision_from_dict(response.json())
@@ -253,7 +254,7 @@ class RouterClient:
         """Decide many requests in one call (``POST /api/v1/route/batch``), in order."""
         if not requests:
             return []
-        if self._server_usable():
+        if self.server_usable():
             body = {"requests": [route_request_to_dict(r) for r in requests]}
             try:
                 response = self._send("POST", ROUTE_BATCH_PATH, json=body)
@@ -302,6 +303,7 @@ class RouterClient:
             response = self._send("GET", LIVE_PATH)
             live = live_state_from_dict(response.json())
         except _Unreachable as exc:
+            self._mark_down(exc)
             raise RouterUnavailableError(f"live state not reachable: {exc}") from exc
         except (ValueError, SnapshotFormatError) as exc:
             raise RouterApiError(response.status_code, "bad_live_state", str(exc)) from exc
@@ -335,7 +337,11 @@ class RouterClient:
         """Take ``reservation`` atomically on the control plane (``POST /api/v1/reservations``)
         for at most ``hold_s`` seconds: the reservation with its ``id`` when admitted, None
         when the link's budget has no room. Raises RouterUnavailableError when the server
-        cannot answer (then nothing is reserved: the caller must not offload)."""
+        cannot answer (then nothing is reserved: the caller must not offload), at once while
+        the client's cooldown after a failure lasts: one attempt, no retry, so that a dead
+        control plane costs a request one timeout at most, and the requests after it none."""
+        if not self.server_usable():
+            raise RouterUnavailableError("reservation not possible: the control plane is away")
         body = {
             "source": reservation.source,
             "target": reservation.target,
@@ -343,8 +349,9 @@ class RouterClient:
             "hold_s": hold_s,
         }
         try:
-            answer = self._send("POST", RESERVATIONS_PATH, json=body).json()
+            answer = self._send("POST", RESERVATIONS_PATH, json=body, attempts=1).json()
         except _Unreachable as exc:
+            self._mark_down(exc)
             raise RouterUnavailableError(f"reservation not possible: {exc}") from exc
         if not answer.get("admitted"):
             return None
@@ -364,15 +371,29 @@ class RouterClient:
         try:
             return dict(self._send("POST", OUTCOMES_PATH, content=body, headers=headers).json())
         except _Unreachable as exc:
+            self._mark_down(exc)
             raise RouterUnavailableError(f"outcomes not delivered: {exc}") from exc
+
+    def instance_eject(self, instance: str, for_s: float, reason: str) -> None:
+        """Tell the control plane that ``instance`` failed or hung here and should not be
+        decided onto for ``for_s`` seconds (``POST /api/v1/ejections``)."""
+        body = {"ejections": [{"instance": instance, "for_s": for_s, "reason": reason[:200]}]}
+        try:
+            self._send("POST", EJECTIONS_PATH, json=body, attempts=1)
+        except _Unreachable as exc:
+            self._mark_down(exc)
+            raise RouterUnavailableError(f"ejection not reported: {exc}") from exc
 
     # -- transport ------------------------------------------------------------------------
 
-    def _server_usable(self) -> bool:
+    def server_usable(self) -> bool:
+        """False during the cooldown after a call found the server unreachable (calls that
+        would wait for it are not made then)."""
         return time.monotonic() >= self._down_until
 
     def _mark_down(self, exc: BaseException) -> None:
-        log.warning("control plane unreachable, deciding locally: %s", exc)
+        if self.server_usable():
+            log.warning("control plane unreachable, deciding locally: %s", exc)
         self._down_until = time.monotonic() + self.cooldown_s
 
     def _after_remote(self, policy_version: int) -> None:
@@ -385,12 +406,15 @@ class RouterClient:
         except (RouterUnavailableError, RouterApiError, httpx.HTTPError) as exc:
             log.warning("policy snapshot refresh failed: %s", exc)
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One call with retries. Returns a 2xx/304 response; raises RouterApiError for a
-        caller's 4xx and _Unreachable when the server cannot answer."""
+    def _send(
+        self, method: str, path: str, *, attempts: int | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One call with retries (``attempts`` in all; default: 1 + ``retries``). Returns a
+        2xx/304 response; raises RouterApiError for a caller's 4xx and _Unreachable when the
+        server cannot answer. An answer ends the cooldown of an earlier failure."""
         delay = self.backoff_s
         last: BaseException | None = None
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.retries + 1 if attempts is None else attempts):
             if attempt:
                 time.sleep(delay)
                 delay *= 2
@@ -405,6 +429,7 @@ class RouterClient:
                     raise error
                 last = error
                 continue
+            self._down_until = 0.0
             if response.status_code >= 400:
                 raise _error_of(response)
             return response

@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 
 from clusters.live import telemetry
+from clusters.live.ejections import ejections_parse, ejections_queue
 from controlplane.redis_connection import redis_async
 from controlplane.redis_scripts import pipeline_run_async
 from scheduling.core import routing
@@ -108,21 +109,22 @@ async def live_state_read_fresh(snap: Snapshot, now: float | None = None) -> Liv
     def reads(pipe: Any) -> None:
         pipe.get(SNAPSHOT_VERSION_KEY)
         telemetry.control_states_queue(pipe)
+        ejections_queue(pipe)
         telemetry.instance_states_queue(pipe, snap.instance_names)
         telemetry.link_states_queue(pipe, snap.link_keys, now)
 
     raw = await pipeline_run_async(redis_async(), reads)
     version = parse_version(raw[0])
     control_raw = telemetry.control_states_parse(raw[1])
-    at = 2
+    ejected = ejections_parse(raw[2], now)
+    at = 3
     inst: dict[str, telemetry.InstanceSample] = {}
     if snap.instance_names:
         inst = telemetry.instance_states_parse(snap.instance_names, raw[at])
         at += 1
     links = telemetry.link_states_parse(snap.link_keys, raw[at:])
-    return LiveRead(
-        snapshot=snap, version=version, read_at=now, live=_live(snap, inst, links, control_raw, now)
-    )
+    live = _live(snap, inst, links, control_raw, now, ejected)
+    return LiveRead(snapshot=snap, version=version, read_at=now, live=live)
 
 
 def _live(
@@ -131,6 +133,7 @@ def _live(
     links: dict[str, telemetry.LinkState],
     control_raw: dict[str, dict[str, object]],
     now: float,
+    ejected: frozenset[str] = frozenset(),
 ) -> routing.LiveState:
     newest: float | None = None
     loads: dict[str, routing.InstanceLoad] = {}
@@ -144,6 +147,10 @@ def _live(
             updated_at=s.ts,
         )
         newest = s.ts if newest is None else max(newest, s.ts)
+    # A router saw these fail or hang (its outlier detection): down until their ejection ends.
+    for name in ejected:
+        load = loads.get(name)
+        loads[name] = dataclasses.replace(load or routing.InstanceLoad(), state="down")
     link_loads: dict[tuple[str, str], routing.LinkLoad] = {}
     for pair, key in zip(snap.link_pairs, snap.link_keys, strict=True):
         ls = links.get(key)

@@ -23,12 +23,24 @@ Everything one call writes goes in one pipeline. Key layout (Redis):
 ``outcomes:counts``          HASH  ``{status}|{transfer}`` -> outcomes
 ``outcomes:released``        HASH  ``count``, ``bytes``: reservations released by outcomes
 ``outcomes:recent``          LIST  the latest outcomes (JSON, newest first), ``RECENT_CAP``
+``outcomes:intake``          HASH  ``duplicate``: items sent again (applied once);
+                                   ``rejected|{code}``: items refused one by one
+``outcomes:seen:{key}``      STRING an idempotency key already applied (``SEEN_TTL_S``)
+
+A batch is checked item by item (:func:`outcomes_record_async`): a malformed item, or one
+naming a cluster or reason code the inventory does not know (client-supplied names must not
+create keys or metric series), is refused on its own and counted; the rest are applied. Every
+item's link reservation is released whatever becomes of the item, so a refused outcome never
+holds link budget until the reservation expires. An item that carries an idempotency key
+(the gateway: request id and attempt) is applied once, however many times it is sent (a
+control plane that stalled past the sender's timeout receives the retries too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import math
 import time
 import uuid
@@ -40,18 +52,32 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from clusters.live import telemetry
+from clusters.live.ejections import ejections_store_async
 from clusters.live.scripts import counters_queue
-from controlplane.errors import ApiError, Invalid
+from controlplane.errors import ApiError
 from controlplane.redis_connection import redis_async, redis_sync
 from controlplane.redis_scripts import pipeline_run_async
 from scheduling import metrics, traffic
 from scheduling.core import routing
-from scheduling.snapshot import link_key, snapshot_cached, snapshot_get_async
+from scheduling.core.routing.reasons import REASONS
+from scheduling.snapshot import (
+    Snapshot,
+    link_key,
+    snapshot_cached,
+    snapshot_get_async,
+    snapshot_refresh_async,
+)
 
 TTFT_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 COUNTS_KEY = "outcomes:counts"
 RELEASED_KEY = "outcomes:released"
 RECENT_KEY = "outcomes:recent"
+INTAKE_KEY = "outcomes:intake"
+SEEN_PREFIX = "outcomes:seen:"
+# How long an applied idempotency key is remembered: far longer than any sender's retries of
+# one batch (a gateway retries every outcome_interval_s; a stalled control plane answers or
+# drops its connections within its own deadlines).
+SEEN_TTL_S = 900
 RECENT_CAP = 500
 # Outcomes of one batch kept in the recent lists (plus every one that released a reservation
 # or failed): a batch of 1,000 plain local requests must not cost 2,000 list pushes.
@@ -72,6 +98,11 @@ def ttft_key(cluster: str) -> str:
 class UnknownLink(ApiError):
     status = 404
     code = "unknown_link"
+
+
+class UnknownInstance(ApiError):
+    status = 404
+    code = "unknown_instance"
 
 
 # --- reservations ------------------------------------------------------------------------------
@@ -135,6 +166,7 @@ class Outcome:
     ts: float
     request_id: str | None = None
     block_hashes: int = 0
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +190,38 @@ class ServedGroup:
     output_tokens: int
     observed_ttft_s: Sequence[float] = ()
     predicted_ttft_s: Sequence[float] = ()
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """One item of a batch refused on its own: ``kind`` outcome | group, its index in the
+    batch's list of that kind, a code and what is wrong."""
+
+    kind: str
+    index: int
+    code: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """A reservation to give back (``decision.reservation`` of an outcome)."""
+
+    source: str
+    target: str
+    id: str
+
+
+@dataclass(frozen=True)
+class OutcomesBatch:
+    """One ``POST /outcomes``: the items that parsed (with their index in the body), those
+    refused while parsing, and the reservations of the refused ones (still released)."""
+
+    outcomes: Sequence[tuple[int, Outcome]] = ()
+    groups: Sequence[tuple[int, ServedGroup]] = ()
+    rejected: Sequence[Rejected] = ()
+    releases: Sequence[Release] = ()
 
 
 @dataclass(frozen=True)
@@ -165,6 +229,8 @@ class OutcomesResult:
     accepted: int
     released: int
     released_bytes: int
+    duplicates: int = 0
+    rejected: tuple[Rejected, ...] = ()
 
 
 class _Sums:
@@ -252,31 +318,125 @@ def _recent_decision(outcome: Outcome) -> str:
     ).decode()
 
 
-async def outcomes_record_async(
-    outcomes: Sequence[Outcome], groups: Sequence[ServedGroup] = ()
-) -> OutcomesResult:
-    """Record a batch of outcomes and summed groups in one pipeline (module docstring)."""
+def _names_problem(
+    snap: Snapshot, origin: str, clusters: Sequence[tuple[str, str]], reason: str
+) -> tuple[str, str] | None:
+    """``(code, detail)`` when an item names a cluster or reason the inventory does not know:
+    such names would become traffic-store keys and metric series."""
+    known = snap.topology.cluster_by_name
+    for where, name in (("origin", origin), *clusters):
+        if name not in known:
+            return "unknown_cluster", f"{where}: unknown cluster {name!r}"
+    if reason not in REASONS:
+        return "unknown_reason", f"reason: unknown reason code {reason!r}"
+    return None
+
+
+def _outcome_names(o: Outcome) -> tuple[str, list[tuple[str, str]], str]:
+    return (
+        o.origin,
+        [("prefill.cluster", o.prefill_cluster), ("decode.cluster", o.decode_cluster)],
+        o.served_reason,
+    )
+
+
+def _group_names(g: ServedGroup) -> tuple[str, list[tuple[str, str]], str]:
+    return g.origin, [("prefill_cluster", g.prefill_cluster)], g.reason
+
+
+async def _names_checked(
+    batch: OutcomesBatch,
+) -> tuple[list[tuple[int, Outcome]], list[tuple[int, ServedGroup]], list[Rejected]]:
+    """The items whose names are known (the snapshot is refreshed once when one is not, so a
+    cluster added a moment ago is accepted), and the refusals of the others."""
     snap = await snapshot_get_async()
+    items: list[tuple[str, int, Outcome | ServedGroup, Any]] = [
+        ("outcome", k, o, _outcome_names(o)) for k, o in batch.outcomes
+    ]
+    items += [("group", k, g, _group_names(g)) for k, g in batch.groups]
+    if any(_names_problem(snap, *names) for *_, names in items):
+        snap = await snapshot_refresh_async()
+    outcomes: list[tuple[int, Outcome]] = []
+    groups: list[tuple[int, ServedGroup]] = []
+    rejected: list[Rejected] = []
+    for kind, k, item, names in items:
+        problem = _names_problem(snap, *names)
+        if problem is not None:
+            rejected.append(Rejected(kind, k, *problem))
+        elif isinstance(item, Outcome):
+            outcomes.append((k, item))
+        else:
+            groups.append((k, item))
+    return outcomes, groups, rejected
+
+
+async def _claim(r: Any, keys: Sequence[str | None]) -> list[bool]:
+    """Claim each idempotency key (None: the item has none and is always applied); False for
+    a key already applied."""
+    wanted = [k for k in keys if k is not None]
+    if not wanted:
+        return [True] * len(keys)
+    pipe = r.pipeline(transaction=False)
+    for key in wanted:
+        pipe.set(SEEN_PREFIX + key, 1, nx=True, ex=SEEN_TTL_S)
+    async with asyncio.timeout(REDIS_DEADLINE_S):
+        got = iter(await pipe.execute())
+    return [True if k is None else bool(next(got)) for k in keys]
+
+
+async def outcomes_record_async(batch: OutcomesBatch) -> OutcomesResult:
+    """Record a batch of outcomes and summed groups (module docstring): every reservation
+    released, known items applied once in one pipeline, the others refused one by one."""
     r = redis_async()
-    releases: list[tuple[int, str, str]] = []
+    checked, checked_groups, rejected = await _names_checked(batch)
+    rejected = [*batch.rejected, *rejected]
+    outcome_keys = [o.idempotency_key for _, o in checked]
+    group_keys = [g.idempotency_key for _, g in checked_groups]
+    fresh = await _claim(r, outcome_keys + group_keys)
+    claimed = [k for k, new in zip(outcome_keys + group_keys, fresh, strict=True) if k and new]
+    duplicates = fresh.count(False)
+    outcomes = [o for (_, o), new in zip(checked, fresh, strict=False) if new]
+    groups = [g for (_, g), new in zip(checked_groups, fresh[len(checked) :], strict=True) if new]
+    try:
+        return await _apply(r, batch, outcomes, groups, rejected, duplicates)
+    except BaseException:
+        # Not applied: a retry of these items must not be taken for a duplicate.
+        if claimed:
+            with contextlib.suppress(Exception):
+                await r.delete(*(SEEN_PREFIX + k for k in claimed))
+        raise
+
+
+async def _apply(
+    r: Any,
+    batch: OutcomesBatch,
+    outcomes: Sequence[Outcome],
+    groups: Sequence[ServedGroup],
+    rejected: Sequence[Rejected],
+    duplicates: int,
+) -> OutcomesResult:
+    # Every reservation the batch names goes back: the applied items', the duplicates' (a
+    # second release frees nothing) and the refused ones'. A release names keys only; for a
+    # link that is unknown or no longer routable it frees whatever is still held there.
+    releases: list[Release] = list(batch.releases)
+    for _, o in batch.outcomes:
+        rv = o.decision.reservation
+        if rv is not None and rv.id:
+            releases.append(Release(rv.source, rv.target, rv.id))
+    unique = list(dict.fromkeys(releases))
+
+    def release(pipe: Any) -> None:
+        for rel in unique:
+            telemetry.link_release_queue(pipe, link_key(rel.source, rel.target), rel.id)
+
+    async with asyncio.timeout(REDIS_DEADLINE_S):
+        raw = await pipeline_run_async(r, release) if unique else []
+    freed_by = {rel: int(v or 0) for rel, v in zip(unique, raw, strict=True)}
+    freed: dict[int, int] = {}  # index in `outcomes` -> bytes its release freed
     for k, o in enumerate(outcomes):
         rv = o.decision.reservation
         if rv is not None and rv.id:
-            if (rv.source, rv.target) not in snap.topology.link_by_pair:
-                raise Invalid(
-                    f"outcomes[{k}].decision.reservation: no routable link "
-                    f"{rv.source} -> {rv.target}",
-                    code="unknown_link",
-                    status=422,
-                )
-            releases.append((k, link_key(rv.source, rv.target), rv.id))
-
-    def release(pipe: Any) -> None:
-        for _, link, reservation_id in releases:
-            telemetry.link_release_queue(pipe, link, reservation_id)
-
-    raw = await pipeline_run_async(r, release) if releases else []
-    freed = {k: int(v or 0) for (k, _, _), v in zip(releases, raw, strict=True)}
+            freed[k] = freed_by[Release(rv.source, rv.target, rv.id)]
 
     served = traffic.TrafficAggregate()
     sums = _Sums()
@@ -331,11 +491,15 @@ async def outcomes_record_async(
                     output_tokens=(g.output_tokens if i == 0 else 0) if g.status == "ok" else None,
                 )
             )
-    released_bytes = sum(freed.values())
-    released = sum(1 for v in freed.values() if v > 0)
+    released_bytes = sum(freed_by.values())
+    released = sum(1 for v in freed_by.values() if v > 0)
     if released:
         sums.add(RELEASED_KEY, "count", released)
         sums.add(RELEASED_KEY, "bytes", released_bytes)
+    if duplicates:
+        sums.add(INTAKE_KEY, "duplicate", duplicates)
+    for item in rejected:
+        sums.add(INTAKE_KEY, f"rejected|{item.code}")
     ints, floats = sums.rows()
 
     def counters(pipe: Any) -> None:
@@ -352,8 +516,43 @@ async def outcomes_record_async(
     async with asyncio.timeout(REDIS_DEADLINE_S):
         await pipeline_run_async(r, counters)
     return OutcomesResult(
-        len(outcomes) + sum(len(g.incremental_tokens) for g in groups), released, released_bytes
+        len(outcomes) + sum(len(g.incremental_tokens) for g in groups),
+        released,
+        released_bytes,
+        duplicates,
+        tuple(sorted(rejected, key=lambda x: (x.kind, x.index))),
     )
+
+
+# --- ejections --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ejection:
+    """A router's report: ``instance`` failed or hung there; avoid it for ``for_s``."""
+
+    instance: str
+    for_s: float
+    reason: str
+
+
+async def instance_ejections_record_async(ejections: Sequence[Ejection]) -> int:
+    """Record ejections of known instances (every decision then takes them as down until
+    their end; :mod:`clusters.live.ejections`); returns how many. An unknown instance is a
+    404 (names become Redis fields)."""
+    snap = await snapshot_get_async()
+    if any(e.instance not in snap.known_instances for e in ejections):
+        snap = await snapshot_refresh_async()
+    for i, e in enumerate(ejections):
+        if e.instance not in snap.known_instances:
+            raise UnknownInstance(f"ejections[{i}].instance: unknown instance {e.instance!r}")
+    now = time.time()
+    until: dict[str, float] = {}
+    for e in ejections:
+        until[e.instance] = max(until.get(e.instance, 0.0), now + min(e.for_s, MAX_HOLD_S))
+    async with asyncio.timeout(REDIS_DEADLINE_S):
+        await ejections_store_async(until)
+    return len(until)
 
 
 async def outcomes_recent_async(limit: int = 50) -> list[dict[str, Any]]:
@@ -460,6 +659,21 @@ class OutcomeCollector:
             status, _, transfer = _text(field).partition("|")
             counts.add_metric([status, transfer], float(value))
         yield counts
+        intake = {_text(k): float(v) for k, v in r.hgetall(INTAKE_KEY).items()}
+        yield CounterMetricFamily(
+            "prfaas_outcomes_duplicate",
+            "Outcomes and groups sent again with an idempotency key already applied",
+            value=intake.get("duplicate", 0.0),
+        )
+        rejected = CounterMetricFamily(
+            "prfaas_outcomes_rejected",
+            "Outcomes and groups refused one by one, by code (their reservations released)",
+            labels=["code"],
+        )
+        for name, n in sorted(intake.items()):
+            if name.startswith("rejected|"):
+                rejected.add_metric([name.removeprefix("rejected|")], n)
+        yield rejected
         released: Mapping[Any, Any] = r.hgetall(RELEASED_KEY)
         rel = {_text(k): float(v) for k, v in released.items()}
         yield CounterMetricFamily(

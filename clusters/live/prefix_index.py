@@ -25,7 +25,8 @@ API, 8 raw bytes here):
                               ``instance id (3) | flags (1) | epoch (1)`` of its holders.
                               Small buckets are listpack-encoded by Redis (~15 bytes/entry).
 ``pfx:i:{inst}:m``      HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
-                              events, blocks, ckpts, stores, drop, g{group_idx} (kind of a group)
+                              events, blocks, ckpts, stores, drop, g{group_idx} (kind of a group),
+                              at (unix time a batch was last applied)
 ``pfx:i:{inst}:e:{n}``  STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
 ``pfx:ids``/``pfx:names`` HASH instance name <-> 3-byte id
 ``pfx:degraded``        SET   instances whose event stream showed a sequence gap
@@ -176,6 +177,7 @@ class InstanceIndexState:
     last_gap_at: float | None
     blocks: int
     checkpoints: int
+    updated_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -477,6 +479,12 @@ end
 if last ~= nil then
   fields[#fields + 1] = 'last_seq'
   fields[#fields + 1] = last
+end
+if applied > 0 then
+  -- when the index last heard of this instance: an agent that restarts tells from it whether
+  -- the engine process it finds is the one that fed the index
+  fields[#fields + 1] = 'at'
+  fields[#fields + 1] = now
 end
 call('HSET', meta, unpack(fields))
 if applied > 0 then call('HINCRBY', meta, 'events', applied) end
@@ -920,11 +928,19 @@ def prefix_index_states(
     pipe = r.pipeline(transaction=False)
     for inst in instances:
         pipe.hmget(
-            f"pfx:i:{inst}:m", "state", "last_seq", "gaps", "missed", "gap_at", "blocks", "ckpts"
+            f"pfx:i:{inst}:m",
+            "state",
+            "last_seq",
+            "gaps",
+            "missed",
+            "gap_at",
+            "blocks",
+            "ckpts",
+            "at",
         )
     out = []
     for inst, row in zip(instances, pipe.execute(), strict=True):
-        state, last_seq, gaps, missed, gap_at, blocks, ckpts = (
+        state, last_seq, gaps, missed, gap_at, blocks, ckpts, at = (
             v.decode() if v is not None else None for v in row
         )
         out.append(
@@ -937,6 +953,7 @@ def prefix_index_states(
                 last_gap_at=float(gap_at) if gap_at is not None else None,
                 blocks=int(blocks or 0),
                 checkpoints=int(ckpts or 0),
+                updated_at=float(at) if at is not None else None,
             )
         )
     return out

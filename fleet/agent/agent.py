@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import zmq
 
 from fleet.agent.config import AgentConfig, EngineConfig
-from fleet.agent.kv import KvStream, Replay, ZmqKvFeed
+from fleet.agent.kv import MAX_SEQ_JUMP, KvStream, Replay, ZmqKvFeed
 from fleet.agent.metrics import AgentMetrics
 from fleet.agent.telemetry import TelemetrySampler
 from fleet.agent.uplink import Uplink, UplinkLimits
@@ -53,16 +53,24 @@ class Agent:
         self._server: object | None = None
 
     def stream_add(
-        self, instance: str, *, topic: str = "", replay: Replay | None = None
+        self,
+        instance: str,
+        *,
+        topic: str = "",
+        replay: Replay | None = None,
+        max_seq_jump: int = MAX_SEQ_JUMP,
     ) -> KvStream:
         """A stream for ``instance``, resuming after the index's last applied sequence."""
+        index = self.uplink.kv_index_state(instance)
         stream = KvStream(
             instance,
             self.uplink.kv_batch_put,
             self.metrics,
             topic=topic,
             replay=replay,
-            last_seq=self.uplink.kv_last_seq(instance),
+            last_seq=index.last_seq,
+            index_at=index.updated_at,
+            max_seq_jump=max_seq_jump,
         )
         self.streams[instance] = stream
         return stream
@@ -73,7 +81,7 @@ class Agent:
             kv = engine.kv_events
             if kv is None:
                 continue
-            stream = self.stream_add(engine.instance, topic=kv.topic)
+            stream = self.stream_add(engine.instance, topic=kv.topic, max_seq_jump=kv.max_seq_jump)
             feed = ZmqKvFeed(
                 self._context,
                 stream,
@@ -104,6 +112,7 @@ class Agent:
                     next_sample = now + self.config.interval_s
                     instances, links = self.sampler.sample()
                     self.uplink.telemetry_put(instances, links)
+                    self._engines_seen()
                 self._stop.wait(max(0.0, next_sample - time.monotonic()))
         finally:
             for feed in self.feeds:
@@ -113,9 +122,19 @@ class Agent:
             self._final_flush()
             self.close()
 
+    def _engines_seen(self) -> None:
+        """Each engine's process start time, as its page said in the last sample, to its
+        stream: a new process is resynced even when its sequence numbers look continuous."""
+        for instance, load in self.sampler.loads.items():
+            stream = self.streams.get(instance)
+            if stream is not None:
+                stream.engine_started(load.process_start_s)
+
     def _uplink_loop(self) -> None:
         while not self._stop.is_set():
-            self.uplink.wake.wait(self.config.flush_s * 20)
+            # Woken by new items, or when a back-off ends (the first post after an outage
+            # goes as soon as it may, not at the next item).
+            self.uplink.wake.wait(self.uplink.retry_in() or self.config.flush_s * 20)
             self.uplink.wake.clear()
             self.uplink.flush()
             # batch what arrives within one flush period into the next post

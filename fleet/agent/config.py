@@ -15,6 +15,8 @@ engines:
       endpoint: tcp://127.0.0.1:5557
       replay_endpoint: tcp://127.0.0.1:5558
       topic: kv-events
+      replay_timeout_s: 5           # a replay request's answer, to its end marker
+      max_seq_jump: 100000          # a longer jump waits for the next frame to confirm it
 links:
   - {source: prfaas-x, target: pd-a, measure: interface, interface: eth1}
   - {source: prfaas-y, target: pd-a, measure: connector, engines: [pd-a-d0]}
@@ -42,6 +44,7 @@ class KvEventsConfig:
     replay_endpoint: str | None = None
     topic: str = ""
     replay_timeout_s: float = 5.0
+    max_seq_jump: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,13 @@ def config_parse(raw: Any, env: Mapping[str, str] | None = None) -> AgentConfig:
                     _get(k, "replay_timeout_s", f"{where}kv_events.", (int, float), 5.0),
                     f"{where}kv_events.replay_timeout_s",
                     120,
+                ),
+                max_seq_jump=int(
+                    _positive(
+                        _get(k, "max_seq_jump", f"{where}kv_events.", int, 100_000),
+                        f"{where}kv_events.max_seq_jump",
+                        10**12,
+                    )
                 ),
             )
         metrics_url = _get(e, "metrics_url", where, str, None)

@@ -38,15 +38,27 @@ from scheduling.core import kv_events
 log = logging.getLogger(__name__)
 
 END_SEQ = (1 << 64) - 1
+# A jump of more than this many sequence numbers is not taken as the stream's new position
+# until the next frame confirms it (the jumped-to seq + 1): one corrupt or forged frame (seq
+# 2^40) would otherwise make every later frame look like a repeat. vLLM's replay buffer holds
+# 10,000 batches, so a longer gap cannot be recovered anyway; past it the stream resyncs.
+MAX_SEQ_JUMP = 100_000
+# An engine process that started this long after the index last heard of its instance is a
+# new one (allows for clock skew between the engine's host and the control plane).
+START_SKEW_S = 2.0
 Frame = tuple[int, bytes]  # (seq, payload)
 Replay = Callable[[int], Sequence[Frame]]
-Forward = Callable[[str, int, bytes, int], None]  # instance, seq, payload, blocks
+Forward = Callable[[str, int | None, bytes, int], None]  # instance, seq, payload, blocks
 
 
 @dataclass
 class StreamState:
     last_seq: int | None = None
     replayed_from: int | None = None  # a replay just returned frames from here on
+    held: Frame | None = None  # a frame past MAX_SEQ_JUMP, until the next one confirms it
+    engine_start: float | None = None  # the engine process's start time, when its page says
+    index_at: float | None = None  # when the control plane's index last applied a batch
+    resync_wanted: bool = False  # a new engine process was seen: resync on the feed thread
 
 
 class KvStream:
@@ -61,13 +73,16 @@ class KvStream:
         topic: str = "",
         replay: Replay | None = None,
         last_seq: int | None = None,
+        index_at: float | None = None,
+        max_seq_jump: int = MAX_SEQ_JUMP,
     ) -> None:
         self.instance = instance
         self.forward = forward
         self.metrics = metrics
         self.topic = topic.encode()
         self.replay = replay
-        self.state = StreamState(last_seq=last_seq)
+        self.max_seq_jump = max_seq_jump
+        self.state = StreamState(last_seq=last_seq, index_at=index_at)
         self._lock = threading.Lock()
 
     # -- entry point ----------------------------------------------------------------------
@@ -85,18 +100,85 @@ class KvStream:
     def batch_receive(self, seq: int, payload: bytes) -> None:
         with self._lock:
             self.metrics.kv_batches_received.labels(self.instance).inc()
+            if seq > kv_events.MAX_SEQ:
+                # The control plane refuses it (and the post it travels in): never forwarded,
+                # never the stream's position.
+                self.metrics.kv_malformed.labels(self.instance).inc()
+                log.warning("%s: sequence %d out of range, dropped", self.instance, seq)
+                return
+            if self._held_resolve(seq, payload):
+                return
             last = self.state.last_seq
+            if last is not None and seq > last + self.max_seq_jump:
+                self.state.held = (seq, payload)
+                return
             if last is not None and seq <= last:
                 replayed_from = self.state.replayed_from
                 if replayed_from is not None and replayed_from <= seq:
                     return  # already forwarded from the replay
-                self._restart(seq, payload)
+                self._resync(upto=(seq, payload), why=f"seq {seq} after {last}")
                 return
             # A frame past the last ends the window in which repeats of a replay are expected.
             self.state.replayed_from = None
             if last is not None and seq > last + 1:
                 self._recover(last + 1, seq)
             self._deliver(seq, payload)
+
+    def _held_resolve(self, seq: int, payload: bytes) -> bool:
+        """A frame arrived while one far ahead is held: if this one follows it, the stream did
+        jump (forward what replay still has, then both: a gap the control plane marks
+        ``degraded``; True); otherwise the held one was corrupt or forged and is dropped."""
+        held = self.state.held
+        if held is None:
+            return False
+        self.state.held = None
+        if seq == held[0] + 1:
+            last = self.state.last_seq
+            log.warning("%s: the stream jumped from %s to %d", self.instance, last, held[0])
+            if last is not None:
+                self._recover(last + 1, held[0])
+            self._deliver(*held)
+            self._deliver(seq, payload)
+            return True
+        self.metrics.kv_seq_rejected.labels(self.instance).inc()
+        log.warning(
+            "%s: dropped a frame with seq %d (after %s, not followed by %d): not the stream's",
+            self.instance,
+            held[0],
+            self.state.last_seq,
+            held[0] + 1,
+        )
+        return False
+
+    def engine_started(self, start_s: float | None) -> None:
+        """The engine process's start time as its page says (sampled every interval). A new
+        value, or a process that started after the index last heard of this instance, is a
+        new engine process whatever its sequence numbers say: the stream resyncs (on the
+        feed's thread, :meth:`resync_if_wanted`)."""
+        if start_s is None:
+            return
+        with self._lock:
+            before, self.state.engine_start = self.state.engine_start, start_s
+            index_at = self.state.index_at
+            if before is None:
+                new = index_at is not None and start_s > index_at + START_SKEW_S
+            else:
+                new = abs(start_s - before) > 1e-3
+            if new:
+                log.warning(
+                    "%s: a new engine process (started %.3f; before: %s, index updated %s)",
+                    self.instance,
+                    start_s,
+                    before,
+                    index_at,
+                )
+                self.state.resync_wanted = True
+
+    def resync_if_wanted(self) -> None:
+        with self._lock:
+            if self.state.resync_wanted:
+                self.state.resync_wanted = False
+                self._resync(why="new engine process")
 
     def catch_up(self) -> None:
         """Forward what the engine published since the index's last sequence (an agent that
@@ -167,25 +249,38 @@ class KvStream:
                 upto,
             )
 
-    def _restart(self, seq: int, payload: bytes) -> None:
-        """The engine's sequence went back: a new process. Start its stream from 0."""
+    def _resync(self, *, upto: Frame | None = None, why: str) -> None:
+        """A new engine process (its sequence went back, or its start time changed): the
+        instance's index is cleared and refilled with the new process's stream from seq 0,
+        as far as the replay buffer still holds it (``upto``: the frame that showed it, last).
+
+        The control plane clears an instance on a batch at seq 0 after a higher one. If the
+        new process's frame 0 is gone, an ``AllBlocksCleared`` at seq 0 stands for it (a new
+        process's cache starts empty) and what follows is a gap: ``degraded`` until the next
+        clear. If the new process has published nothing yet, the clear goes without a
+        sequence (its own frame 0 then resets the sequence)."""
         self.metrics.kv_engine_restarts.labels(self.instance).inc()
-        log.info("%s: engine restarted (seq %d after %s)", self.instance, seq, self.state.last_seq)
+        log.warning("%s: engine restarted (%s): resyncing its index", self.instance, why)
         self.state.last_seq = None
-        if seq == 0:
-            self._deliver(seq, payload)  # the control plane resets the instance on seq 0
-            return
-        frames = [f for f in self._fetch(0) if f[0] < seq]
-        if not frames or frames[0][0] != 0:
-            # frame 0 of the new process is gone: say what it implies, an empty cache
+        self.state.held = None
+        end = upto[0] if upto is not None else None
+        self.state.replayed_from = None
+        frames = [] if end == 0 else [f for f in self._fetch(0) if end is None or f[0] < end]
+        replayed = self.state.replayed_from == 0
+        if end != 0 and (not frames or frames[0][0] != 0):
             cleared = kv_events.batch_encode([kv_events.AllBlocksCleared()], time.time())
-            self.forward(self.instance, 0, cleared, 0)
-            self.state.last_seq = 0
+            if upto is None and replayed and not frames:
+                # Nothing published yet: its own frame 0, when it comes, resets the sequence.
+                self.forward(self.instance, None, cleared, 0)
+            else:
+                self.forward(self.instance, 0, cleared, 0)
+                self.state.last_seq = 0
         for s, p in frames:
             self._deliver(s, p)
-        if self.state.last_seq is not None and seq > self.state.last_seq + 1:
-            self._recover(self.state.last_seq + 1, seq)
-        self._deliver(seq, payload)
+        if upto is not None:
+            if self.state.last_seq is not None and upto[0] > self.state.last_seq + 1:
+                self._recover(self.state.last_seq + 1, upto[0])
+            self._deliver(*upto)
 
 
 _COMPACT = msgspec.msgpack.Encoder()
@@ -271,6 +366,7 @@ class ZmqKvFeed:
             # Live frames queue in the SUB socket meanwhile; the stream skips the repeats.
             self.stream.catch_up()
             while not self._stop.is_set():
+                self.stream.resync_if_wanted()
                 if not sub.poll(100):
                     continue
                 parts = sub.recv_multipart()

@@ -47,9 +47,17 @@ class AgentMetrics:
             inst,
             registry=r,
         )
+        self.kv_seq_rejected = Counter(
+            "prfaas_agent_kv_seq_rejected",
+            "Frames far ahead of the stream that the next frame did not follow (corrupt or "
+            "forged sequence numbers): dropped",
+            inst,
+            registry=r,
+        )
         self.kv_engine_restarts = Counter(
             "prfaas_agent_kv_engine_restarts",
-            "Engine restarts seen in the sequence",
+            "Engine restarts seen (sequence going back, or a new process start time): the "
+            "instance's index is cleared and resynced",
             inst,
             registry=r,
         )
@@ -72,6 +80,14 @@ class AgentMetrics:
             "prfaas_agent_dropped",
             "Items dropped: buffer full while the control plane was away, or refused by it",
             ["kind", "reason"],
+            registry=r,
+        )
+        self.refused = Gauge(
+            "prfaas_agent_refused",
+            "1 while the control plane refuses an instance or link (403 outside_binding, 404 "
+            "unknown_instance or unknown_link): its samples and batches are dropped, the "
+            "others go on",
+            ["name", "code"],
             registry=r,
         )
         self.scrape_errors = Counter(

@@ -96,6 +96,8 @@ class TelemetrySampler:
         self._bytes: dict[str, _Counter] = {}
         self._retx: dict[str, _Counter] = {}
         self._last_ts: float | None = None
+        # Each engine's load in the last sample (engines that could not be scraped left out).
+        self.loads: dict[str, EngineLoad] = {}
 
     def _scrape(self, engine: EngineConfig) -> EngineLoad | None:
         if not engine.metrics_url:
@@ -138,6 +140,7 @@ class TelemetrySampler:
             row = self._link(link, loads, now, interval)
             if row is not None:
                 links.append(row)
+        self.loads = loads
         return instances, links
 
     def _link(

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--prefill-s-per-1k", type=float, default=0.0)
     parser.add_argument("--token-s", type=float, default=0.0)
+    parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument(
         "--server",
         choices=("uvicorn", "granian"),
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     block_size=args.block_size,
                     prefill_s_per_1k=args.prefill_s_per_1k,
                     token_s=args.token_s,
+                    max_model_len=args.max_model_len,
                 )
             )
             for name, port, role in args.instance
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for engine in engines
     ]
+    for engine, server in zip(engines, servers, strict=True):
+        # POST /fake/fault {"mode": "exit"}: this instance stops serving, the others go on.
+        engine.exit = lambda server=server: setattr(server, "should_exit", True)
 
     async def serve() -> None:
         await asyncio.gather(*(s.serve() for s in servers))

@@ -20,7 +20,8 @@ relies on, the way vLLM 0.32 does (``tests/fixtures/vllm-0.32-cpu/SOURCE.md``):
 Output is "greedy" and deterministic: token ``i`` of the answer is a function of the prompt's
 tokens and ``i`` only, so a prompt gives the same text on any instance, split or not.
 ``/fake/stats`` counts what happened (KV produced, pulled, loaded, computed; cancellations);
-``POST /fake/fault`` makes the next requests fail (500), hang, or drop the connection.
+``POST /fake/fault`` makes the next requests fail (500), hang, drop the connection, stall after
+the answer's head, or stops the instance (``exit``: connections refused from then on).
 Timing: ``prefill_s_per_1k`` seconds per 1,000 computed prompt tokens, ``token_s`` between
 output tokens.
 """
@@ -34,6 +35,7 @@ import itertools
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,10 @@ from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, respons
 VOCAB = 1024
 ROLES = ("prefill", "decode", "both")
 CONNECTORS = ("nixl", "shared_storage")
-FAULTS = ("error", "hang", "drop")
+# error: 500; hang: no answer until the client goes; drop: the connection closed; stall: the
+# answer's head, then nothing (a hung stream); exit: the instance stops serving at once (its
+# port then refuses connections, as a killed engine's does).
+FAULTS = ("error", "hang", "drop", "stall", "exit")
 
 
 @dataclass
@@ -142,6 +147,8 @@ class FakeEngine:
         self._block_ids = itertools.count(1)
         self._faults: list[str] = []
         self._http: httpx.AsyncClient | None = None
+        # Stops this instance's server (set by whoever serves it; fault mode "exit").
+        self.exit: Callable[[], None] | None = None
 
     # -- ASGI -------------------------------------------------------------------------------
 
@@ -165,9 +172,16 @@ class FakeEngine:
                 await json_send(send, 200, self.stats.as_dict())
             elif path == "/fake/fault" and method == "POST":
                 body = await _body(receive)
-                self._faults = [str(body.get("mode", "error"))] * int(body.get("count", 1))
-                if any(f not in FAULTS for f in self._faults):
+                mode = str(body.get("mode", "error"))
+                if mode not in FAULTS:
                     raise HttpError(400, f"mode must be one of {', '.join(FAULTS)}")
+                if mode == "exit":
+                    if self.exit is None:
+                        raise HttpError(400, "this instance cannot be stopped")
+                    await json_send(send, 200, {"faults": 0})
+                    self.exit()
+                    return
+                self._faults = [mode] * int(body.get("count", 1))
                 await json_send(send, 200, {"faults": len(self._faults)})
             elif path.startswith("/fake/kv/") and method == "GET":
                 await self._kv_serve(path.removeprefix("/fake/kv/"), send)
@@ -241,6 +255,17 @@ class FakeEngine:
                 return
             if fault == "drop":
                 raise ConnectionResetError("injected drop")  # uvicorn closes the connection
+            if fault == "stall":
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+                    }
+                )
+                await disconnect_wait(receive)
+                st.cancelled += 1
+                return
         tokens = self._prompt_tokens(body, chat=chat)
         if len(tokens) >= cfg.max_model_len:
             raise HttpError(400, f"prompt of {len(tokens)} tokens exceeds max_model_len")
@@ -291,7 +316,9 @@ class FakeEngine:
                 raise HttpError(
                     500, f"KV pull from {url} failed: {exc}", "KVTransferError"
                 ) from None
-            if got.status_code != 200 or got.json().get("tokens") != tokens[: len(tokens)]:
+            # (orjson: the standard library took 0.3 s to read a 1M-token prompt's KV here)
+            held = orjson.loads(got.content) if got.status_code == 200 else {}
+            if held.get("tokens") != tokens:
                 self.stats.kv_pull_failed += 1
                 raise HttpError(500, f"KV pull from {url}: no such blocks", "KVTransferError")
             self.stats.kv_pulled += 1

@@ -51,6 +51,7 @@ def fake_engines_serve(
     token_s: float = 0.0,
     prefill_s_per_1k: float = 0.0,
     block_size: int = 32,
+    max_model_len: int = 8192,
     server: str = "uvicorn",
     python: str = sys.executable,
     timeout_s: float = 30.0,
@@ -68,6 +69,8 @@ def fake_engines_serve(
         str(prefill_s_per_1k),
         "--block-size",
         str(block_size),
+        "--max-model-len",
+        str(max_model_len),
         "--server",
         server,
     ]

@@ -17,9 +17,11 @@ from typing import Any
 import uvicorn
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
+from granian.http import HTTP1Settings
 
 from fleet.gateway.app import CONFIG_ENV, Gateway
 from fleet.gateway.config import ConfigError, config_load
+from fleet.gateway.http import header_timeout_set
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=config.workers,
             loop=Loops.uvloop,
             http=HTTPModes.http1,
+            http1_settings=HTTP1Settings(header_read_timeout=int(config.header_timeout_s * 1000)),
             log_level=args.log_level,
         ).serve()
         return 0
@@ -51,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": config.host,
         "port": config.port,
         "loop": "uvloop",
-        "http": "httptools",
+        # httptools, with a deadline on request headers (fleet.gateway.http)
+        "http": "fleet.gateway.http:HeaderDeadlineProtocol",
         "log_level": args.log_level,
         "access_log": False,
         "lifespan": "on",
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             "fleet.gateway.app:gateway_from_env", factory=True, workers=config.workers, **server
         )
     else:
+        header_timeout_set(config.header_timeout_s)
         uvicorn.run(Gateway(config), **server)
     return 0
 

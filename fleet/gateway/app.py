@@ -5,9 +5,13 @@ Endpoints: ``POST /v1/completions`` and ``/v1/chat/completions`` (streaming and 
 
 Per request:
 
-1. read the body (bounded), take the prompt's token ids (a completion prompt given as ids) or
-   have an engine of the origin tokenize it (``POST /tokenize``, text or chat messages);
-2. compute vLLM's block hashes of the tokens (:mod:`fleet.blockhash`, the model's block size);
+1. admit it (room among the admitted requests and in the body budget, its declared size)
+   before reading any of the body; read the body within ``body_timeout_s``; check the OpenAI
+   fields the gateway acts on; take the prompt's token ids (a completion prompt given as ids)
+   or have an engine of the origin tokenize it (``POST /tokenize``, text or chat messages);
+2. refuse a prompt over ``max_prompt_tokens``; compute vLLM's block hashes of the tokens
+   (:mod:`fleet.blockhash`, the model's block size), in slices with the event loop free
+   between them;
 3. decide (:class:`fleet.gateway.control.ControlPlane`: in process with the policy snapshot
    and bounded-age live state, the link reservation taken atomically on the control plane for
    an offload; or ``POST /route``);
@@ -17,22 +21,28 @@ Per request:
 5. report the outcome (served route and instances, observed TTFT, transfer result), which
    releases the reservation on the control plane.
 
-Failures: a prefill instance that fails or times out is retried once on another prefill
-instance of its cluster, or, for an offload, the request falls back to local prefill
-(reason ``prfaas_unavailable``, header ``x-prfaas-fallback: prefill_failed``); a decode
-instance that fails before answering is retried once on another decode instance. A 4xx from
-an engine is the client's and is passed on unchanged. A client that disconnects cancels the
-upstream calls (closing their connections, which makes vLLM abort the request). At most
-``max_inflight`` requests are served at once and ``max_waiting`` wait for a slot; beyond
-that the answer is 503 at once. Errors have OpenAI's shape plus the project's
-``{"detail", "code"}``.
+Failures: a prefill instance that fails, or has not answered by its first-byte deadline (a
+multiple of its predicted time), is retried once on another prefill instance of its cluster;
+an offload with no other PrfaaS instance (or whose other fails too) falls back to local
+prefill (reason ``prfaas_unavailable``, header ``x-prfaas-fallback: prefill_failed``); a
+decode instance that fails before answering (a streamed one: before its head, within
+``first_byte_timeout_s``) is retried once on another decode instance. An engine that fails
+or hangs is ejected for a while and the control plane told (:class:`control.Outliers`). A 4xx
+from an engine is the client's and is passed on unchanged. A client that disconnects cancels
+the upstream calls (closing their connections, which makes vLLM abort the request). At most
+``max_inflight`` requests are served at once and ``max_waiting`` more admitted; beyond that
+the answer is 503 at once. Errors have OpenAI's shape plus the project's
+``{"detail", "code"}``, always JSON. docs/gateway.md lists every limit and timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import itertools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -43,12 +53,14 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
-from fleet.blockhash import block_keys
+from fleet.blockhash import block_hash_chain, block_key, block_keys
 from fleet.client import RouterUnavailableError
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig, config_load
 from fleet.gateway.control import ControlPlane, Decided
+from fleet.gateway.http import header_timeout_set
 from fleet.gateway.protocol import (
+    AnswerTooLarge,
     Engines,
     StreamedResponse,
     UpstreamError,
@@ -67,7 +79,10 @@ from scheduling.core.routing import (
 log = logging.getLogger(__name__)
 
 
-MAX_BODY_BYTES = 16 << 20
+# A body this small is read without taking from the body budget (see BodyBudget).
+SMALL_BODY_BYTES = 64 << 10
+# The control plane's bound on a request's output tokens (POST /route): more is not a request.
+MAX_OUTPUT_TOKENS = 10_000_000
 # Where ``gateway_from_env`` (the factory of each uvicorn worker) finds the configuration.
 CONFIG_ENV = "PRFAAS_GATEWAY_CONFIG"
 COMPLETIONS = "/v1/completions"
@@ -77,25 +92,61 @@ FALLBACK_REASON = Reason.PRFAAS_UNAVAILABLE
 
 
 class ClientError(Exception):
-    """An answer to send as is: status, OpenAI error type, message, code."""
+    """An answer to send as is: status, OpenAI error type, message, code; ``param``: the
+    request field at fault; ``close``: the connection is closed after it (its body was not
+    read whole, so it cannot carry another request)."""
 
-    def __init__(self, status: int, code: str, message: str, *, raw: bytes = b"") -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        raw: bytes = b"",
+        param: str | None = None,
+        close: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.raw = raw
+        self.param = param
+        self.close = close
 
 
-def error_body(status: int, code: str, message: str) -> bytes:
+def error_body(status: int, code: str, message: str, param: str | None = None) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return orjson.dumps(
         {
-            "error": {"message": message, "type": kind, "code": code},
+            "error": {"message": message, "type": kind, "param": param, "code": code},
             "detail": message,
             "code": code,
         }
     )
+
+
+class BodyBudget:
+    """Bytes of request bodies this process holds at once (``body_buffer_bytes``): a body is
+    read only with room for it, so slow or huge uploads cannot grow the gateway's memory past
+    its configuration. Bodies up to ``SMALL_BODY_BYTES`` are not counted (uvicorn buffers that
+    much per connection anyway; admission bounds how many)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if n <= SMALL_BODY_BYTES:
+            return True
+        if self.used + n > self.capacity:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        if n > SMALL_BODY_BYTES:
+            self.used -= n
 
 
 @dataclass
@@ -117,6 +168,8 @@ class Served:
     status: str = "ok"
     error: str | None = None
     fallback: str | None = None
+    # The outcome's idempotency key: the request id and this gateway's attempt at it.
+    key: str = ""
 
 
 class Gateway:
@@ -127,7 +180,12 @@ class Gateway:
         self.control = control or ControlPlane(config)
         self.engines = Engines(config.connect_timeout_s)
         self._slots: asyncio.Semaphore | None = None
-        self._waiting = 0
+        self._admitted = 0
+        self._bodies = BodyBudget(config.body_buffer_bytes)
+        self._lag_task: asyncio.Task[None] | None = None
+        # The largest /tokenize answer read: max_prompt_tokens ids of up to 10 digits and a
+        # comma, and room for the rest; a longer prompt is refused without parsing it.
+        self._tokenize_max_bytes = config.max_prompt_tokens * 11 + 4096
         self._tokenize_rr = itertools.count()
         # Request ids of this process: a random prefix, then a counter (unique enough across
         # gateways, and cheaper than a uuid per request).
@@ -143,37 +201,71 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
         try:
-            if path in (COMPLETIONS, CHAT):
-                if method != "POST":
-                    raise ClientError(405, "method_not_allowed", f"{path} takes POST")
-                await self._admit(scope, receive, send, chat=path == CHAT)
-            elif path == "/v1/models" and method == "GET":
-                await json_send(send, 200, self._models())
-            elif path == "/health" and method == "GET":
-                await self._health(send)
-            elif path == "/metrics" and method == "GET":
-                await self._metrics(send)
-            else:
-                raise ClientError(404, "not_found", f"no route {method} {path}")
+            await self._route(scope, receive, tracked, path, method)
         except ClientError as exc:
+            if started:
+                return
+            extra = [(b"connection", b"close")] if exc.close else []
             await response_send(
-                send, exc.status, exc.raw or error_body(exc.status, exc.code, exc.message)
+                send,
+                exc.status,
+                exc.raw or error_body(exc.status, exc.code, exc.message, exc.param),
+                headers=extra,
             )
+        except Exception:
+            # A bug here: the client still gets an answer in the API's shape, never uvicorn's
+            # text/plain 500.
+            log.exception("unhandled error on %s %s", method, path)
+            metrics.ERRORS.labels("internal").inc()
+            if not started:
+                await response_send(
+                    send,
+                    500,
+                    error_body(500, "internal_error", "the gateway failed on this request"),
+                    headers=[(b"connection", b"close")],
+                )
+
+    async def _route(
+        self, scope: Scope, receive: Receive, send: Send, path: str, method: str
+    ) -> None:
+        if path in (COMPLETIONS, CHAT):
+            if method != "POST":
+                raise ClientError(405, "method_not_allowed", f"{path} takes POST", close=True)
+            await self._admit(scope, receive, send, chat=path == CHAT)
+        elif path == "/v1/models" and method == "GET":
+            await json_send(send, 200, self._models())
+        elif path == "/health" and method == "GET":
+            await self._health(send)
+        elif path == "/metrics" and method == "GET":
+            await self._metrics(send)
+        else:
+            raise ClientError(404, "not_found", f"no route {method} {path}", close=True)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
+                    _large_allocations_returned()
                     self._slots = asyncio.Semaphore(self.config.max_inflight)
                     await self.engines.start()
                     await self.control.start()
+                    self._lag_task = asyncio.create_task(_loop_lag_watch())
                 except Exception as exc:
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._lag_task is not None:
+                    self._lag_task.cancel()
                 await self.control.close()
                 await self.engines.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -188,9 +280,16 @@ class Gateway:
         }
 
     async def _health(self, send: Send) -> None:
+        """200 ``ok``; 200 ``degraded`` while the control plane refuses the gateway's token
+        (it serves, from the cached policy, but reserves nothing and its outcomes are lost:
+        ``problems`` says which calls); 503 ``starting`` before the first policy snapshot."""
         snap = self.control.client.policy_snapshot
+        problems = [f"{what}: {why}" for what, why in sorted(self.control.refusals.items())]
+        metrics.DEGRADED.set(1 if problems else 0)
+        status = "starting" if snap is None else "degraded" if problems else "ok"
         body = {
-            "status": "ok" if snap is not None else "starting",
+            "status": status,
+            "problems": problems,
             "origin": self.config.origin,
             "decide": self.config.decide,
             "policy_version": snap.policy.version if snap else None,
@@ -210,25 +309,73 @@ class Gateway:
     # -- admission and cancellation ---------------------------------------------------------
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
-        body = await _read_json(receive)
-        slots = self._slots
-        assert slots is not None
-        if slots.locked() and self._waiting >= self.config.max_waiting:
+        """Admission before any of the body is read: its declared size within
+        ``max_body_bytes``, room among the admitted requests (``max_inflight`` served plus
+        ``max_waiting`` reading their body or queued for a slot) and in the body budget;
+        otherwise 413 or 503 at once, and the connection closed. The body is then read within
+        ``body_timeout_s``, checked, and the request waits for a serving slot."""
+        cfg = self.config
+        length = _content_length(scope)
+        if length is not None and length > cfg.max_body_bytes:
+            metrics.ERRORS.labels("body_too_large").inc()
+            raise ClientError(
+                413, "body_too_large", f"the body exceeds {cfg.max_body_bytes} bytes", close=True
+            )
+        if self._admitted >= cfg.max_inflight + cfg.max_waiting:
             metrics.ERRORS.labels("queue_full").inc()
-            raise ClientError(503, "overloaded", "the gateway is at its queue limit; retry later")
-        self._waiting += 1
+            raise ClientError(
+                503, "overloaded", "the gateway is at its queue limit; retry later", close=True
+            )
+        held = [length or 0]  # bytes held in the budget for this body (grows if chunked)
+        if not self._bodies.take(held[0]):
+            metrics.ERRORS.labels("body_buffer_full").inc()
+            raise ClientError(
+                503,
+                "overloaded",
+                "the gateway holds as many request bodies as it may; retry later",
+                close=True,
+            )
+        self._admitted += 1
         metrics.WAITING.inc()
         try:
+            body = await self._body_read(receive, length, held)
+            _openai_check(body, chat)
+            slots = self._slots
+            assert slots is not None
             await slots.acquire()
-        finally:
-            self._waiting -= 1
+        except BaseException:
             metrics.WAITING.dec()
+            self._admitted -= 1
+            self._bodies.give(held[0])
+            raise
+        metrics.WAITING.dec()
         metrics.INFLIGHT.inc()
         try:
             await self._serve_cancellable(scope, receive, send, body, chat)
         finally:
             slots.release()
             metrics.INFLIGHT.dec()
+            self._admitted -= 1
+            self._bodies.give(held[0])
+
+    async def _body_read(
+        self, receive: Receive, length: int | None, held: list[int]
+    ) -> dict[str, Any]:
+        """The body as a JSON object (``held``: the bytes held for it in the budget; a body of
+        unknown length takes room as it arrives)."""
+        cfg = self.config
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                raw = await _body_receive(receive, length, held, cfg, self._bodies)
+        except TimeoutError:
+            metrics.ERRORS.labels("body_timeout").inc()
+            raise ClientError(
+                408,
+                "body_timeout",
+                f"the request body did not arrive within {cfg.body_timeout_s:g} s",
+                close=True,
+            ) from None
+        return _json_object(raw)
 
     async def _serve_cancellable(
         self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
@@ -262,7 +409,8 @@ class Gateway:
     async def _serve(self, scope: Scope, send: Send, body: dict[str, Any], chat: bool) -> None:
         started = time.perf_counter()
         endpoint = "chat" if chat else "completions"
-        rid = _header(scope, b"x-request-id") or f"{self._id_prefix}{next(self._ids)}"
+        attempt = f"{self._id_prefix}{next(self._ids)}"
+        rid = _header(scope, b"x-request-id") or attempt
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         prompt_tokens, chain = await self._prompt(body, chat, rid)
         request = RouteRequest(
@@ -281,8 +429,15 @@ class Gateway:
         except RouterUnavailableError as exc:
             raise ClientError(503, "control_plane_unavailable", str(exc)) from None
         served = _served_of(decided)
+        served.key = rid if rid == attempt else f"{rid}/{attempt}"
         try:
-            await self._carry_out(send, body, chat, rid, request, chain, served, started)
+            # Counted on its decode instance from the decision on (the next decisions, made
+            # before this one's decode starts, see it there), until the answer ends.
+            decoding = self.control.dispatches.begin(served.decode[1], "decode")
+            try:
+                await self._carry_out(send, body, chat, rid, request, chain, served, started)
+            finally:
+                self.control.dispatches.end(decoding)
         except asyncio.CancelledError:
             served.status, served.error = "cancelled", "client_disconnect"
             raise
@@ -308,7 +463,7 @@ class Gateway:
     ) -> tuple[int, tuple[int, ...]]:
         """The prompt's length in tokens and its block-hash chain (none when estimated)."""
         prompt = body.get("prompt")
-        given = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
+        given = isinstance(prompt, list)  # token ids (checked by _openai_check)
         if self.config.tokenizer == "estimate" and not given:
             if chat:
                 messages = body.get("messages")
@@ -325,10 +480,27 @@ class Gateway:
                 raise ClientError(
                     400, "invalid_prompt", "prompt: one string or one list of token ids"
                 )
-            return max(1, round(size / self.config.chars_per_token)), ()
+            n = max(1, round(size / self.config.chars_per_token))
+            self._length_check(n)
+            return n, ()
         tokens = await self._tokens(body, chat, rid)
+        self._length_check(len(tokens))
+        if len(tokens) > IDS_CHECKED_AT_ONCE:
+            await ids_check_async(tokens)
         block_tokens = self.control.snapshot.topology.model.block_tokens
-        return max(1, len(tokens)), tuple(block_keys(tokens, block_tokens))
+        return max(1, len(tokens)), await _chain(tokens, block_tokens)
+
+    def _length_check(self, n: int) -> None:
+        """A prompt longer than ``max_prompt_tokens`` is refused before any hashing."""
+        if n > self.config.max_prompt_tokens:
+            metrics.ERRORS.labels("prompt_too_long").inc()
+            raise ClientError(
+                400,
+                "prompt_too_long",
+                f"prompt: {n} tokens, more than the {self.config.max_prompt_tokens} this "
+                "gateway takes",
+                param="prompt",
+            )
 
     async def _tokens(self, body: dict[str, Any], chat: bool, rid: str) -> list[int]:
         """The prompt's token ids: given (a completion prompt of ids), or from an engine."""
@@ -340,7 +512,7 @@ class Gateway:
             ask["add_generation_prompt"] = body.get("add_generation_prompt", True)
         else:
             prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            if isinstance(prompt, list):  # token ids (checked by _openai_check)
                 return prompt
             if not isinstance(prompt, str) or not prompt:
                 raise ClientError(
@@ -365,13 +537,18 @@ class Gateway:
                     "/tokenize",
                     ask,
                     rid,
-                    self.config.prefill_timeout_s,
+                    self.config.first_byte_timeout_s,
+                    max_bytes=self._tokenize_max_bytes,
                 )
+            except AnswerTooLarge:
+                self._length_check(self.config.max_prompt_tokens + 1)
+                raise
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise ClientError(
                         exc.status, "invalid_request", str(exc), raw=exc.body
                     ) from None
+                self.control.engine_failed(inst.name, f"tokenize: {exc}")
                 last = exc
                 continue
             tokens = answer.get("tokens")
@@ -396,7 +573,15 @@ class Gateway:
             await self._cache_transfer(d, body, chat, request, rid, served)
         connector = self.control.connector_of(served.prefill[0])
         try:
-            kv = await self._prefill(served.prefill[1], path, body, connector, rid)
+            kv = await self._prefill(
+                served.prefill[1],
+                path,
+                body,
+                connector,
+                rid,
+                served.incremental_tokens,
+                self._prefill_deadline_s(served),
+            )
         except UpstreamError as exc:
             if not exc.retryable:
                 raise ClientError(exc.status, "invalid_request", str(exc), raw=exc.body) from None
@@ -417,16 +602,34 @@ class Gateway:
             served.transfer_bytes += served.decision.kv_bytes
 
     async def _prefill(
-        self, instance: str, path: str, body: dict[str, Any], connector: str, rid: str
+        self,
+        instance: str,
+        path: str,
+        body: dict[str, Any],
+        connector: str,
+        rid: str,
+        tokens: int = 0,
+        deadline_s: float | None = None,
     ) -> dict[str, Any] | None:
+        """The prefill step on ``instance``, answered within ``deadline_s`` (default
+        ``prefill_timeout_s``); a failure or time-out counts against the instance (ejection)."""
         t = time.perf_counter()
-        answer = await self.engines.call_json(
-            self.control.endpoint(instance),
-            path,
-            prefill_body(body, connector),
-            rid,
-            self.config.prefill_timeout_s,
-        )
+        prefilling = self.control.dispatches.begin(instance, "prefill", tokens)
+        try:
+            answer = await self.engines.call_json(
+                self.control.endpoint(instance),
+                path,
+                prefill_body(body, connector),
+                rid,
+                self.config.prefill_timeout_s if deadline_s is None else deadline_s,
+            )
+        except UpstreamError as exc:
+            if exc.retryable:
+                self.control.engine_failed(instance, f"prefill: {exc}")
+            raise
+        finally:
+            self.control.dispatches.end(prefilling)
+        self.control.engine_answered(instance)
         metrics.STEP.labels("prefill").observe(time.perf_counter() - t)
         params = answer.get("kv_transfer_params")
         return params if isinstance(params, dict) else None
@@ -440,33 +643,56 @@ class Gateway:
         served: Served,
         first: UpstreamError,
     ) -> dict[str, Any] | None:
-        """The prefill instance failed: an offload falls back to local prefill; a local
-        prefill is retried once on another prefill instance of the origin."""
+        """The prefill instance failed: retried once on another prefill instance of its
+        cluster (an offload keeps its reservation: the link is the same); an offload whose
+        PrfaaS cluster has no other (or whose other fails too) falls back to local prefill."""
         failed = served.prefill[1]
-        if served.route == "prfaas":
-            fb = self.control.fallback_local(request, served.decision, FALLBACK_REASON)
-            metrics.ERRORS.labels("fallback_local").inc()
-            served.route, served.reason = "local", FALLBACK_REASON
-            served.prefill = (fb.prefill.cluster, fb.prefill.instance)
-            served.decode = (fb.decode.cluster, fb.decode.instance)
-            served.incremental_tokens, served.cached_tokens = (
-                fb.incremental_tokens,
-                fb.cached_tokens,
-            )
-            served.transfer, served.fallback = "failed", "prefill_failed"
-            candidates = [served.prefill[1]]
-        else:
+        cluster = served.prefill[0]
+        others = [i.name for i in self.control.instances(cluster, "prefill") if i.name != failed]
+        if others:
+            target = others[0]
             metrics.ERRORS.labels("retried").inc()
-            served.fallback = "prefill_retried"
-            others = [i.name for i in self.control.instances(served.prefill[0], "prefill")]
-            candidates = [n for n in others if n != failed][:1]
-        if not candidates:
+            served.prefill, served.fallback = (cluster, target), "prefill_retried"
+            try:
+                return await self._prefill(
+                    target,
+                    path,
+                    body,
+                    self.control.connector_of(cluster),
+                    rid,
+                    served.incremental_tokens,
+                    self._prefill_deadline_s(served),
+                )
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise ClientError(
+                        exc.status, "invalid_request", str(exc), raw=exc.body
+                    ) from None
+                metrics.ERRORS.labels("prefill_failed").inc()
+                if served.route != "prfaas":
+                    raise ClientError(
+                        502, "prefill_failed", f"prefill failed on {failed} and {target}: {exc}"
+                    ) from None
+                failed, first = f"{failed} and {target}", exc
+        if served.route != "prfaas":
             raise ClientError(502, "prefill_failed", f"prefill failed on {failed}: {first}")
-        target = candidates[0]
-        served.prefill = (served.prefill[0], target)
+        fb = self.control.fallback_local(request, served.decision, FALLBACK_REASON)
+        metrics.ERRORS.labels("fallback_local").inc()
+        served.route, served.reason = "local", FALLBACK_REASON
+        served.prefill = (fb.prefill.cluster, fb.prefill.instance)
+        served.decode = (fb.decode.cluster, fb.decode.instance)
+        served.incremental_tokens, served.cached_tokens = fb.incremental_tokens, fb.cached_tokens
+        served.transfer, served.fallback = "failed", "prefill_failed"
+        target = served.prefill[1]
         try:
             return await self._prefill(
-                target, path, body, self.control.connector_of(served.prefill[0]), rid
+                target,
+                path,
+                body,
+                self.control.connector_of(served.prefill[0]),
+                rid,
+                served.incremental_tokens,
+                self._prefill_deadline_s(served),
             )
         except UpstreamError as exc:
             if not exc.retryable:
@@ -475,6 +701,20 @@ class Gateway:
             raise ClientError(
                 502, "prefill_failed", f"prefill failed on {failed} and {target}: {exc}"
             ) from None
+
+    def _prefill_deadline_s(self, served: Served) -> float:
+        """How long a prefill may take to answer: ``first_byte_timeout_s`` plus
+        ``first_byte_factor`` times the decision's prediction for the route served (a hung
+        engine is found out in seconds, not at ``prefill_timeout_s``), within
+        ``prefill_timeout_s``."""
+        cfg = self.config
+        est = served.decision.ttft_estimate_s
+        predicted = est.prfaas if served.route == "prfaas" else est.local
+        if predicted is None or not math.isfinite(predicted) or predicted < 0:
+            return cfg.prefill_timeout_s
+        return min(
+            cfg.prefill_timeout_s, cfg.first_byte_timeout_s + cfg.first_byte_factor * predicted
+        )
 
     async def _decode_open(
         self,
@@ -488,6 +728,7 @@ class Gateway:
     ) -> StreamedResponse:
         """Open the decode step; a failed decode instance is retried once on another."""
         dbody = decode_body(body, connector, kv)
+        streamed = bool(body.get("stream"))
         tried: list[str] = []
         instance = served.decode[1]
         while True:
@@ -495,13 +736,22 @@ class Gateway:
             t = time.perf_counter()
             try:
                 resp = await self.engines.open(
-                    self.control.endpoint(instance), path, dbody, rid, self.config.decode_timeout_s
+                    self.control.endpoint(instance),
+                    path,
+                    dbody,
+                    rid,
+                    self.config.decode_timeout_s,
+                    # A streamed answer starts at once (vLLM sends its head before the first
+                    # token); one answered whole starts only when it is all generated.
+                    first_byte_s=self.config.first_byte_timeout_s if streamed else None,
+                    idle_s=self.config.stream_idle_timeout_s if streamed else None,
                 )
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise ClientError(
                         exc.status, "invalid_request", str(exc), raw=exc.body
                     ) from None
+                self.control.engine_failed(instance, f"decode: {exc}")
                 metrics.ERRORS.labels("decode_failed").inc()
                 others = [
                     i.name
@@ -518,6 +768,7 @@ class Gateway:
                 served.fallback = served.fallback or "decode_retried"
                 instance = others[0]
                 continue
+            self.control.engine_answered(instance)
             metrics.STEP.labels("decode").observe(time.perf_counter() - t)
             served.decode = (served.decode[0], instance)
             return resp
@@ -543,6 +794,7 @@ class Gateway:
             try:
                 raw = await resp.read()
             except (OSError, TimeoutError) as exc:
+                self.control.engine_failed(served.decode[1], f"decode answer: {exc!r}")
                 metrics.ERRORS.labels("decode_failed").inc()
                 if served.route == "prfaas":
                     served.transfer = "failed"
@@ -571,8 +823,9 @@ class Gateway:
                 events += chunk.count(b"data: ")
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (OSError, TimeoutError) as exc:
-            # The stream broke after it started: nothing can be retried, the client sees the
-            # stream end without [DONE].
+            # The stream broke (or stalled past stream_idle_timeout_s) after it started:
+            # nothing can be retried, the client sees the stream end without [DONE].
+            self.control.engine_failed(served.decode[1], f"decode stream: {exc!r}")
             metrics.ERRORS.labels("decode_failed").inc()
             served.status, served.error = "failed", f"decode_interrupted:{type(exc).__name__}"
             if served.route == "prfaas" and served.ttft_s is None:
@@ -648,7 +901,66 @@ class Gateway:
             "ts": time.time(),
             "request_id": request.request_id,
             "block_hashes": n_hashes,
+            "idempotency_key": served.key,
         }
+
+
+LAG_PERIOD_S = 0.02
+
+
+async def _loop_lag_watch() -> None:
+    """How late a timer due every LAG_PERIOD_S runs: the longest stretch of work that held
+    the event loop, as every request in this process felt it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LAG_PERIOD_S
+        await asyncio.sleep(LAG_PERIOD_S)
+        metrics.LOOP_LAG.observe(max(0.0, loop.time() - due))
+
+
+# Token ids checked in one go; a longer list is checked in slices (ids_check_async).
+IDS_CHECKED_AT_ONCE = 4096
+
+
+def _ids(tokens: list[Any]) -> bool:
+    return all(type(t) is int and t >= 0 for t in tokens)
+
+
+async def ids_check_async(tokens: list[Any]) -> None:
+    """Every one a token id (a non-negative integer), checked in slices with the loop free
+    between them; 400 naming the prompt otherwise."""
+    for at in range(0, len(tokens), IDS_CHECKED_AT_ONCE):
+        if not _ids(tokens[at : at + IDS_CHECKED_AT_ONCE]):
+            metrics.ERRORS.labels("bad_request").inc()
+            raise ClientError(
+                400,
+                "invalid_prompt",
+                "prompt: one string or one list of token ids (non-negative integers)",
+                param="prompt",
+            )
+        if at:
+            await asyncio.sleep(0)
+
+
+# Blocks hashed between two yields to the event loop (~1-2 ms of work): a 1M-token prompt's
+# chain took 170 ms here, which every other request waited behind when hashed in one go.
+HASH_SLICE_BLOCKS = 32
+
+
+async def _chain(tokens: list[int], block_tokens: int) -> tuple[int, ...]:
+    """The prompt's block keys, hashed in slices with the loop free between them."""
+    t = time.perf_counter()
+    if len(tokens) // block_tokens <= HASH_SLICE_BLOCKS:
+        keys = tuple(block_keys(tokens, block_tokens))
+    else:
+        out: list[int] = []
+        for digest in block_hash_chain(tokens, block_tokens):
+            out.append(block_key(digest))
+            if len(out) % HASH_SLICE_BLOCKS == 0:
+                await asyncio.sleep(0)
+        keys = tuple(out)
+    metrics.STEP.labels("hash").observe(time.perf_counter() - t)
+    return keys
 
 
 def _served_of(decided: Decided) -> Served:
@@ -672,22 +984,94 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _read_json(receive: Receive) -> dict[str, Any]:
+# glibc's M_MMAP_THRESHOLD (mallopt's parameter number).
+_M_MMAP_THRESHOLD = -3
+
+
+def _large_allocations_returned() -> None:
+    """Allocations of 1 MiB or more (request bodies, long prompts) mapped on their own and so
+    given back to the system when freed. glibc raises its mmap threshold after each such free
+    (up to 32 MiB), after which a 15 MiB body stayed in the process heap once freed: 100 of them
+    kept the gateway at 1.5 GB. A fixed threshold turns that adjustment off."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                n = int(value)
+            except ValueError:
+                n = -1
+            if n < 0:
+                raise ClientError(400, "bad_request", "content-length: not a size", close=True)
+            return n
+    return None
+
+
+async def _body_receive(
+    receive: Receive, length: int | None, held: list[int], cfg: GatewayConfig, budget: BodyBudget
+) -> bytes | bytearray:
+    """The body's bytes as they arrive: into one buffer of the declared length (one
+    allocation, given back to the system whole when freed), else chunk by chunk, each taking
+    its room in the budget first."""
+    if length is not None:
+        buf = bytearray(length)
+        at = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientError(400, "client_disconnect", "the client went away", close=True)
+            chunk = message.get("body", b"")
+            if at + len(chunk) > length:
+                raise ClientError(
+                    400, "bad_request", "the body is longer than its content-length", close=True
+                )
+            buf[at : at + len(chunk)] = chunk
+            at += len(chunk)
+            more = message.get("more_body", False)
+        if at != length:
+            raise ClientError(
+                400, "bad_request", "the body is shorter than its content-length", close=True
+            )
+        return buf
     chunks: list[bytes] = []
     size = 0
     more = True
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientError(400, "client_disconnect", "the client went away")
+            raise ClientError(400, "client_disconnect", "the client went away", close=True)
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ClientError(413, "body_too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        if size > cfg.max_body_bytes:
+            metrics.ERRORS.labels("body_too_large").inc()
+            raise ClientError(
+                413, "body_too_large", f"the body exceeds {cfg.max_body_bytes} bytes", close=True
+            )
+        if size > SMALL_BODY_BYTES and size > held[0]:
+            want = min(max(size, 2 * held[0], SMALL_BODY_BYTES + 1), cfg.max_body_bytes)
+            budget.give(held[0])
+            held[0] = 0
+            if not budget.take(want):
+                metrics.ERRORS.labels("body_buffer_full").inc()
+                raise ClientError(
+                    503,
+                    "overloaded",
+                    "the gateway holds as many request bodies as it may; retry later",
+                    close=True,
+                )
+            held[0] = want
         chunks.append(chunk)
         more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _json_object(raw: bytes | bytearray) -> dict[str, Any]:
     try:
-        data = orjson.loads(b"".join(chunks))
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         metrics.ERRORS.labels("bad_request").inc()
         raise ClientError(400, "invalid_json", f"the body is not JSON: {exc}") from None
@@ -697,7 +1081,59 @@ async def _read_json(receive: Receive) -> dict[str, Any]:
     return data
 
 
+def _openai_check(body: dict[str, Any], chat: bool) -> None:
+    """The OpenAI fields the gateway acts on, checked before anything is decided or sent: a
+    bad value is the client's 400 naming the field, never an engine's refusal after a prefill
+    (or a control plane's after a reservation)."""
+
+    def bad(param: str, message: str) -> ClientError:
+        metrics.ERRORS.labels("bad_request").inc()
+        code = {"prompt": "invalid_prompt", "messages": "invalid_messages"}.get(
+            param, "invalid_value"
+        )
+        return ClientError(400, code, f"{param}: {message}", param=param)
+
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or not 1 <= value <= MAX_OUTPUT_TOKENS:
+            raise bad(name, f"an integer from 1 to {MAX_OUTPUT_TOKENS}, not {value!r}")
+    for name in ("stream",):
+        value = body.get(name)
+        if value is not None and type(value) is not bool:
+            raise bad(name, f"true or false, not {value!r}")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad("stream_options", "an object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "a string")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad("n", "only 1 choice per request is served")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad("messages", "a non-empty list is required")
+        if not all(isinstance(m, dict) for m in messages):
+            raise bad("messages", "each message is an object")
+        return
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return
+    # (a long list of ids is checked later, in slices, once its length is known to be allowed)
+    if isinstance(prompt, list) and prompt and (len(prompt) > IDS_CHECKED_AT_ONCE or _ids(prompt)):
+        return
+    raise bad(
+        "prompt",
+        "one string or one list of token ids (batched prompts are not supported by the gateway)",
+    )
+
+
 def gateway_from_env() -> Gateway:
     """For ``uvicorn --factory`` (``workers`` > 1): the gateway of the file named by
     ``PRFAAS_GATEWAY_CONFIG``."""
-    return Gateway(config_load(os.environ[CONFIG_ENV]))
+    config = config_load(os.environ[CONFIG_ENV])
+    header_timeout_set(config.header_timeout_s)
+    return Gateway(config)

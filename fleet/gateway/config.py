@@ -13,6 +13,7 @@ plane's token comes from the environment variable named by ``control_plane.token
       url: http://127.0.0.1:8000    # required
       token_env: PRFAAS_GATEWAY_TOKEN   # a token with the ``router`` scope
       timeout_s: 0.5                # per control-plane call
+      cooldown_s: 2.0               # after a failed call, none is tried for this long
     decide: local                   # local: the core function in process; remote: POST /route
     live_refresh_s: 0.5             # poll GET /route/live this often (decide: local)
     live_max_age_s: 2.0             # older live state is not used: the policy's static rule
@@ -23,6 +24,18 @@ plane's token comes from the environment variable named by ``control_plane.token
     prefill_timeout_s: 60           # one prefill step (cache transfers included)
     decode_timeout_s: 600           # one decode step, to its last token
     connect_timeout_s: 2.0
+    first_byte_timeout_s: 10        # an engine's answer starts within this (a prefill: plus
+                                    # first_byte_factor x its predicted time)
+    first_byte_factor: 3.0
+    stream_idle_timeout_s: 60       # a streamed answer's chunks at most this far apart
+    eject_failures: 1               # consecutive failures that eject an engine
+    eject_base_s: 10                # first ejection; doubled for each one that follows it
+    eject_max_s: 300
+    header_timeout_s: 10            # a request's headers, from its connection or last answer
+    body_timeout_s: 30              # a request's whole body, from its headers
+    max_body_bytes: 16777216        # per request; beyond: 413 before reading it
+    body_buffer_bytes: 268435456    # request bodies held at once (per worker); beyond: 503
+    max_prompt_tokens: 2000000      # longer prompts are refused before their hashes
     workers: 1                      # gateway processes on the port (one event loop each)
     server: uvicorn                 # the ASGI server: uvicorn (measured cheaper) or granian
     max_inflight: 256               # requests being served at once, per worker
@@ -71,6 +84,18 @@ class GatewayConfig:
     prefill_timeout_s: float = 60.0
     decode_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 10.0
+    first_byte_factor: float = 3.0
+    stream_idle_timeout_s: float = 60.0
+    eject_failures: int = 1
+    eject_base_s: float = 10.0
+    eject_max_s: float = 300.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_body_bytes: int = 16 << 20
+    body_buffer_bytes: int = 256 << 20
+    max_prompt_tokens: int = 2_000_000
+    control_plane_cooldown_s: float = 2.0
     workers: int = 1
     server: str = "uvicorn"
     max_inflight: int = 256
@@ -98,6 +123,17 @@ _NUMBERS = {  # key: (kind, low, high)
     "prefill_timeout_s": (float, 0.01, 3600.0),
     "decode_timeout_s": (float, 0.01, 86400.0),
     "connect_timeout_s": (float, 0.01, 60.0),
+    "first_byte_timeout_s": (float, 0.01, 3600.0),
+    "first_byte_factor": (float, 1.0, 100.0),
+    "stream_idle_timeout_s": (float, 0.01, 3600.0),
+    "eject_failures": (int, 1, 1000),
+    "eject_base_s": (float, 0.1, 3600.0),
+    "eject_max_s": (float, 0.1, 86400.0),
+    "header_timeout_s": (float, 0.1, 600.0),
+    "body_timeout_s": (float, 0.1, 3600.0),
+    "max_body_bytes": (int, 1024, 1 << 30),
+    "body_buffer_bytes": (int, 1024, 1 << 36),
+    "max_prompt_tokens": (int, 1, 10_000_000),
     "workers": (int, 1, 256),
     "max_inflight": (int, 1, 1_000_000),
     "max_waiting": (int, 0, 10_000_000),
@@ -137,6 +173,7 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
         "host",
         "port",
         "control_plane_timeout_s",
+        "control_plane_cooldown_s",
     } | {"listen", "control_plane"}
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -150,7 +187,7 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
     cp = data.get("control_plane")
     if not isinstance(cp, Mapping):
         raise ConfigError("control_plane: required, a mapping with url (and token_env)")
-    extra = sorted(set(cp) - {"url", "token_env", "timeout_s"})
+    extra = sorted(set(cp) - {"url", "token_env", "timeout_s", "cooldown_s"})
     if extra:
         raise ConfigError(f"control_plane.{extra[0]}: unknown key")
     url = _string("control_plane.url", cp.get("url"), required=True)
@@ -168,6 +205,14 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
         raise ConfigError("control_plane.timeout_s: must be a number in (0, 60]")
     kwargs["control_plane_timeout_s"] = float(timeout)
+    cooldown = cp.get("cooldown_s", 2.0)
+    if (
+        isinstance(cooldown, bool)
+        or not isinstance(cooldown, int | float)
+        or not 0 <= cooldown <= 600
+    ):
+        raise ConfigError("control_plane.cooldown_s: must be a number in [0, 600]")
+    kwargs["control_plane_cooldown_s"] = float(cooldown)
     kwargs["origin"] = _string("origin", data.get("origin"), required=True)
     decide = data.get("decide", "local")
     if decide not in ("local", "remote"):
@@ -199,6 +244,10 @@ def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> Gat
     cfg = GatewayConfig(**kwargs)
     if cfg.live_max_age_s < cfg.live_refresh_s:
         raise ConfigError("live_max_age_s: must not be below live_refresh_s")
+    if cfg.body_buffer_bytes < cfg.max_body_bytes:
+        raise ConfigError("body_buffer_bytes: must not be below max_body_bytes")
+    if cfg.eject_max_s < cfg.eject_base_s:
+        raise ConfigError("eject_max_s: must not be below eject_base_s")
     return cfg
 
 

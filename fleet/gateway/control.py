@@ -32,8 +32,9 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
 from fleet.gateway import metrics
 from fleet.gateway.config import GatewayConfig
 from scheduling.core.routing import (
+    InstanceLoad,
     InstanceSpec,
     LinkReservation,
     LiveState,
@@ -62,6 +64,8 @@ OUTCOME_BATCH_BYTES = 192 * 1024
 # Plain outcomes sent whole per flush (for the control plane's recent list); the others are
 # summed into groups, so that thousands of requests a second cost the control plane little.
 OUTCOME_SAMPLE = 8
+# The codes POST /outcomes refuses an item with (anything else is counted as "other").
+REJECT_CODES = frozenset({"invalid", "unknown_cluster", "unknown_reason"})
 
 
 def _predicted(outcome: dict[str, Any]) -> float | None:
@@ -74,11 +78,14 @@ def _predicted(outcome: dict[str, Any]) -> float | None:
 
 class _Groups:
     """Plain outcomes summed by (origin, route, reason, prefill cluster, decided by, status,
-    transfer) until the next flush (``POST /outcomes`` ``groups``)."""
+    transfer) until the next flush (``POST /outcomes`` ``groups``). Each group taken gets an
+    idempotency key of its own, so a batch sent again is applied once."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_prefix: str = "") -> None:
         self.by_key: dict[tuple[str, ...], dict[str, Any]] = {}
         self.requests = 0
+        self._key_prefix = key_prefix or f"gw-{os.urandom(6).hex()}-"
+        self._taken = itertools.count()
 
     def add(self, o: dict[str, Any]) -> None:
         key = (
@@ -117,7 +124,12 @@ class _Groups:
 
     def take(self) -> list[bytes]:
         now = time.time()
-        out = [orjson.dumps({**g, "ts": now}) for g in self.by_key.values()]
+        out = [
+            orjson.dumps(
+                {**g, "ts": now, "idempotency_key": f"{self._key_prefix}g{next(self._taken)}"}
+            )
+            for g in self.by_key.values()
+        ]
         self.by_key = {}
         self.requests = 0
         return out
@@ -169,6 +181,140 @@ class ServedPrefixIndex:
             self._holders.popitem(last=False)
 
 
+class Outliers:
+    """Engines that fail or hang are ejected for a while, as Envoy's outlier detection does:
+    ``eject_failures`` failures in a row (a connection refused or reset, a 5xx, a deadline
+    passed) eject an instance for ``eject_base_s``, doubled for each ejection that follows
+    without a success between, up to ``eject_max_s``. An ejected instance is not decided onto
+    (its load says ``down``) nor retried on; when its time is up it is tried again."""
+
+    def __init__(self, failures: int, base_s: float, max_s: float) -> None:
+        self.failures = failures
+        self.base_s = base_s
+        self.max_s = max_s
+        self._in_a_row: dict[str, int] = {}
+        self._times: dict[str, int] = {}  # ejections since the last success
+        self._until: dict[str, float] = {}  # monotonic time an ejection ends
+
+    def failed(self, instance: str, may_eject: bool = True) -> float | None:
+        """Count a failure; the ejection's length when this one ejects the instance
+        (``may_eject`` False: the last of its pool is never ejected, as Envoy's
+        max_ejection_percent keeps some hosts whatever they do)."""
+        n = self._in_a_row.get(instance, 0) + 1
+        self._in_a_row[instance] = n
+        if n < self.failures or not may_eject or self.ejected(instance):
+            return None
+        times = self._times.get(instance, 0) + 1
+        self._times[instance] = times
+        self._in_a_row[instance] = 0
+        length = min(self.max_s, self.base_s * 2 ** (times - 1))
+        self._until[instance] = time.monotonic() + length
+        return length
+
+    def succeeded(self, instance: str) -> None:
+        if instance in self._in_a_row or instance in self._times:
+            self._in_a_row.pop(instance, None)
+            self._times.pop(instance, None)
+
+    def ejected(self, instance: str) -> bool:
+        until = self._until.get(instance)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._until[instance]
+        return False
+
+    def now(self) -> frozenset[str]:
+        """The instances ejected now."""
+        return frozenset(name for name in list(self._until) if self.ejected(name))
+
+
+class Dispatches:
+    """This gateway's requests on each engine now: prefills (with their uncached tokens) and
+    decodes, with when each started (unix time, as the engines' samples are stamped)."""
+
+    def __init__(self) -> None:
+        self._by: dict[str, dict[int, tuple[float, str, int]]] = {}
+        self._ids = itertools.count()
+
+    def begin(self, instance: str, role: str, tokens: int = 0) -> tuple[str, int]:
+        """A dispatch starts; :meth:`end` it with what this returns (plain calls, not a
+        context manager: two of them per request, on the hot path)."""
+        key = next(self._ids)
+        mine = self._by.get(instance)
+        if mine is None:
+            mine = self._by[instance] = {}
+        mine[key] = (time.time(), role, tokens)
+        return instance, key
+
+    def end(self, handle: tuple[str, int]) -> None:
+        mine = self._by.get(handle[0])
+        if mine is not None:
+            mine.pop(handle[1], None)
+
+    def count(self, instance: str) -> int:
+        return len(self._by.get(instance, ()))
+
+    def unseen(self, loads: Mapping[str, InstanceLoad]) -> tuple[tuple[str, int, int, int], ...]:
+        """Per instance, the dispatches its sample in ``loads`` cannot have seen yet (started
+        after it): ``(instance, prefills, their tokens, decodes)``, those with any."""
+        out = []
+        for name, mine in self._by.items():
+            if not mine:
+                continue
+            load = loads.get(name)
+            since = load.updated_at if load is not None and load.updated_at else 0.0
+            depth = tokens = running = 0
+            for started, role, n in mine.values():
+                if started <= since:
+                    continue
+                if role == "prefill":
+                    depth += 1
+                    tokens += n
+                else:
+                    running += 1
+            if depth or running:
+                out.append((name, depth, tokens, running))
+        return tuple(out)
+
+
+def _loads_over(
+    loads: Mapping[str, InstanceLoad],
+    unseen: tuple[tuple[str, int, int, int], ...],
+    ejected: frozenset[str],
+) -> dict[str, InstanceLoad]:
+    """``loads`` with the unseen dispatches added (a prefill to the queue, a decode to the
+    running requests) and the ejected instances down."""
+    out = dict(loads)
+    empty = InstanceLoad()
+    for name, depth, tokens, running in unseen:
+        x = out.get(name) or empty
+        out[name] = InstanceLoad(
+            x.queue_depth + depth,
+            x.queued_prefill_tokens + tokens,
+            x.queued_prefill_s,
+            x.running + running,
+            x.waiting,
+            x.kv_usage,
+            x.updated_at,
+            x.state,
+        )
+    for name in ejected:
+        x = out.get(name) or empty
+        out[name] = InstanceLoad(
+            x.queue_depth,
+            x.queued_prefill_tokens,
+            x.queued_prefill_s,
+            x.running,
+            x.waiting,
+            x.kv_usage,
+            x.updated_at,
+            "down",
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class Decided:
     """A decision and how it was made (``decided_by``: gateway | control_plane)."""
@@ -185,9 +331,16 @@ class ControlPlane:
             config.token,
             timeout_s=config.control_plane_timeout_s,
             retries=1,
-            cooldown_s=1.0,
+            cooldown_s=config.control_plane_cooldown_s,
         )
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
+        self.dispatches = Dispatches()
+        self.outliers = Outliers(config.eject_failures, config.eject_base_s, config.eject_max_s)
+        self._overlaid: tuple[Mapping[str, InstanceLoad], Any, LiveState] | None = None
+        # What the control plane refuses this gateway (401/403: its token), by call, for
+        # /health; cleared when that call succeeds again.
+        self.refusals: dict[str, str] = {}
+        self._reports: set[asyncio.Task[None]] = set()
         self._outcomes: collections.deque[bytes] = collections.deque()
         self._groups = _Groups()
         self._pending_groups: list[bytes] = []
@@ -205,8 +358,10 @@ class ControlPlane:
                 await asyncio.to_thread(self.client.refresh_policy)
                 break
             except (RouterUnavailableError, RouterApiError) as exc:
+                self._refused("policy snapshot", exc)
                 log.warning("waiting for the control plane's policy snapshot: %s", exc)
                 await asyncio.sleep(1.0)
+        self._refused("policy snapshot", None)
         self._tasks = [
             asyncio.create_task(self._every(self.config.policy_refresh_s, self._refresh_policy)),
             asyncio.create_task(self._outcomes_loop()),
@@ -236,8 +391,18 @@ class ControlPlane:
         try:
             await asyncio.to_thread(fetch)
         except (RouterUnavailableError, RouterApiError) as exc:
+            self._refused(what, exc)
             metrics.ERRORS.labels("control_plane_unreachable").inc()
             log.warning("%s refresh failed: %s", what, exc)
+        else:
+            self._refused(what, None)
+
+    def _refused(self, what: str, exc: BaseException | None) -> None:
+        """Keep /health's account of what the control plane refuses this gateway."""
+        if isinstance(exc, RouterApiError) and exc.status in (401, 403):
+            self.refusals[what] = str(exc)
+        elif exc is None:
+            self.refusals.pop(what, None)
 
     async def _refresh_policy(self) -> None:
         await self._refresh("policy snapshot", self.client.refresh_policy)
@@ -267,8 +432,15 @@ class ControlPlane:
                     request_id=request.request_id,
                     expected_output_tokens=request.expected_output_tokens,
                 )
-            except RouterUnavailableError:
-                raise
+            except RouterApiError as exc:
+                # Refused (the token, or input the gateway let through): served all the same,
+                # decided here and kept local (nothing was reserved).
+                self._refused("route", exc)
+                metrics.ERRORS.labels("control_plane_refused").inc()
+                log.warning("POST /route refused, deciding locally: %s", exc)
+                d = self.client.decide_locally(request, None)
+                return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+            self._refused("route", None)
             rv = d.reservation
             if rv is not None and rv.bytes > 0 and not rv.id:
                 # Answered by the client itself (control plane away): nothing is reserved (a
@@ -287,17 +459,22 @@ class ControlPlane:
             request_id=request.request_id,
             expected_output_tokens=request.expected_output_tokens,
         )
-        live = self.client.live_state(self.config.live_max_age_s)
-        d = self.client.decide_locally(request, live)
+        d = self.client.decide_locally(request, self.live_state())
         rv = d.reservation
         if rv is None or rv.bytes <= 0:
             return Decided(d, "gateway")
         try:
+            if not self.client.server_usable():
+                # Within the cooldown after a failed call: nothing is tried (and no thread is
+                # waited for), so a dead control plane costs one timeout, then none.
+                raise RouterUnavailableError("the control plane is away (cooldown)")
             taken = await asyncio.to_thread(self.client.link_reserve, rv, self._hold_s(d))
         except (RouterUnavailableError, RouterApiError) as exc:
+            self._refused("reservations", exc)
             metrics.ERRORS.labels("reservation_unavailable").inc()
-            log.warning("no reservation possible, keeping the request local: %s", exc)
+            log.debug("no reservation possible, keeping the request local: %s", exc)
             return Decided(self._without_offload(request, d, Reason.TELEMETRY_STALE), "gateway")
+        self._refused("reservations", None)
         if taken is None:
             metrics.ERRORS.labels("reservation_refused").inc()
             return Decided(self._without_offload(request, d, Reason.LINK_CONGESTED), "gateway")
@@ -314,15 +491,37 @@ class ControlPlane:
         """The local decision for a request whose offload failed on the way (prefill
         instance down): same origin, no transfer, ``reason`` as given."""
         snap = self.snapshot
-        live = self.client.live_state(self.config.live_max_age_s)
         return route_fallback_local(
-            request,
-            snap.policy,
-            snap.topology,
-            live if live is not None else _stale(),
-            reason=reason,
-            original=d,
+            request, snap.policy, snap.topology, self.live_state(), reason=reason, original=d
         )
+
+    def live_state(self) -> LiveState:
+        """The live state decisions use: the control plane's (stale past ``live_max_age_s``),
+        with this gateway's own knowledge over it: its dispatches since each instance's last
+        sample (the engines' next samples will show them; until then every request would
+        see the same idle instance and go there), and the engines it has ejected."""
+        base = self.client.live_state(self.config.live_max_age_s) or _stale()
+        unseen = self.dispatches.unseen(base.instances)
+        ejected = self.outliers.now()
+        if not unseen and not ejected:
+            return base
+        # The same view as the last decision's while nothing in it changed: a new LiveState
+        # loses what decisions memoise on it (each pool's least loaded entry), which cost as
+        # much again as the decision itself.
+        key = (unseen, ejected)
+        cached = self._overlaid
+        if cached is not None and cached[0] is base.instances and cached[1] == key:
+            return cached[2]
+        live = LiveState(
+            now=base.now,
+            instances=_loads_over(base.instances, unseen, ejected),
+            links=base.links,
+            control=base.control,
+            stale=base.stale,
+            telemetry_at=base.telemetry_at,
+        )
+        self._overlaid = (base.instances, key, live)
+        return live
 
     def _hold_s(self, d: RouteDecision) -> float:
         """How long the reservation may live without an outcome: the predicted end of its
@@ -332,10 +531,44 @@ class ControlPlane:
         return min(600.0, head + HOLD_MARGIN_S)
 
     def instances(self, cluster: str, role: str) -> tuple[InstanceSpec, ...]:
-        """Active instances of ``cluster`` in ``role`` (for retries elsewhere)."""
+        """Active instances of ``cluster`` in ``role`` that this gateway has not ejected (for
+        retries elsewhere)."""
         topo = self.snapshot.topology
         pool = topo.prefill_by_cluster if role == "prefill" else topo.decode_by_cluster
-        return tuple(i for i in pool.get(cluster, ()) if i.state == "active")
+        return tuple(
+            i
+            for i in pool.get(cluster, ())
+            if i.state == "active" and not self.outliers.ejected(i.name)
+        )
+
+    def engine_failed(self, instance: str, why: str) -> None:
+        """An engine call failed (``why``: what happened): counted, and past
+        ``eject_failures`` in a row the instance is ejected and the control plane told, so
+        that its decisions (and other gateways', through the live state) avoid it too."""
+        spec = self.snapshot.topology.instance_by_name.get(instance)
+        others = (
+            [i for i in self.instances(spec.cluster, spec.role) if i.name != instance]
+            if spec is not None
+            else []
+        )
+        length = self.outliers.failed(instance, may_eject=bool(others))
+        if length is None:
+            return
+        metrics.EJECTIONS.labels(instance).inc()
+        log.warning("engine %s ejected for %.0f s: %s", instance, length, why)
+        if self.client.server_usable():
+            task = asyncio.create_task(self._ejection_report(instance, length, why))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    def engine_answered(self, instance: str) -> None:
+        self.outliers.succeeded(instance)
+
+    async def _ejection_report(self, instance: str, length: float, why: str) -> None:
+        try:
+            await asyncio.to_thread(self.client.instance_eject, instance, length, why)
+        except (RouterUnavailableError, RouterApiError) as exc:
+            log.warning("ejection of %s not reported: %s", instance, exc)
 
     def connector_of(self, cluster: str) -> str:
         spec = self.snapshot.topology.cluster_by_name.get(cluster)
@@ -391,11 +624,25 @@ class ControlPlane:
 
     async def _report(self, outcomes: list[bytes], groups: list[bytes]) -> None:
         try:
-            await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
+            answer = await asyncio.to_thread(self.client.outcomes_report, outcomes, groups)
         except RouterApiError as exc:
-            # Refused as malformed: a bug here, not a reason to block the queue behind it.
+            # The whole body refused (its shape, or the token): not a reason to block the
+            # queue behind it.
+            self._refused("outcomes", exc)
             metrics.OUTCOMES_DROPPED.inc(len(outcomes) + len(groups))
             log.error("outcomes refused by the control plane (%s); dropped", exc)
+            return
+        self._refused("outcomes", None)
+        rejected = answer.get("rejected") or []
+        for item in rejected:
+            code = str(item.get("code")) if isinstance(item, dict) else ""
+            metrics.OUTCOMES_REJECTED.labels(code if code in REJECT_CODES else "other").inc()
+        if rejected:
+            log.warning(
+                "%d outcome(s) refused by the control plane, e.g. %s",
+                len(rejected),
+                rejected[0].get("detail") if isinstance(rejected[0], dict) else rejected[0],
+            )
 
     async def _outcomes_loop(self) -> None:
         while True:

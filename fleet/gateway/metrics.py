@@ -52,14 +52,33 @@ DURATION = Histogram(
 )
 STEP = Histogram(
     "prfaas_gateway_step_seconds",
-    "Upstream steps: prefill (whole answer), decode (to its headers), cache_transfer",
+    "Steps: prefill (whole answer), decode (to its headers), cache_transfer (upstream); "
+    "hash (the prompt's block hashes, in the gateway)",
     ["step"],
     buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+LOOP_LAG = Histogram(
+    "prfaas_gateway_event_loop_lag_seconds",
+    "How late the event loop ran a timer due every 20 ms (work that held the loop: every "
+    "request in the process waited as long)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
+    registry=REGISTRY,
+)
+EJECTIONS = Counter(
+    "prfaas_gateway_ejections",
+    "Engines ejected after failing or hanging (outlier detection), by instance",
+    ["instance"],
     registry=REGISTRY,
 )
 INFLIGHT = Gauge("prfaas_gateway_inflight_requests", "Requests being served now", registry=REGISTRY)
 WAITING = Gauge(
     "prfaas_gateway_waiting_requests", "Requests queued for a serving slot", registry=REGISTRY
+)
+DEGRADED = Gauge(
+    "prfaas_gateway_degraded",
+    "1 while the control plane refuses this gateway's token (/health says degraded)",
+    registry=REGISTRY,
 )
 LIVE_AGE = Gauge(
     "prfaas_gateway_live_state_age_seconds",
@@ -69,6 +88,13 @@ LIVE_AGE = Gauge(
 OUTCOMES_PENDING = Gauge(
     "prfaas_gateway_outcomes_pending",
     "Outcomes not yet sent to the control plane",
+    registry=REGISTRY,
+)
+OUTCOMES_REJECTED = Counter(
+    "prfaas_gateway_outcomes_rejected",
+    "Outcomes the control plane refused one by one, by its code (their reservations are "
+    "released all the same)",
+    ["code"],
     registry=REGISTRY,
 )
 OUTCOMES_DROPPED = Counter(

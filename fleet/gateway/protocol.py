@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from fleet.gateway.upstream import Response, Upstream
+from fleet.gateway.upstream import Response, TooLarge, Upstream
 
 NIXL = "nixl"
 SHARED_STORAGE = "shared_storage"
@@ -87,20 +87,41 @@ class UpstreamError(Exception):
         self.body = body
 
 
+class AnswerTooLarge(UpstreamError):
+    """An answer longer than the caller takes (not read past that)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False, status=400)
+
+
 class StreamedResponse:
     """A decode answer being read: status, content type, the body whole or in chunks, all
-    within the step's deadline (a time-out raises TimeoutError)."""
+    within the step's deadline, and chunks at most ``idle_s`` apart (a hung stream); a
+    time-out raises TimeoutError."""
 
-    def __init__(self, response: Response, deadline: float) -> None:
+    def __init__(self, response: Response, deadline: float, idle_s: float | None = None) -> None:
         self.response = response
         self.status = response.status
         self.content_type = response.content_type
         self._deadline = deadline
+        self._idle_s = idle_s
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async with asyncio.timeout_at(self._deadline):
-            async for chunk in self.response.chunks():
-                yield chunk
+        if self._idle_s is None:
+            async with asyncio.timeout_at(self._deadline):
+                async for chunk in self.response.chunks():
+                    yield chunk
+            return
+        loop = asyncio.get_running_loop()
+        source = aiter(self.response.chunks())
+        while True:
+            # (one timer per chunk: streams are paced by tokens, tens of ms apart at least)
+            async with asyncio.timeout_at(min(self._deadline, loop.time() + self._idle_s)):
+                try:
+                    chunk = await anext(source)
+                except StopAsyncIteration:
+                    return
+            yield chunk
 
     async def read(self) -> bytes:
         async with asyncio.timeout_at(self._deadline):
@@ -128,9 +149,17 @@ class Engines:
         self._upstream.close()
 
     async def call_json(
-        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+        self,
+        url: str,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        timeout_s: float,
+        *,
+        max_bytes: int | None = None,
     ) -> dict[str, Any]:
-        """POST ``body``, read the whole JSON answer (the prefill step, /tokenize)."""
+        """POST ``body``, read the whole JSON answer (the prefill step, /tokenize); an answer
+        longer than ``max_bytes`` raises AnswerTooLarge without being read further."""
         where = url + path
         try:
             async with asyncio.timeout(timeout_s):
@@ -138,9 +167,11 @@ class Engines:
                     url, path, orjson.dumps(body), _id_header(request_id)
                 )
                 try:
-                    raw = await resp.read()
+                    raw = await resp.read(max_bytes)
                 finally:
                     resp.close()  # a no-op once read whole; else frees its engine slot
+        except TooLarge:
+            raise AnswerTooLarge(f"{where}: answer longer than {max_bytes} bytes") from None
         except _ERRORS as exc:
             raise UpstreamError(f"{where}: {type(exc).__name__} {exc}", retryable=True) from None
         if resp.status >= 400:
@@ -159,15 +190,26 @@ class Engines:
         return data
 
     async def open(
-        self, url: str, path: str, body: Mapping[str, Any], request_id: str, timeout_s: float
+        self,
+        url: str,
+        path: str,
+        body: Mapping[str, Any],
+        request_id: str,
+        timeout_s: float,
+        *,
+        first_byte_s: float | None = None,
+        idle_s: float | None = None,
     ) -> StreamedResponse:
-        """POST ``body`` and return as soon as the headers are in (the decode step), the
-        rest to be read within ``timeout_s`` of now. A 4xx or 5xx is read whole and raised
-        as UpstreamError."""
+        """POST ``body`` and return as soon as the headers are in (the decode step), within
+        ``first_byte_s`` when given; the rest to be read within ``timeout_s`` of now, its
+        chunks at most ``idle_s`` apart. A 4xx or 5xx is read whole and raised as
+        UpstreamError."""
         where = url + path
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        now = asyncio.get_running_loop().time()
+        deadline = now + timeout_s
+        head_by = deadline if first_byte_s is None else min(deadline, now + first_byte_s)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(head_by):
                 resp = await self._upstream.request(
                     url, path, orjson.dumps(body), _id_header(request_id)
                 )
@@ -187,7 +229,7 @@ class Engines:
                 status=resp.status,
                 body=raw,
             )
-        return StreamedResponse(resp, deadline)
+        return StreamedResponse(resp, deadline, idle_s)
 
 
 def _id_header(request_id: str) -> bytes:

@@ -40,6 +40,10 @@ class UpstreamProtocolError(OSError):
     """The peer did not answer in HTTP/1.1 (or closed in the middle of an answer)."""
 
 
+class TooLarge(Exception):
+    """An answer longer than the reader takes (the connection is closed, not read further)."""
+
+
 # Below the 5 s after which uvicorn (vLLM's and SGLang's server) closes an idle connection.
 IDLE_EXPIRY_S = 4.0
 
@@ -160,8 +164,23 @@ class Response:
             conn.more.clear()
             await conn.more.wait()
 
-    async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.chunks()]
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole body; past ``max_bytes`` (declared or received), TooLarge."""
+        if max_bytes is None:
+            parts = [chunk async for chunk in self.chunks()]
+            return b"".join(parts)
+        declared = self._conn.headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            self.close()
+            raise TooLarge(int(declared))
+        parts = []
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > max_bytes:
+                self.close()
+                raise TooLarge(size)
+            parts.append(chunk)
         return b"".join(parts)
 
     def _finish(self) -> None:

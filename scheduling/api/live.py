@@ -123,6 +123,9 @@ class IndexStateOut(Schema):
     last_gap_at: float | None
     blocks: int
     checkpoints: int
+    updated_at: float | None = Field(
+        None, description="unix time a batch was last applied for the instance"
+    )
 
 
 ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 422: ErrorOut}

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
-from pydantic import ConfigDict, StringConstraints
+from pydantic import ConfigDict, StringConstraints, ValidationError
 
 from controlplane.auth import require_scope
 from controlplane.errors import ErrorOut, Invalid
@@ -24,6 +24,7 @@ READ = require_scope("read", asynchronous=True)
 Name = Annotated[str, StringConstraints(min_length=1, max_length=150)]
 Seconds = Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)]
 Tokens = Annotated[int, Field(ge=0, le=10_000_000)]
+IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 MAX_OUTCOMES = 1000
 
 
@@ -109,6 +110,9 @@ class OutcomeIn(StrictBody):
     ts: float = Field(ge=0, allow_inf_nan=False, description="unix seconds, request end")
     request_id: Annotated[str, StringConstraints(max_length=128)] | None = None
     block_hashes: int = Field(0, ge=0, le=100_000)
+    idempotency_key: IdempotencyKey | None = Field(
+        None, description="request id and attempt: an outcome sent again is applied once"
+    )
 
     def to_outcome(self, index: int) -> outcomes.Outcome:
         try:
@@ -137,6 +141,7 @@ class OutcomeIn(StrictBody):
             ts=self.ts,
             request_id=self.request_id,
             block_hashes=self.block_hashes,
+            idempotency_key=self.idempotency_key,
         )
 
 
@@ -156,6 +161,9 @@ class ServedGroupIn(StrictBody):
     output_tokens: int = Field(ge=0, le=1 << 50)
     observed_ttft_s: list[Seconds] = Field(default_factory=list, max_length=100_000)
     predicted_ttft_s: list[Seconds] = Field(default_factory=list, max_length=100_000)
+    idempotency_key: IdempotencyKey | None = Field(
+        None, description="a group sent again is applied once"
+    )
 
     def to_group(self, index: int) -> outcomes.ServedGroup:
         if len(self.observed_ttft_s) != len(self.predicted_ttft_s):
@@ -166,35 +174,118 @@ class ServedGroupIn(StrictBody):
 
 
 class OutcomesIn(StrictBody):
-    outcomes: list[OutcomeIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
-    groups: list[ServedGroupIn] = Field(default_factory=list, max_length=MAX_OUTCOMES)
+    """Items are checked one by one (a bad one is refused alone, see ``RejectedOut``)."""
+
+    outcomes: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_OUTCOMES)
+    groups: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_OUTCOMES)
+
+
+class RejectedOut(Schema):
+    kind: Literal["outcome", "group"]
+    index: int = Field(description="the item's place in its list")
+    code: str = Field(description="invalid | unknown_cluster | unknown_reason")
+    detail: str
 
 
 class OutcomesOut(Schema):
-    accepted: int
+    accepted: int = Field(description="requests applied (a group counts as its requests)")
     released: int = Field(description="link reservations released by these outcomes")
     released_bytes: int
+    duplicates: int = Field(description="items whose idempotency key was applied before")
+    rejected: list[RejectedOut] = Field(description="items refused one by one")
+
+
+def _problem(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "<item>"
+    return f"{where}: {first['msg']}"
+
+
+def _release_of(raw: Any) -> outcomes.Release | None:
+    """The reservation a refused outcome names, read leniently: it is given back even though
+    the outcome itself cannot be recorded."""
+    decision = raw.get("decision") if isinstance(raw, dict) else None
+    rv = decision.get("reservation") if isinstance(decision, dict) else None
+    if not isinstance(rv, dict):
+        return None
+    source, target, rid = rv.get("source"), rv.get("target"), rv.get("id")
+    if not (isinstance(source, str) and isinstance(target, str) and isinstance(rid, str)):
+        return None
+    if not all(0 < len(x) <= 200 for x in (source, target, rid)):
+        return None
+    return outcomes.Release(source, target, rid)
+
+
+def _batch_parse(payload: OutcomesIn) -> outcomes.OutcomesBatch:
+    parsed: list[tuple[int, outcomes.Outcome]] = []
+    groups: list[tuple[int, outcomes.ServedGroup]] = []
+    rejected: list[outcomes.Rejected] = []
+    releases: list[outcomes.Release] = []
+    for i, raw in enumerate(payload.outcomes):
+        try:
+            parsed.append((i, OutcomeIn.model_validate(raw).to_outcome(i)))
+        except (ValidationError, Invalid) as exc:
+            detail = _problem(exc) if isinstance(exc, ValidationError) else exc.detail
+            rejected.append(outcomes.Rejected("outcome", i, "invalid", detail))
+            release = _release_of(raw)
+            if release is not None:
+                releases.append(release)
+    for i, raw in enumerate(payload.groups):
+        try:
+            groups.append((i, ServedGroupIn.model_validate(raw).to_group(i)))
+        except (ValidationError, Invalid) as exc:
+            detail = _problem(exc) if isinstance(exc, ValidationError) else exc.detail
+            rejected.append(outcomes.Rejected("group", i, "invalid", detail))
+    return outcomes.OutcomesBatch(parsed, groups, rejected, releases)
 
 
 @router.post("/outcomes", auth=ROUTER, response={200: OutcomesOut, **ERRORS})
 async def outcomes_post(request: HttpRequest, payload: OutcomesIn) -> HttpResponse:
     """Report what was served: up to 1,000 outcomes one by one (those holding a reservation,
     failed, or sampled for the recent list) and up to 1,000 groups of plain ones summed.
-    Releases link reservations, counts gateway-decided traffic for the rebalancer, tracks
-    predicted vs observed TTFT."""
+    Each item is checked on its own: the good ones are applied (once per idempotency key),
+    the others refused in ``rejected``; every reservation named is released. Counts
+    gateway-decided traffic for the rebalancer, tracks predicted vs observed TTFT."""
     if not payload.outcomes and not payload.groups:
         raise Invalid("outcomes or groups: nothing to record", code="empty")
-    result = await outcomes.outcomes_record_async(
-        [o.to_outcome(i) for i, o in enumerate(payload.outcomes)],
-        [g.to_group(i) for i, g in enumerate(payload.groups)],
-    )
+    result = await outcomes.outcomes_record_async(_batch_parse(payload))
     return _json(
         {
             "accepted": result.accepted,
             "released": result.released,
             "released_bytes": result.released_bytes,
+            "duplicates": result.duplicates,
+            "rejected": [
+                {"kind": r.kind, "index": r.index, "code": r.code, "detail": r.detail}
+                for r in result.rejected
+            ],
         }
     )
+
+
+class EjectionIn(StrictBody):
+    instance: Name
+    for_s: float = Field(gt=0, le=outcomes.MAX_HOLD_S, allow_inf_nan=False)
+    reason: Annotated[str, StringConstraints(max_length=200)] = ""
+
+
+class EjectionsIn(StrictBody):
+    ejections: list[EjectionIn] = Field(min_length=1, max_length=100)
+
+
+class EjectionsOut(Schema):
+    recorded: int
+
+
+@router.post("/ejections", auth=ROUTER, response={200: EjectionsOut, **ERRORS})
+async def instance_ejections(request: HttpRequest, payload: EjectionsIn) -> HttpResponse:
+    """A router ejected engines that failed or hung there (its outlier detection): every
+    decision, the route API's and the live state's readers', takes them as ``down`` until
+    ``for_s`` has passed."""
+    recorded = await outcomes.instance_ejections_record_async(
+        [outcomes.Ejection(e.instance, e.for_s, e.reason) for e in payload.ejections]
+    )
+    return _json({"recorded": recorded})
 
 
 @router.get(

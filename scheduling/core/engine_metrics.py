@@ -46,6 +46,9 @@ class EngineLoad:
     queued_prefill_tokens: int
     transfer_bytes_total: float | None  # KV connector bytes moved, since engine start
     failed_transfers_total: float | None
+    # The serving process's start (unix seconds, ``process_start_time_seconds``): a new value
+    # is a new engine process (None: the page does not say).
+    process_start_s: float | None = None
 
 
 def engine_load(text: str, source: str = "engine") -> EngineLoad:
@@ -87,4 +90,5 @@ def engine_load(text: str, source: str = "engine") -> EngineLoad:
         queued_prefill_tokens=round(waiting * mean_prompt),
         transfer_bytes_total=total(TRANSFER_BYTES),
         failed_transfers_total=total(FAILED_TRANSFERS[:1]) or total(FAILED_TRANSFERS[1:]),
+        process_start_s=values.get("process_start_time_seconds"),
     )

@@ -78,6 +78,7 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("GET", "/api/v1/route/live"): "router",
     ("POST", "/api/v1/reservations"): "router",
     ("POST", "/api/v1/outcomes"): "router",
+    ("POST", "/api/v1/ejections"): "router",
     ("GET", "/api/v1/outcomes/recent"): "read",
     # live state: agents post, the index health is readable
     ("POST", "/api/v1/telemetry"): "agent",

@@ -44,6 +44,7 @@ def test_a_good_file_loads_with_defaults(tmp_path: Path) -> None:
     assert config.engines[0].kv_events is not None
     assert config.engines[0].kv_events.replay_endpoint == "tcp://127.0.0.1:5558"
     assert config.links[0].engines == ("pd-a-p0",)
+    assert config.engines[0].kv_events.max_seq_jump == 100_000
 
 
 @pytest.mark.parametrize(
@@ -74,6 +75,17 @@ def test_a_good_file_loads_with_defaults(tmp_path: Path) -> None:
             "links[0].engines: not among the engines: x",
         ),
         ([1, 2], "config: expected a mapping"),
+        (
+            with_(
+                engines=[
+                    {
+                        "instance": "a",
+                        "kv_events": {"endpoint": "tcp://127.0.0.1:5557", "max_seq_jump": 0},
+                    }
+                ]
+            ),
+            "engines[0].kv_events.max_seq_jump: must be in (0,",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(raw: Any, message: str) -> None:

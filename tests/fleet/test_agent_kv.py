@@ -201,7 +201,7 @@ def test_the_zmq_feed_fills_a_gap_through_the_replay_socket(
     pub_port, replay_port = free_port(), free_port()
     publisher = VllmPublisher(context, pub_port, replay_port)
     metrics = AgentMetrics()
-    forwarded: list[tuple[int, int]] = []
+    forwarded: list[tuple[int | None, int]] = []
     stream = KvStream(
         INSTANCE,
         lambda i, seq, p, blocks: forwarded.append((seq, blocks)),
@@ -227,3 +227,60 @@ def test_the_zmq_feed_fills_a_gap_through_the_replay_socket(
         feed.stop()
         publisher.close()
         context.term()
+
+
+def stored(block: int) -> bytes:
+    return wire.batch_encode([wire.BlockStored([block], None, [], 32, None, "GPU", None)], 1.0)
+
+
+def wait_for(check: Any, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_frame_with_an_absurd_sequence_jump_does_not_stop_the_stream(plane: str) -> None:
+    # Issue 30, finding 4: one frame with seq 2^40 became the stream's high-water mark and every
+    # later frame was dropped as "already replayed", while the index stayed `exact`.
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub_port, replay_port = free_port(), free_port()
+    publisher = VllmPublisher(context, pub_port, replay_port)
+    metrics = AgentMetrics()
+    uplink = Uplink(plane, api_token("agent", instances=(INSTANCE,))[1], metrics)
+    stream = KvStream(INSTANCE, uplink.kv_batch_put, metrics, topic="kv-events")
+    feed = ZmqKvFeed(
+        context, stream, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    )
+    feed.start()
+    try:
+        time.sleep(0.5)  # the subscription reaches the publisher
+        for seq in range(3):
+            publisher.publish(seq, stored(seq + 1))
+        publisher.pub.send_multipart([b"kv-events", (1 << 40).to_bytes(8, "big"), stored(999)])
+        publisher.publish(3, stored(4))
+        publisher.pub.send_multipart([b"kv-events", (1 << 41).to_bytes(8, "big"), b"\xc1junk"])
+        publisher.pub.send_multipart([b"kv-events", (1 << 60).to_bytes(8, "big"), stored(998)])
+        for seq in range(4, 6):
+            publisher.publish(seq, stored(seq + 1))
+        wait_for(lambda: stream.state.last_seq == 5)
+        assert uplink.flush()
+        state = prefix_index.prefix_index_states([INSTANCE])[0]
+        assert (state.state, state.last_seq, state.gaps) == ("exact", 5, 0)
+        assert held(1, 2, 3, 4, 5, 6) == 6 and held(999) == 0 and held(998) == 0
+        assert value(metrics.kv_seq_rejected, instance=INSTANCE) == 2
+        assert value(metrics.kv_malformed, instance=INSTANCE) == 1  # beyond 2^53
+
+        # A stream that really moved that far (the next frame follows it) is taken, as a gap.
+        publisher.publish(500_000, stored(50))
+        publisher.publish(500_001, stored(51))
+        wait_for(lambda: stream.state.last_seq == 500_001)
+        assert uplink.flush()
+        state = prefix_index.prefix_index_states([INSTANCE])[0]
+        assert (state.state, state.last_seq) == ("degraded", 500_001)
+        assert held(50, 51) == 2
+    finally:
+        feed.stop()
+        publisher.close()
+        context.term()
+        uplink.close()

@@ -189,7 +189,7 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
 def test_emulated_engines_publish_vllm_frames_into_the_agents_stream() -> None:
     """The emulator's engines go through the agent's KvStream (the real engines' path): seq
     from 0, vLLM payloads, and a replay buffer that fills what the stream did not see."""
-    forwarded: list[tuple[int, bytes]] = []
+    forwarded: list[tuple[int | None, bytes]] = []
     stream = KvStream("pd-a-p0", lambda i, seq, p, n: forwarded.append((seq, p)), AgentMetrics())
     engine = EmulatedEngineEvents(stream)
     engine.publish(kv_batch_events([(True, 1), (True, 2)], 512), 1.0)

@@ -13,8 +13,9 @@ import pytest
 from django.test import AsyncClient
 
 from clusters.live import telemetry
+from clusters.models import Link
 from scheduling.core import routing
-from scheduling.snapshot import link_key
+from scheduling.snapshot import link_key, snapshot_reset
 from scheduling.traffic import traffic_window_read
 from tests.factories import api_token, bearer
 from tests.support.fleets import pd_prfaas_fleet
@@ -121,7 +122,13 @@ async def test_an_outcome_releases_its_reservation_and_is_shown_with_its_ttft(
         tokens["router"],
     )
     assert sent.status_code == 200, sent.content
-    assert sent.json() == {"accepted": 1, "released": 1, "released_bytes": 4096}
+    assert sent.json() == {
+        "accepted": 1,
+        "released": 1,
+        "released_bytes": 4096,
+        "duplicates": 0,
+        "rejected": [],
+    }
     assert telemetry.link_reserved_bytes(link_key(PRFAAS, PD)) == 0
     # Reported twice (a retry), it frees nothing more.
     again = await post(
@@ -158,20 +165,129 @@ async def test_gateway_decisions_feed_the_traffic_store_and_the_recent_decisions
     assert {r["decision"]["request_id"] for r in recent} == {"t-0", "t-1", "t-2"}
 
 
-async def test_a_malformed_outcome_is_refused_whole(
+async def reserve(client: AsyncClient, tokens: dict[str, dict[str, str]], n: int) -> dict:
+    body = {"source": PRFAAS, "target": PD, "bytes": n, "hold_s": 300}
+    taken = (await post(client, "/reservations", body, tokens["router"])).json()
+    assert taken["admitted"], taken
+    return {"source": PRFAAS, "target": PD, "bytes": n, "id": taken["id"]}
+
+
+async def test_one_bad_outcome_is_refused_alone_and_its_reservation_is_still_released(
     client: AsyncClient, tokens: dict[str, dict[str, str]]
 ) -> None:
-    good = outcome("m-1")
-    bad = {**outcome("m-2"), "decision": {"route": "local"}}
-    got = await post(client, "/outcomes", {"outcomes": [good, bad]}, tokens["router"])
-    assert got.status_code == 422 and "not a decision" in got.json()["detail"]
+    # Issue 30, finding 1: a 15M-token prompt's outcome failed validation and the whole batch
+    # was refused; the three offloads beside it kept their reservations until they expired.
+    good = [outcome(f"b-{i}", reservation=await reserve(client, tokens, 1000)) for i in range(3)]
+    huge = outcome("b-huge", reservation=await reserve(client, tokens, 5000))
+    huge["prompt_tokens"] = 15_000_000
+    broken = {**outcome("b-broken"), "decision": {"route": "local"}}
+    groups = [group(2), group(2, predicted_ttft_s=[0.1])]
+    body = {"outcomes": [good[0], huge, good[1], broken, good[2]], "groups": groups}
+    got = await post(client, "/outcomes", body, tokens["router"])
+    assert got.status_code == 200, got.content
+    answer = got.json()
+    assert answer["accepted"] == 3 + 2
+    assert answer["released"] == 4 and answer["released_bytes"] == 3 * 1000 + 5000
+    assert [(r["kind"], r["index"], r["code"]) for r in answer["rejected"]] == [
+        ("group", 1, "invalid"),
+        ("outcome", 1, "invalid"),
+        ("outcome", 3, "invalid"),
+    ]
+    assert "prompt_tokens" in answer["rejected"][1]["detail"]
+    assert "pair up" in answer["rejected"][0]["detail"]
+    assert telemetry.link_reserved_bytes(link_key(PRFAAS, PD)) == 0
+    recent = (await client.get("/api/v1/outcomes/recent", headers=tokens["read"])).json()
+    assert sorted(r["request_id"] for r in recent) == ["b-0", "b-1", "b-2"]
+    metrics = (await client.get("/metrics")).content.decode()
+    assert 'prfaas_outcomes_rejected_total{code="invalid"} 3.0' in metrics
+
+
+async def test_an_outcome_on_a_link_taken_down_releases_its_reservation(
+    client: AsyncClient, tokens: dict[str, dict[str, str]]
+) -> None:
+    # Finding 1: a link set to 0 Gbps with offloads in flight (422 unknown_link for the batch).
+    reservation = await reserve(client, tokens, 7000)
+    link = await Link.objects.aget(source__name=PRFAAS, target__name=PD)
+    link.gbps = 0
+    await link.asave()
+    snapshot_reset()
+    got = await post(
+        client, "/outcomes", {"outcomes": [outcome("down-1", reservation=reservation)]},
+        tokens["router"],
+    )  # fmt: skip
+    assert got.status_code == 200, got.content
+    assert got.json()["accepted"] == 1 and got.json()["released_bytes"] == 7000
+    assert telemetry.link_reserved_bytes(link_key(PRFAAS, PD)) == 0
+
+
+async def test_an_outcome_sent_three_times_with_its_key_is_applied_once(
+    client: AsyncClient, tokens: dict[str, dict[str, str]]
+) -> None:
+    # Finding 2: a stalled control plane received a gateway's retries and applied each copy.
+    items = [{**outcome(f"k-{i}"), "idempotency_key": f"k-{i}/gw-1-{i}"} for i in range(10)]
+    keyed_group = {**group(3), "idempotency_key": "group-1"}
+    answers = await asyncio.gather(
+        *(
+            post(
+                client, "/outcomes", {"outcomes": items, "groups": [keyed_group]}, tokens["router"]
+            )
+            for _ in range(3)
+        )
+    )
+    assert [a.status_code for a in answers] == [200] * 3
+    assert sorted(a.json()["accepted"] for a in answers) == [0, 0, 13]
+    assert sum(a.json()["duplicates"] for a in answers) == 2 * 11
+    recent = (await client.get("/api/v1/outcomes/recent", headers=tokens["read"])).json()
+    assert sorted(r["request_id"] for r in recent) == sorted(f"k-{i}" for i in range(10))
     now = time.time()
     window = await asyncio.to_thread(traffic_window_read, PD, now - 120, now + 60)
-    assert window.arrivals == 0
-    negative = {**outcome("m-3"), "observed_ttft_s": -1}
-    assert (
-        await post(client, "/outcomes", {"outcomes": [negative]}, tokens["router"])
-    ).status_code == 422
+    assert window.arrivals == 13
+    # The same request id served again (another attempt, another key) is another outcome.
+    again = {**outcome("k-0"), "idempotency_key": "k-0/gw-1-99"}
+    got = await post(client, "/outcomes", {"outcomes": [again]}, tokens["router"])
+    assert got.json()["accepted"] == 1 and got.json()["duplicates"] == 0
+    metrics = (await client.get("/metrics")).content.decode()
+    assert "prfaas_outcomes_duplicate_total 22.0" in metrics
+
+
+async def test_made_up_names_are_refused_and_create_no_keys_or_series(
+    client: AsyncClient, tokens: dict[str, dict[str, str]], redis_client: Any
+) -> None:
+    # Finding 3: 1,000 outcomes with made-up origin, reason and cluster names made 2,000 Redis
+    # keys and 1,000 /metrics series.
+    # One known and one made-up item first: the counters (refusals included) exist already.
+    first = [outcome("n-known"), {**outcome("n-first"), "origin": "nowhere"}]
+    sent = await post(client, "/outcomes", {"outcomes": first}, tokens["router"])
+    assert sent.status_code == 200 and sent.json()["accepted"] == 1, sent.content
+    keys_before = redis_client.dbsize()
+    series_before = (await client.get("/metrics")).content.decode().count("\n")
+    rejected: list[dict[str, Any]] = []
+    for part in range(5):  # 1,000 made-up items, in posts under the body limit
+        made_up = []
+        for i in range(part * 200, part * 200 + 150):
+            item = outcome(f"n-{i}")
+            if i % 3 == 0:
+                item["origin"] = f"nowhere-{i}"
+            elif i % 3 == 1:
+                item["reason"] = f"because-{i}"
+            else:
+                item["prefill"] = {"cluster": f"cl-{i}", "instance": "x"}
+            made_up.append(item)
+        groups = [group(1, origin=f"g-{i}") for i in range(50)]
+        got = await post(
+            client, "/outcomes", {"outcomes": made_up, "groups": groups}, tokens["router"]
+        )
+        assert got.status_code == 200, got.content
+        assert got.json()["accepted"] == 0
+        rejected += got.json()["rejected"]
+    assert len(rejected) == 1000
+    assert {r["code"] for r in rejected} == {"unknown_cluster", "unknown_reason"}
+    assert redis_client.dbsize() == keys_before
+    metrics = (await client.get("/metrics")).content.decode()
+    # Two new series at most: the rejected counter's two codes.
+    assert metrics.count("\n") <= series_before + 2
+    assert 'prfaas_outcomes_rejected_total{code="unknown_cluster"} 751.0' in metrics
+    assert "nowhere-" not in metrics and "because-" not in metrics
 
 
 async def test_the_live_state_routers_read_is_the_route_paths_own(
@@ -264,5 +380,11 @@ async def test_groups_that_do_not_add_up_are_refused(
 ) -> None:
     unpaired = group(3, predicted_ttft_s=[0.1])
     got = await post(client, "/outcomes", {"groups": [unpaired]}, tokens["router"])
-    assert got.status_code == 422 and "pair up" in got.json()["detail"]
+    assert got.status_code == 200 and got.json()["accepted"] == 0
+    assert "pair up" in got.json()["rejected"][0]["detail"]
     assert (await post(client, "/outcomes", {}, tokens["router"])).status_code == 422
+    negative = {**outcome("m-3"), "observed_ttft_s": -1}
+    got = await post(client, "/outcomes", {"outcomes": [negative]}, tokens["router"])
+    assert got.json()["rejected"][0]["code"] == "invalid"
+    not_a_list = await post(client, "/outcomes", {"outcomes": {"a": 1}}, tokens["router"])
+    assert not_a_list.status_code == 422

@@ -23,6 +23,7 @@ from scheduling.policies import policy_create
 from tests.factories import api_token
 from tests.support.fleets import pd_prfaas_fleet
 from tests.support.servers import control_plane_serve, free_port
+from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 
 PD, PRFAAS = "pd-g", "prfaas-g"
 THRESHOLD = 4096
@@ -46,6 +47,8 @@ class Stack:
     read_token: str
     redis: redis.Redis
     gateway_proc: subprocess.Popen[bytes]
+    # Between the gateway and the control plane, when the test asked for it.
+    proxy: TcpProxy | None = None
 
     def headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"}
@@ -138,7 +141,17 @@ def stack_factory(
     read = api_token("read")[1]
     stops: list[Any] = []
 
-    def build(connector: str = "nixl", decide: str = "local", token_s: float = 0.0) -> Stack:
+    def build(
+        connector: str = "nixl",
+        decide: str = "local",
+        token_s: float = 0.0,
+        max_model_len: int = 8192,
+        prefill_s_per_1k: float = 0.0,
+        proxy: bool = False,
+        **extra: Any,
+    ) -> Stack:
+        """``extra``: gateway.yaml keys over the test's defaults; ``proxy``: the gateway
+        reaches the control plane through a TCP proxy the test controls (``stack.proxy``)."""
         Cluster.objects.update(kv_connector=connector)
         ports = {name: free_port() for name, _ in INSTANCES}
         engines_cm = fake_engines_serve(
@@ -146,6 +159,8 @@ def stack_factory(
             connector=connector,
             storage=str(tmp_path / "kv") if connector == "shared_storage" else "",
             token_s=token_s,
+            max_model_len=max_model_len,
+            prefill_s_per_1k=prefill_s_per_1k,
         )
         (tmp_path / "kv").mkdir(exist_ok=True)
         engines, _ = engines_cm.__enter__()
@@ -154,10 +169,17 @@ def stack_factory(
         base, _ = cp_cm.__enter__()
         stops.append(cp_cm)
         port = free_port()
+        via = None
+        if proxy:
+            proxy_cm = tcp_proxy(base)
+            via = proxy_cm.__enter__()
+            stops.append(proxy_cm)
+        cp = {"url": via.url if via else base, "token_env": "GW_TEST_TOKEN", "timeout_s": 5}
+        cp.update(extra.pop("control_plane", {}))
         config = {
             "listen": {"host": "127.0.0.1", "port": port},
             "origin": PD,
-            "control_plane": {"url": base, "token_env": "GW_TEST_TOKEN", "timeout_s": 5},
+            "control_plane": cp,
             "decide": decide,
             "live_refresh_s": 0.2,
             "live_max_age_s": 5.0,
@@ -165,10 +187,11 @@ def stack_factory(
             "outcome_interval_s": 0.1,
             "prefill_timeout_s": 10,
             "decode_timeout_s": 30,
+            **extra,
         }
         path = tmp_path / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
-        stack = Stack(base, "", engines, router, agent, read, redis_client, None)  # type: ignore[arg-type]
+        stack = Stack(base, "", engines, router, agent, read, redis_client, None, via)  # type: ignore[arg-type]
         stack.telemetry_fresh()
         gw_cm = gateway_serve(path, port, {"GW_TEST_TOKEN": router})
         stack.gateway, stack.gateway_proc = gw_cm.__enter__()

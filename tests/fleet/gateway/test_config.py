@@ -46,6 +46,15 @@ def test_an_endpoint_override_wins_over_the_inventory() -> None:
         ({"origin": "pd", "control_plane": {"url": "cp:8000"}}, "control_plane.url: must start"),
         ({"origin": "pd", "control_plane": {"url": "http://cp", "x": 1}}, "control_plane.x:"),
         (base(listen={"port": 70000}), "port: must be between 1 and 65535"),
+        (base(max_body_bytes=1 << 20, body_buffer_bytes=1 << 19), "body_buffer_bytes: must not"),
+        (base(max_prompt_tokens=20_000_000), "max_prompt_tokens: must be between 1 and"),
+        (base(header_timeout_s=0), "header_timeout_s: must be between"),
+        (base(eject_base_s=60, eject_max_s=30), "eject_max_s: must not be below"),
+        (base(first_byte_factor=0.5), "first_byte_factor: must be between 1"),
+        (
+            {"origin": "pd", "control_plane": {"url": "http://cp", "cooldown_s": -1}},
+            "control_plane.cooldown_s: must be a number in",
+        ),
     ],
 )
 def test_a_wrong_value_is_refused_naming_its_key(data: dict[str, Any], message: str) -> None:

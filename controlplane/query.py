@@ -12,6 +12,7 @@ that declare no query parameter are left as they are.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -19,7 +20,8 @@ from django.http import HttpRequest, HttpResponseBase
 from ninja.errors import ValidationError
 from ninja.params.models import QueryModel
 
-Run = Callable[..., HttpResponseBase]
+# An operation's run: sync, or async (returning an awaitable of the response).
+Run = Callable[..., Any]
 
 
 def _declared_names(model: type[QueryModel]) -> set[str]:
@@ -52,11 +54,22 @@ def strict_query(run: Run) -> Run:
     declared = set().union(*(_declared_names(m) for m in models))
     lists = set().union(*(getattr(m, "__ninja_collection_fields__", ()) for m in models))
 
-    @functools.wraps(run)
-    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+    def refused(request: HttpRequest) -> HttpResponseBase | None:
         problems = query_problems(declared, lists, request)
         if problems:
             return operation.api.on_exception(request, ValidationError(problems))
-        return run(request, *args, **kwargs)
+        return None
+
+    if inspect.iscoroutinefunction(run):
+
+        @functools.wraps(run)
+        async def checked_async(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return refused(request) or await run(request, *args, **kwargs)
+
+        return checked_async
+
+    @functools.wraps(run)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return refused(request) or run(request, *args, **kwargs)
 
     return checked

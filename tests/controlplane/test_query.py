@@ -45,3 +45,11 @@ def test_a_malformed_query_string_is_refused_before_credentials_are_read(client:
 
 def test_an_operation_without_query_parameters_ignores_a_query_string(client: Client) -> None:
     assert client.get("/api/v1/health/live?cache-buster=1").status_code == 200
+
+
+def test_an_async_operation_refuses_an_undeclared_parameter_too(
+    client: Client, reader: dict[str, str]
+) -> None:
+    answer = client.get("/api/v1/decisions/recent?limit=5&bogus=1", headers=reader)
+    assert answer.status_code == 422 and "bogus" in answer.json()["detail"]
+    assert client.get("/api/v1/decisions/recent?limit=5", headers=reader).status_code == 200

@@ -4,14 +4,22 @@ sit on the request path, where a framework's per-request work is measurable."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from asgiref.typing import ASGIReceiveCallable as Receive
+from asgiref.typing import ASGISendCallable as Send
+from asgiref.typing import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Scope
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+__all__ = ["HTTPScope", "Receive", "Scope", "Send"]
+
+
+def start_event(status: int, headers: list[tuple[bytes, bytes]]) -> HTTPResponseStartEvent:
+    return {"type": "http.response.start", "status": status, "headers": headers, "trailers": False}
+
+
+def body_event(body: bytes, more: bool = False) -> HTTPResponseBodyEvent:
+    return {"type": "http.response.body", "body": body, "more_body": more}
 
 
 async def response_send(
@@ -22,18 +30,10 @@ async def response_send(
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """A whole response: status, content type and length, any other ``headers``, body."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(payload)).encode()),
-                *(headers or ()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+    length = str(len(payload)).encode()
+    own = [(b"content-type", content_type), (b"content-length", length)]
+    await send(start_event(status, [*own, *(headers or ())]))
+    await send(body_event(payload))
 
 
 async def json_send(send: Send, status: int, data: Any) -> None:

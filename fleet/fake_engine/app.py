@@ -43,7 +43,17 @@ from typing import Any
 import httpx
 import orjson
 
-from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
+from fleet.asgi import (
+    HTTPScope,
+    Receive,
+    Scope,
+    Send,
+    body_event,
+    disconnect_wait,
+    json_send,
+    response_send,
+    start_event,
+)
 
 VOCAB = 1024
 ROLES = ("prefill", "decode", "both")
@@ -235,7 +245,9 @@ class FakeEngine:
             return list(prompt)
         raise HttpError(400, "prompt: a string or a list of token ids is required")
 
-    async def _generate(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+    async def _generate(
+        self, scope: HTTPScope, receive: Receive, send: Send, *, chat: bool
+    ) -> None:
         body = await _body(receive)
         cfg = self.config
         st = self.stats
@@ -257,11 +269,7 @@ class FakeEngine:
                 raise ConnectionResetError("injected drop")  # uvicorn closes the connection
             if fault == "stall":
                 await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
-                    }
+                    start_event(200, [(b"content-type", b"text/event-stream; charset=utf-8")])
                 )
                 await disconnect_wait(receive)
                 st.cancelled += 1
@@ -422,13 +430,7 @@ class FakeEngine:
         prompt_len: int,
         chat: bool,
     ) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
-            }
-        )
+        await send(start_event(200, [(b"content-type", b"text/event-stream; charset=utf-8")]))
         disconnected = asyncio.Event()
 
         async def watch() -> None:
@@ -487,9 +489,7 @@ class FakeEngine:
                     {"id": rid, "object": obj, "created": created, "model": model,
                      "choices": [], "usage": usage},
                 )  # fmt: skip
-            await send(
-                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
-            )
+            await send(body_event(b"data: [DONE]\n\n"))
         except OSError:
             self.stats.cancelled += 1
         finally:
@@ -524,6 +524,8 @@ async def _body(receive: Receive) -> dict[str, Any]:
     more = True
     while more:
         message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     raw = b"".join(chunks)
@@ -537,10 +539,7 @@ async def _body(receive: Receive) -> dict[str, Any]:
 
 
 async def _sse(send: Send, data: Any) -> None:
-    await send(
-        {"type": "http.response.body", "body": b"data: " + orjson.dumps(data) + b"\n\n",
-         "more_body": True}
-    )  # fmt: skip
+    await send(body_event(b"data: " + orjson.dumps(data) + b"\n\n", more=True))
 
 
 #: For a server that imports its app by name (granian): the EngineConfig fields as JSON.

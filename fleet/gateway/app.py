@@ -49,10 +49,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from asgiref.typing import ASGISendEvent
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from fleet.asgi import Receive, Scope, Send, disconnect_wait, json_send, response_send
+from fleet.asgi import (
+    HTTPScope,
+    Receive,
+    Scope,
+    Send,
+    body_event,
+    disconnect_wait,
+    json_send,
+    response_send,
+    start_event,
+)
 from fleet.blockhash import block_hash_chain, block_key, block_keys
 from fleet.client import RouterUnavailableError
 from fleet.gateway import metrics
@@ -203,7 +214,7 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         started = False
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: ASGISendEvent) -> None:
             nonlocal started
             started = True
             await send(message)
@@ -234,7 +245,7 @@ class Gateway:
                 )
 
     async def _route(
-        self, scope: Scope, receive: Receive, send: Send, path: str, method: str
+        self, scope: HTTPScope, receive: Receive, send: Send, path: str, method: str
     ) -> None:
         if path in (COMPLETIONS, CHAT):
             if method != "POST":
@@ -308,7 +319,7 @@ class Gateway:
 
     # -- admission and cancellation ---------------------------------------------------------
 
-    async def _admit(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+    async def _admit(self, scope: HTTPScope, receive: Receive, send: Send, *, chat: bool) -> None:
         """Admission before any of the body is read: its declared size within
         ``max_body_bytes``, room among the admitted requests (``max_inflight`` served plus
         ``max_waiting`` reading their body or queued for a slot) and in the body budget;
@@ -378,7 +389,7 @@ class Gateway:
         return _json_object(raw)
 
     async def _serve_cancellable(
-        self, scope: Scope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
+        self, scope: HTTPScope, receive: Receive, send: Send, body: dict[str, Any], chat: bool
     ) -> None:
         """Serve, and cancel everything upstream the moment the client goes away (one watcher
         task that cancels this one: a cancelled upstream call closes its connection)."""
@@ -406,7 +417,7 @@ class Gateway:
 
     # -- one request ------------------------------------------------------------------------
 
-    async def _serve(self, scope: Scope, send: Send, body: dict[str, Any], chat: bool) -> None:
+    async def _serve(self, scope: HTTPScope, send: Send, body: dict[str, Any], chat: bool) -> None:
         started = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         attempt = f"{self._id_prefix}{next(self._ids)}"
@@ -805,10 +816,10 @@ class Gateway:
             except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
                 pass
             headers.append((b"content-length", str(len(raw)).encode()))
-            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-            await send({"type": "http.response.body", "body": raw})
+            await send(start_event(resp.status, headers))
+            await send(body_event(raw))
             return
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send(start_event(resp.status, headers))
         events = 0
         last = 0.0
         usage_event = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -821,7 +832,7 @@ class Gateway:
                     metrics.ITL.observe(now - last)
                 last = now
                 events += chunk.count(b"data: ")
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send(body_event(chunk, more=True))
         except (OSError, TimeoutError) as exc:
             # The stream broke (or stalled past stream_idle_timeout_s) after it started:
             # nothing can be retried, the client sees the stream end without [DONE].
@@ -830,7 +841,7 @@ class Gateway:
             served.status, served.error = "failed", f"decode_interrupted:{type(exc).__name__}"
             if served.route == "prfaas" and served.ttft_s is None:
                 served.transfer = "failed"
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send(body_event(b""))
         served.output_tokens = max(0, events - 1 - (1 if usage_event else 0))
 
     async def _cache_transfer(
@@ -977,7 +988,7 @@ def _served_of(decided: Decided) -> Served:
     )
 
 
-def _header(scope: Scope, name: bytes) -> str:
+def _header(scope: HTTPScope, name: bytes) -> str:
     for key, value in scope["headers"]:
         if key == name:
             return str(value.decode("latin-1"))[:128]
@@ -997,7 +1008,7 @@ def _large_allocations_returned() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
 
-def _content_length(scope: Scope) -> int | None:
+def _content_length(scope: HTTPScope) -> int | None:
     for key, value in scope["headers"]:
         if key == b"content-length":
             try:
@@ -1022,7 +1033,7 @@ async def _body_receive(
         more = True
         while more:
             message = await receive()
-            if message["type"] == "http.disconnect":
+            if message["type"] != "http.request":
                 raise ClientError(400, "client_disconnect", "the client went away", close=True)
             chunk = message.get("body", b"")
             if at + len(chunk) > length:
@@ -1042,7 +1053,7 @@ async def _body_receive(
     more = True
     while more:
         message = await receive()
-        if message["type"] == "http.disconnect":
+        if message["type"] != "http.request":
             raise ClientError(400, "client_disconnect", "the client went away", close=True)
         chunk = message.get("body", b"")
         size += len(chunk)

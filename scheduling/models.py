@@ -47,6 +47,7 @@ class RebalanceMode(models.TextChoices):
 class ActuatorKind(models.TextChoices):
     RECORD = "record", "record: change only the control plane's state"
     WEBHOOK = "webhook", "webhook: also POST each step to the operator's automation"
+    PROCESS = "process", "process: restart local engines in their new role (fleet.supervisor)"
 
 
 class RebalanceSettings(models.Model):

@@ -294,10 +294,10 @@ class _Applier:
         }
         by_name = {inst.name: inst for inst in existing}
         # A wanted name an agent registered becomes declared (the file now owns it).
-        for inst in Instance.objects.filter(cluster=cluster, name__in=wanted).exclude(
+        for taken in Instance.objects.filter(cluster=cluster, name__in=wanted).exclude(
             origin=InstanceOrigin.DECLARED
         ):
-            by_name[inst.name] = inst
+            by_name[taken.name] = taken
         for row in existing:
             if row.name not in wanted:
                 self._delete(row, services.instance_delete, "instance_id", path)

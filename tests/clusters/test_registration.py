@@ -105,6 +105,7 @@ def test_an_engine_restarted_in_another_role_is_rebound_with_its_cause(
     assert (inst.role, inst.engine_version, inst.version) == ("prefill", "0.33.0", 2)
     latest = records("pd-r-2")[0]
     assert "registered as prefill (was decode)" in latest.cause
+    assert latest.before is not None and latest.after is not None
     assert latest.before["role"] == "decode" and latest.after["role"] == "prefill"
 
 

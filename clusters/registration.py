@@ -61,7 +61,7 @@ class Registration:
     name: str
     cluster: str
     role: str
-    endpoint: str
+    endpoint: str | None  # None: keep the inventory's ("" for a new instance)
     accelerator: str
     kv_connector: str
     engine: str
@@ -138,7 +138,7 @@ def _register(reg: Registration, cluster: Cluster, actor: Actor) -> Registered:
                 cluster_id=cluster.pk,
                 name=reg.name,
                 role=reg.role,
-                endpoint=reg.endpoint,
+                endpoint=reg.endpoint or "",
                 origin=InstanceOrigin.REGISTERED,
                 engine=reg.engine,
                 engine_version=reg.engine_version,
@@ -153,10 +153,11 @@ def _register(reg: Registration, cluster: Cluster, actor: Actor) -> Registered:
             )
         wanted: dict[str, Any] = {
             "role": reg.role,
-            "endpoint": reg.endpoint,
             "engine": reg.engine,
             "engine_version": reg.engine_version,
         }
+        if reg.endpoint is not None:
+            wanted["endpoint"] = reg.endpoint
         if existing.state == InstanceState.UNREACHABLE:
             wanted["state"] = state_before_unreachable(existing)
         changes = {k: v for k, v in wanted.items() if getattr(existing, k) != v}

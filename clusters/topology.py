@@ -286,12 +286,7 @@ class _Applier:
                     ("Instance", inst.pk) not in self.touched for inst in existing
                 )
             return
-        wanted = {
-            f"{spec.name}-{k}": (
-                InstanceRole.PREFILL if k < spec.prefill_instances else InstanceRole.DECODE
-            )
-            for k in range(spec.prefill_instances + spec.decode_instances)
-        }
+        wanted = {name: InstanceRole(role) for name, role in spec.instance_roles().items()}
         by_name = {inst.name: inst for inst in existing}
         # A wanted name an agent registered becomes declared (the file now owns it).
         for taken in Instance.objects.filter(cluster=cluster, name__in=wanted).exclude(

@@ -17,8 +17,6 @@ on the engines themselves (restart an engine as decode, move it behind another l
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Callable
@@ -28,9 +26,13 @@ from typing import Any, Protocol
 
 import httpx
 
-SIGNATURE_HEADER = "X-PrfaaS-Signature"
-TIMESTAMP_HEADER = "X-PrfaaS-Timestamp"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
+from scheduling.core.signing import (
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature,
+)
+from scheduling.core.signing import signature_valid as signature_valid  # receivers' check
 
 
 class ActuatorError(Exception):
@@ -88,17 +90,6 @@ class RecordActuator:
 
     def notify(self, notice: StepNotice) -> None:
         return None
-
-
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex>`` of HMAC-SHA256(secret, ``timestamp + "." + body``)."""
-    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
-
-
-def signature_valid(secret: str, timestamp: str, body: bytes, header: str) -> bool:
-    """For receivers (and tests): constant-time check of a signature header."""
-    return hmac.compare_digest(signature(secret, timestamp, body), header)
 
 
 async def _post_within(

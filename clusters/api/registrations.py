@@ -31,8 +31,10 @@ class RegistrationIn(Schema):
 
     cluster: str = Field(min_length=1, max_length=100)
     role: Role
-    endpoint: str = Field(
-        "", max_length=500, description="where a gateway sends the work (http(s) URL)"
+    endpoint: str | None = Field(
+        None,
+        max_length=500,
+        description="where a gateway sends the work (http(s) URL); left out: kept as it is",
     )
     accelerator: str = Field(
         min_length=1,

@@ -15,6 +15,8 @@ engines:
       endpoint: tcp://127.0.0.1:5557
       replay_endpoint: tcp://127.0.0.1:5558
       topic: kv-events
+    register: {cluster: pd-a, role: prefill, accelerator: H20}   # fleet.agent.register
+register_every_s: 10                # re-registration (a heartbeat) while the engine answers
 links:
   - {source: prfaas-x, target: pd-a, measure: interface, interface: eth1}
   - {source: prfaas-y, target: pd-a, measure: connector, engines: [pd-a-d0]}
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fleet.agent.register import RegistrationConfig, RegistrationConfigError, registration_parse
 
 
 class ConfigError(ValueError):
@@ -49,6 +53,7 @@ class EngineConfig:
     instance: str
     metrics_url: str | None = None
     kv_events: KvEventsConfig | None = None
+    register: RegistrationConfig | None = None  # fleet.agent.register
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class AgentConfig:
     flush_s: float = 0.05
     max_kv_batches: int = 50_000
     max_telemetry: int = 600
+    register_every_s: float = 10.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -156,7 +162,13 @@ def config_parse(raw: Any, env: Mapping[str, str] | None = None) -> AgentConfig:
         metrics_url = _get(e, "metrics_url", where, str, None)
         if metrics_url is None and kv is None:
             raise ConfigError(f"{where.rstrip('.')}: give metrics_url, kv_events or both")
-        engines.append(EngineConfig(instance, metrics_url, kv))
+        register = None
+        if e.get("register") is not None:
+            try:
+                register = registration_parse(e["register"], f"{where}register")
+            except RegistrationConfigError as exc:
+                raise ConfigError(str(exc)) from None
+        engines.append(EngineConfig(instance, metrics_url, kv, register))
     links = []
     for i, item in enumerate(_get(root, "links", "", list, [])):
         where = f"links[{i}]."
@@ -191,6 +203,9 @@ def config_parse(raw: Any, env: Mapping[str, str] | None = None) -> AgentConfig:
         listen_host=_get(listen, "host", "listen.", str, "127.0.0.1"),
         listen_port=port,
         interval_s=_positive(_get(root, "interval_s", "", (int, float), 1.0), "interval_s", 3600),
+        register_every_s=_positive(
+            _get(root, "register_every_s", "", (int, float), 10.0), "register_every_s", 3600
+        ),
         flush_s=_positive(_get(root, "flush_s", "", (int, float), 0.05), "flush_s", 60),
         max_kv_batches=int(
             _positive(

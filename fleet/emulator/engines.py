@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.agent.register import RegistrationConfig
 from fleet.emulator.journal import ReportingPrefixCache
 from fleet.emulator.workload import RequestStream
 from scheduling.core import routing
@@ -22,6 +23,44 @@ from scheduling.core.simulator.link import FluidLink
 from scheduling.core.simulator.workload import Workload
 
 GIB = float(1 << 30)
+ENGINE = "emulated"
+
+
+def engines_to_register(
+    scenario: Scenario, topology: routing.Topology
+) -> list[tuple[str, RegistrationConfig]]:
+    """The engines the emulator runs, as its agents register them: the scenario's instances
+    (named as topology as code names them) of every cluster the control plane knows, and the
+    inventory's other instances. An engine the inventory already holds comes up in the role
+    the control plane last gave it (a restarted emulator keeps the rebalancer's flips)."""
+    clusters = {c.name: c for c in topology.clusters}
+    known = {i.name: i for i in topology.instances}
+    wanted: dict[str, tuple[str, str]] = {}
+    for spec in scenario.clusters:
+        if spec.name in clusters:
+            for name, role in spec.instance_roles().items():
+                wanted[name] = (spec.name, role)
+    for member in topology.instances:
+        wanted[member.name] = (member.cluster, member.role)
+    out = []
+    for name, (cluster, role) in sorted(wanted.items()):
+        spec_of = clusters.get(cluster)
+        if spec_of is None:
+            continue
+        inst = known.get(name)
+        out.append(
+            (
+                name,
+                RegistrationConfig(
+                    cluster=cluster,
+                    role=inst.role if inst is not None else role,
+                    accelerator=spec_of.accelerator,
+                    kv_connector=spec_of.kv_connector,
+                    engine=ENGINE,
+                ),
+            )
+        )
+    return out
 
 
 def fleet_build(

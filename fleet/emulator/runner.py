@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 
 from fleet.agent.metrics import AgentMetrics
+from fleet.agent.register import Registrar
 from fleet.agent.uplink import Uplink
 from fleet.client import RouterApiError, RouterClient, RouterUnavailableError
 from fleet.emulator.config import EmulatorConfig, EmulatorError, EmulatorStats
-from fleet.emulator.engines import fleet_build, sim_role, sim_state
+from fleet.emulator.engines import engines_to_register, fleet_build, sim_role, sim_state
 from fleet.emulator.faults import STATUS_KEY, emulator_faults_pop, scenario_faults
 from fleet.emulator.inventory import InventoryRecorder
 from fleet.emulator.reporting import Reporter
@@ -102,7 +103,21 @@ class FleetEmulator:
             raise EmulatorError(f"cannot read the policy from {config.base_url}: {exc}") from exc
         snapshot = self.client.policy_snapshot
         assert snapshot is not None
-        self.topology = snapshot.topology
+        # The engines join: each one's agent registers it, as a real agent does at start.
+        self.registrar = Registrar(
+            config.base_url,
+            config.agent_token,
+            engines_to_register(scenario, snapshot.topology),
+            every_s=None,
+            client=httpx.Client(
+                base_url=config.base_url.rstrip("/"),
+                headers={"Authorization": f"Bearer {config.agent_token}"},
+                timeout=httpx.Timeout(config.timeout_s),
+                transport=transport,
+            ),
+            registry=self.agent_metrics.registry,
+        )
+        self.topology = self._join()
         self.block_tokens = self.topology.model.block_tokens
         pd = sorted(c.name for c in self.topology.clusters if c.kind == "pd")
         if not pd:
@@ -138,6 +153,28 @@ class FleetEmulator:
         self._next_policy = 0.0
         self._next_status = 0.0
 
+    def _join(self) -> Any:
+        """Register every engine, then read the fleet back from the control plane."""
+        joined = [name for name in sorted(self.registrar.engines) if self.registrar.register(name)]
+        refused = {e.last_error for e in self.registrar.engines.values() if not e.registered}
+        if joined:
+            self._out(f"emulator: {len(joined)} engines registered through their agents")
+        if refused:
+            self._out(f"emulator: registrations refused: {'; '.join(sorted(refused))}")
+        try:
+            self.client.refresh_policy()
+        except (RouterUnavailableError, RouterApiError, httpx.HTTPError) as exc:
+            raise EmulatorError(
+                f"cannot read the policy from {self.config.base_url}: {exc}"
+            ) from exc
+        snapshot = self.client.policy_snapshot
+        assert snapshot is not None
+        if not snapshot.topology.instances:
+            raise EmulatorError(
+                "the control plane's inventory has no instance to emulate and none registered"
+            )
+        return snapshot.topology
+
     # -- running ----------------------------------------------------------------------------
 
     def run(self) -> EmulatorStats:
@@ -159,6 +196,7 @@ class FleetEmulator:
             self.client.close()
             self.http.close()
             self.uplink.close()
+            self.registrar.close()
         return self.stats
 
     def stop(self) -> None:
@@ -278,6 +316,9 @@ class FleetEmulator:
             else:
                 self._down_by_inventory.discard(name)
                 sim.instance_recover(name)
+                # The engine restarted: its agent registers it again (back from unreachable).
+                if name in self.registrar.engines:
+                    self.registrar.register(name)
             self._out(f"emulator: instance {name} is {fault['state']}")
             self.inventory.instance(name, fault["state"])
         elif kind == "surge":

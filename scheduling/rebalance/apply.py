@@ -18,7 +18,8 @@ from clusters.live.telemetry import instance_states_read
 from clusters.models import Cluster, Instance, InstanceState
 from clusters.services import instance_activate, instance_drain, instance_update
 from controlplane.audit import Actor, change_record_create
-from scheduling.actuators import Actuator, ActuatorError, StepNotice, actuator_for
+from scheduling.actuator_process import actuator_of
+from scheduling.actuators import Actuator, ActuatorError, StepNotice
 from scheduling.models import (
     Plan,
     PlanStatus,
@@ -40,7 +41,7 @@ StepOutcome = tuple[Literal["next", "wait", "done", "idle"], float]
 
 def _actuator(cluster: Cluster) -> Actuator:
     row = rebalance_settings_for(cluster)
-    return actuator_for(row.actuator, url=row.webhook_url, secret=row.webhook_secret)
+    return actuator_of(row.actuator, url=row.webhook_url, secret=row.webhook_secret)
 
 
 def _notice(plan: Plan, step: PlanStep) -> StepNotice:

@@ -24,7 +24,8 @@ from clusters.live.telemetry import instance_states_read
 from clusters.models import Cluster, ClusterKind, Instance
 from controlplane.audit import Actor, change_record_create
 from controlplane.errors import Invalid, NotFound
-from scheduling.actuators import ActuatorError, actuator_for
+from scheduling.actuator_process import actuator_of
+from scheduling.actuators import ActuatorError
 from scheduling.core import rebalancer
 from scheduling.core.scenario import ScenarioError
 from scheduling.models import (
@@ -97,13 +98,13 @@ def rebalance_settings_update(
         if row.mode not in RebalanceMode.values:
             raise Invalid(f"mode: must be one of {', '.join(RebalanceMode.values)}")
         guards_for(row)
-        if row.actuator == "webhook":
+        if row.actuator in ("webhook", "process"):
             try:
-                actuator_for("webhook", url=row.webhook_url, secret=row.webhook_secret)
+                actuator_of(row.actuator, url=row.webhook_url, secret=row.webhook_secret)
             except ActuatorError as exc:
                 raise Invalid(f"webhook: {exc}") from exc
         elif row.actuator != "record":
-            raise Invalid("actuator: must be record or webhook")
+            raise Invalid("actuator: must be record, webhook or process")
         row.version += 1
         row.save()
         change_record_create(

@@ -23,6 +23,7 @@ PROGRAMS = (
     "fleet.gateway.__main__",
     "fleet.emulator.cli",
     "fleet.fake_engine.__main__",
+    "fleet.supervisor.__main__",
 )
 
 

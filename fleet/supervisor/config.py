@@ -22,6 +22,7 @@ engines:
     kv_events: {endpoint: tcp://127.0.0.1:5557, replay_endpoint: tcp://127.0.0.1:5558}
     env: {OMP_NUM_THREADS: "1", PYTHONPATH: null}           # null removes a variable
     cpus: [3]                              # pinned to these cores (optional)
+    cwd: /var/lib/prfaas-supervisor/pd-a-0 # the engine's working directory (optional)
     startup_timeout_s: 300
 ```
 
@@ -64,6 +65,7 @@ class SupervisedEngine:
     env: Mapping[str, str | None] = field(default_factory=dict)
     cpus: tuple[int, ...] = ()
     startup_timeout_s: float = 300.0
+    cwd: str | None = None
 
     @property
     def url(self) -> str:
@@ -162,6 +164,7 @@ def _engine(raw: Any, where: str) -> SupervisedEngine:
         env=dict(env),
         cpus=tuple(cpus),
         startup_timeout_s=float(timeout),
+        cwd=_str(e, "cwd", where) if e.get("cwd") is not None else None,
     )
 
 

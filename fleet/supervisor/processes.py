@@ -82,6 +82,7 @@ class EngineProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=self.engine.cwd,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
 

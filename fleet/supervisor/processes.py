@@ -29,7 +29,14 @@ def engine_argv(engine: SupervisedEngine, role: str) -> list[str]:
     ``--kv-transfer-config`` with the role's ``kv_role`` when the engine has one."""
     kv_role = engine.kv_roles[role]
     values = {"port": engine.port, "instance": engine.instance, "role": role, "kv_role": kv_role}
-    argv = [arg.format(**values) for arg in engine.command]
+
+    def filled(arg: str) -> str:
+        # Only these placeholders: an argument may hold JSON, whose braces are not ours.
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", str(value))
+        return arg
+
+    argv = [filled(arg) for arg in engine.command]
     if engine.kv_transfer_config is not None:
         argv += [
             "--kv-transfer-config",

@@ -97,8 +97,8 @@ class Supervisor:
                 self._busy.add(name)
                 try:
                     self._bring_up(name)
-                except FlipError as exc:
-                    errors.append(str(exc))
+                except Exception as exc:  # reported below; the watch retries it
+                    errors.append(f"{name}: {exc}")
                 finally:
                     self._busy.discard(name)
 
@@ -160,7 +160,7 @@ class Supervisor:
                     elif not self.agents[name].running():
                         log.warning("%s: agent exited; restarting it", name)
                         self.agents[name].start(self.roles[name])
-                except FlipError as exc:
+                except Exception as exc:  # one engine's trouble must not stop the watch
                     log.error("%s: %s", name, exc)
                 finally:
                     self._locks[name].release()
@@ -177,6 +177,7 @@ class Supervisor:
                     "kv_role": engine.engine.kv_roles[role],
                     "url": engine.engine.url,
                     "running": engine.running(),
+                    "pid": engine.proc.pid if engine.proc is not None else None,
                     "busy": name in self._busy,
                     "agent_running": self.agents[name].running(),
                     "restarts": self.restarts[name],

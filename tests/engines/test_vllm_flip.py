@@ -20,10 +20,6 @@ other engine tests use. Marked ``engine``: ``make test-engines`` runs it; timing
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +46,8 @@ from tests.engines.vllm_env import VllmEnv, prepare
 from tests.factories import api_token
 from tests.support import waiting
 from tests.support.fleets import pd_prfaas_fleet
-from tests.support.servers import ROOT, control_plane_serve
+from tests.support.servers import control_plane_serve
+from tests.support.supervisor import SupervisorProcess, engines_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
@@ -69,39 +66,6 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> An
 @pytest.fixture(scope="module")
 def vllm_env() -> VllmEnv:
     return prepare()  # cached after the first run
-
-
-class SupervisorProcess:
-    """``python -m fleet.supervisor`` as its own process, stopped (TERM) when done."""
-
-    def __init__(self, config_path: Path, token: str) -> None:
-        self.config_path = config_path
-        self.token = token
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = config_path.with_suffix(".log")
-
-    def start(self) -> None:
-        env = {**os.environ, "PRFAAS_AGENT_TOKEN": self.token, "PRFAAS_SUPERVISOR_SECRET": SECRET}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet.supervisor", "--config", str(self.config_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=open(self.log, "ab"),  # noqa: SIM115 (closed with the process)
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
 
 def supervisor_config(
@@ -181,11 +145,6 @@ def steps_run(plan: Plan, timeout_s: float = 600) -> None:
     raise AssertionError(f"plan {plan.pk} not done after {timeout_s:.0f} s")
 
 
-def engines_of(supervisor_url: str) -> dict[str, dict[str, Any]]:
-    rows = httpx.get(f"{supervisor_url}/v1/engines", timeout=10).json()
-    return {row["instance"]: row for row in rows}
-
-
 @pytest.fixture
 def plane(transactional_db: None, redis_client: redis.Redis, settings: Any) -> Iterator[str]:
     from django.db import connection
@@ -223,7 +182,7 @@ def test_a_plan_flips_a_real_vllm_to_prefill_through_the_supervisor_and_back(
     # The agents' token may register into pd-v and report for its instances: nothing else.
     _, agent_token = api_token("agent", "register", clusters=(PD,))
     _, router = api_token("router")
-    supervisor = SupervisorProcess(config_path, agent_token)
+    supervisor = SupervisorProcess(config_path, agent_token, SECRET)
     supervisor.start()
     try:
         # -- 1. the agents fill the inventory ---------------------------------------------

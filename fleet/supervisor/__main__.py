@@ -40,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         config.listen_host,
         server.server_address[1],
     )
-    supervisor.start()
-    watcher = threading.Thread(target=supervisor.watch, name="watch", daemon=True)
-    watcher.start()
+
+    def run() -> None:
+        supervisor.start()
+        supervisor.watch()
+
+    # Engines start in the background: a signal during a slow start stops them at once.
+    threading.Thread(target=run, name="engines", daemon=True).start()
     try:
         stop.wait()
     finally:

@@ -20,6 +20,8 @@ other engine tests use. Marked ``engine``: ``make test-engines`` runs it; timing
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,9 +31,9 @@ import httpx
 import pytest
 import redis
 import yaml
-from django.utils import timezone
 
 from clusters.live import prefix_index
+from clusters.live.heartbeats import heartbeats_read
 from clusters.models import Cluster, Instance
 from clusters.reachability import instances_reachability_sweep
 from controlplane.audit import CLI_ACTOR
@@ -39,13 +41,14 @@ from controlplane.models import ChangeRecord
 from fleet.blockhash import block_keys
 from fleet.fake_engine.launch import gateway_serve
 from scheduling import rebalance
-from scheduling.models import Plan, PlanStatus, RebalanceTick
+from scheduling.models import PlanStatus
 from scheduling.policies import policy_create
 from tests.engines.vllm import BLOCK_SIZE, engine_cpu, low_free_ports, vllm_argv, vllm_env_vars
 from tests.engines.vllm_env import VllmEnv, prepare
 from tests.factories import api_token
 from tests.support import waiting
 from tests.support.fleets import pd_prfaas_fleet
+from tests.support.plans import plan_flip_proposed, plan_steps_run
 from tests.support.servers import control_plane_serve
 from tests.support.supervisor import SupervisorProcess, engines_of
 
@@ -76,7 +79,8 @@ def supervisor_config(
     for name, (http, zpub, zreplay) in zip(
         (DECODER, FLIPPED), (low_free_ports(3), low_free_ports(3, base=23000)), strict=True
     ):
-        engine_work = work / name
+        # Short: vLLM binds IPC sockets under TMPDIR (at most 107 characters a path).
+        engine_work = Path(tempfile.mkdtemp(prefix=f"vllm-{name}-"))
         env: dict[str, str | None] = dict(vllm_env_vars(engine_work))
         env.update({"PYTHONPATH": None, "DJANGO_SETTINGS_MODULE": None, "VIRTUAL_ENV": None})
         engines.append(
@@ -111,38 +115,6 @@ def supervisor_config(
         "agent": {"interval_s": 0.5, "flush_s": 0.05, "register_every_s": 2},
         "engines": engines,
     }
-
-
-def proposed_flip(cluster: Cluster) -> Plan:
-    """The plan the rebalancer would propose for a PD cluster with no prefill instance."""
-    tick = RebalanceTick.objects.create(
-        cluster=cluster, period_start=timezone.now(), action="propose", reason="test"
-    )
-    return Plan.objects.create(
-        tick=tick,
-        cluster=cluster,
-        mode="manual",
-        threshold_before=10**6,
-        threshold_after=10**6,
-        n_p_before=0,
-        n_d_before=2,
-        n_p_after=1,
-        n_d_after=1,
-        gain=1.0,
-        role_changes=[{"instance": FLIPPED, "from_role": "decode", "to_role": "prefill"}],
-    )
-
-
-def steps_run(plan: Plan, timeout_s: float = 600) -> None:
-    """Run the plan's steps as the Celery task would, sleeping through its waits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        outcome, delay = rebalance.plan_apply_step(plan_id=plan.pk)
-        if outcome in ("done", "idle"):
-            return
-        if outcome == "wait":
-            time.sleep(min(delay, 1.0))
-    raise AssertionError(f"plan {plan.pk} not done after {timeout_s:.0f} s")
 
 
 @pytest.fixture
@@ -211,18 +183,26 @@ def test_a_plan_flips_a_real_vllm_to_prefill_through_the_supervisor_and_back(
             },
             actor=CLI_ACTOR,
         )
-        plan = proposed_flip(rows[0].cluster)
+        plan = plan_flip_proposed(rows[0].cluster, FLIPPED, "decode", "prefill", n_p=0, n_d=2)
         rebalance.plan_approve(plan_id=plan.pk, actor=CLI_ACTOR)
         flip_started = time.monotonic()
-        steps_run(plan)
+        plan_steps_run(plan)
         timings["flip_applied_s"] = time.monotonic() - flip_started
         plan.refresh_from_db()
         assert plan.status == PlanStatus.APPLIED, plan.error
         flipped = Instance.objects.get(name=FLIPPED)
         assert (flipped.role, flipped.state, flipped.pk) == ("prefill", "active", pks[FLIPPED])
-        # Its agent registered it in the new role (before the plan's own flip step).
-        record = ChangeRecord.objects.filter(object_repr=FLIPPED, action="register").latest("id")
-        assert "registered as prefill (was decode)" in record.cause
+        # Its agent came back as prefill and registered it so (a heartbeat after the flip).
+        finished = plan.steps.get(phase="apply", action="flip").finished_at
+        assert finished is not None
+        flipped_at = finished.timestamp()
+        wait_for(
+            "a registration after the flip",
+            lambda: heartbeats_read([FLIPPED]).get(FLIPPED, 0) > flipped_at,
+            30,
+        )
+        causes = ChangeRecord.objects.filter(object_repr=FLIPPED).values_list("cause", flat=True)
+        assert not any("registered as decode" in c for c in causes)
         engines = engines_of(supervisor_url)
         assert (engines[FLIPPED]["role"], engines[FLIPPED]["kv_role"]) == ("prefill", "kv_producer")
         assert engines[DECODER]["kv_role"] == "kv_consumer"
@@ -274,7 +254,7 @@ def test_a_plan_flips_a_real_vllm_to_prefill_through_the_supervisor_and_back(
         # -- 3. the rollback flips it back -------------------------------------------------
         rebalance.plan_rollback(plan_id=plan.pk, actor=CLI_ACTOR)
         rollback_started = time.monotonic()
-        steps_run(plan)
+        plan_steps_run(plan)
         timings["rollback_applied_s"] = time.monotonic() - rollback_started
         plan.refresh_from_db()
         assert plan.status == PlanStatus.ROLLED_BACK, plan.error
@@ -311,6 +291,8 @@ def test_a_plan_flips_a_real_vllm_to_prefill_through_the_supervisor_and_back(
         timings["restored_after_restart_s"] = time.monotonic() - restarted
     finally:
         supervisor.stop()
+        for engine in config["engines"]:
+            shutil.rmtree(engine["cwd"], ignore_errors=True)
         print("timings:", {k: round(v, 1) for k, v in timings.items()})
         if supervisor.proc is not None and supervisor.proc.returncode not in (0, None):
             print(supervisor.tail())

@@ -2,7 +2,7 @@
 
 Migrates, loads the paper's case-study topology without its instances (sites, clusters,
 profiles, the link: the emulated engines join by themselves, registered by their agents when
-the emulator starts), makes sure an operator account and the emulator's API tokens exist, then
+the emulator starts; with ``--no-emulator`` the file declares them), makes sure an operator account and the emulator's API tokens exist, then
 supervises the web server (uvicorn, ASGI), a Celery worker,
 beat and the fleet emulator (``manage.py emulate``) as child processes, each in its own
 process group. The rebalancer runs every ``REBALANCE_INTERVAL_S`` (60 s in the demo unless set).
@@ -107,8 +107,10 @@ class Command(BaseCommand):
             self._lock = self._single_instance_lock()
 
         call_command("migrate", interactive=False, verbosity=0)
-        # The instances are the agents' to register (the emulator's, at its start).
-        call_command("topology", "apply", str(scenario), "--no-instances")
+        # The instances are the agents' to register (the emulator's, at its start); without
+        # the emulator nobody would, so the file declares them.
+        instances = ["--no-instances"] if not options["no_emulator"] else []
+        call_command("topology", "apply", str(scenario), *instances)
         self._initial_policy(scenario)
         username, password = self._operator_account()
         tokens = self._emulator_tokens()

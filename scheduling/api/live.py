@@ -148,9 +148,9 @@ async def _binding_checked(
         and any(n not in binding.instances for n in instances)
     ):
         snap = await snapshot_current_async()
-        if any(n not in snap.cluster_of for n in instances):
+        if any(n not in snap.known_cluster_of for n in instances):
             snap = await snapshot_refresh_async()
-        cluster_of = snap.cluster_of
+        cluster_of = snap.known_cluster_of
     binding_check(principal, instances=instances, links=links or (), cluster_of=cluster_of)
 
 
@@ -262,7 +262,9 @@ def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.In
     """Where the index stands for one instance (``last_seq``): an agent that (re)starts
     replays from the engine what came after it, instead of leaving a gap."""
     snap = snapshot_refresh()
-    binding_check(getattr(request, "auth", None), instances=[instance], cluster_of=snap.cluster_of)
+    binding_check(
+        getattr(request, "auth", None), instances=[instance], cluster_of=snap.known_cluster_of
+    )
     if instance not in snap.known_instances:
         raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
     return prefix_index.prefix_index_states([instance])[0]

@@ -66,8 +66,9 @@ test: setup system-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Real engines (a real vLLM on CPU): the vLLM venv and the tiny model are built once into
-# $${PRFAAS_CACHE_DIR:-~/.cache/prfaas} (~4 min cold, a few seconds warm), then the tests
-# marked `engine` run (each starts vLLM: ~1 min). Not part of `make test`.
+# $${PRFAAS_CACHE_DIR:-~/.cache/prfaas} (~4-10 min cold, a few seconds warm), then the tests
+# marked `engine` run (each starts vLLM: ~1 min; the role flip restarts it three times).
+# Not part of `make test`.
 engines-env: setup
 	$(PY) -m tests.engines.vllm_env prepare
 

@@ -46,9 +46,21 @@ class InstanceRole(models.TextChoices):
 
 
 class InstanceState(models.TextChoices):
+    """``unreachable``: its heartbeats stopped for longer than the grace period
+    (:mod:`clusters.reachability`); routing leaves it alone until it heartbeats again."""
+
     ACTIVE = "active", "active"
     DRAINING = "draining", "draining"
     DOWN = "down", "down"
+    UNREACHABLE = "unreachable", "unreachable"
+
+
+class InstanceOrigin(models.TextChoices):
+    """Where an instance comes from: declared (topology as code, the API, the admin) or
+    registered by the agent beside its engine. Only registered instances are ever retired."""
+
+    DECLARED = "declared", "declared"
+    REGISTERED = "registered", "registered by its agent"
 
 
 def table_errors(value: Any, *, positive_values: bool = True) -> list[str]:
@@ -359,7 +371,9 @@ class Cluster(Versioned):
 
 class Instance(Versioned):
     """One model replica (e.g. 8 GPUs) in a cluster, serving as prefill or decode. Draining
-    instances finish their work and take no new requests; down instances take nothing."""
+    instances finish their work and take no new requests; down and unreachable instances take
+    nothing. ``engine`` and ``engine_version`` are what its agent registered (empty when
+    declared)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="instances")
     # Copy of cluster.kind so that a CHECK constraint can refuse decode in a prfaas cluster.
@@ -367,10 +381,15 @@ class Instance(Versioned):
     name = models.CharField(max_length=150, unique=True)
     role = models.CharField(max_length=10, choices=InstanceRole.choices)
     state = models.CharField(
-        max_length=10, choices=InstanceState.choices, default=InstanceState.ACTIVE
+        max_length=12, choices=InstanceState.choices, default=InstanceState.ACTIVE
     )
     endpoint = models.URLField(max_length=500, blank=True, default="")
     labels = models.JSONField(default=dict, blank=True)
+    origin = models.CharField(
+        max_length=10, choices=InstanceOrigin.choices, default=InstanceOrigin.DECLARED
+    )
+    engine = models.CharField(max_length=40, blank=True, default="")
+    engine_version = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         ordering = ["cluster__name", "name", "id"]
@@ -382,6 +401,9 @@ class Instance(Versioned):
             ),
             models.CheckConstraint(
                 condition=Q(state__in=InstanceState.values), name="instance_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(origin__in=InstanceOrigin.values), name="instance_origin_valid"
             ),
             models.CheckConstraint(
                 condition=~Q(cluster_kind=ClusterKind.PRFAAS, role=InstanceRole.DECODE),

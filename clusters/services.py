@@ -24,6 +24,7 @@ from clusters.models import (
     Cluster,
     ClusterKind,
     Instance,
+    InstanceOrigin,
     InstanceRole,
     InstanceState,
     KvConnector,
@@ -58,7 +59,19 @@ EDITABLE: dict[type[Versioned], frozenset[str]] = {
     Cluster: frozenset(
         {"name", "kind", "site_id", "accelerator_id", "model_id", "kv_connector", "scale_targets"}
     ),
-    Instance: frozenset({"cluster_id", "name", "role", "state", "endpoint", "labels"}),
+    Instance: frozenset(
+        {
+            "cluster_id",
+            "name",
+            "role",
+            "state",
+            "endpoint",
+            "labels",
+            "origin",
+            "engine",
+            "engine_version",
+        }
+    ),
     Link: frozenset(
         {"source_id", "target_id", "gbps", "rtt_ms", "kv_budget_bytes", "target_utilisation"}
     ),
@@ -157,14 +170,21 @@ def _get(model: type[M], pk: int) -> M:
     return obj
 
 
-def _create(model: type[M], fields: Mapping[str, Any], *, actor: Actor) -> M:
+def _create(
+    model: type[M],
+    fields: Mapping[str, Any],
+    *,
+    actor: Actor,
+    action: str = "create",
+    cause: str = "",
+) -> M:
     obj = model(**_fields(model, fields))
     _validate(obj)
     try:
         with transaction.atomic():
             obj.save()
             change_record_create(
-                actor=actor, action="create", obj=obj, before=None, after=snapshot(obj)
+                actor=actor, action=action, obj=obj, before=None, after=snapshot(obj), cause=cause
             )
     except IntegrityError as exc:
         raise _integrity(exc, model) from exc
@@ -179,6 +199,7 @@ def _update(
     changes: Mapping[str, Any],
     actor: Actor,
     action: str = "update",
+    cause: str = "",
 ) -> M:
     fields = _fields(model, changes)
     try:
@@ -209,7 +230,12 @@ def _update(
                 _cluster_kind_propagate(obj)
             obj.refresh_from_db()
             change_record_create(
-                actor=actor, action=action, obj=obj, before=before, after=snapshot(obj)
+                actor=actor,
+                action=action,
+                obj=obj,
+                before=before,
+                after=snapshot(obj),
+                cause=cause,
             )
             # The queryset update above sends no post_save; listeners (the routers' snapshot
             # version, so that a drain or a link's new capacity applies at once) need one.
@@ -219,7 +245,15 @@ def _update(
     return obj
 
 
-def _delete(model: type[M], pk: int, *, version: int, actor: Actor) -> None:
+def _delete(
+    model: type[M],
+    pk: int,
+    *,
+    version: int,
+    actor: Actor,
+    action: str = "delete",
+    cause: str = "",
+) -> None:
     try:
         with transaction.atomic():
             obj = model._default_manager.select_for_update().filter(pk=pk).first()
@@ -230,7 +264,13 @@ def _delete(model: type[M], pk: int, *, version: int, actor: Actor) -> None:
             before = snapshot(obj)
             obj.delete()
             change_record_create(
-                actor=actor, action="delete", obj=obj, before=before, after=None, object_id=pk
+                actor=actor,
+                action=action,
+                obj=obj,
+                before=before,
+                after=None,
+                object_id=pk,
+                cause=cause,
             )
     except ProtectedError as exc:
         users = sorted({str(o._meta.verbose_name_plural) for o in exc.protected_objects})
@@ -416,6 +456,11 @@ def instance_create(
     state: str = InstanceState.ACTIVE,
     endpoint: str = "",
     labels: dict[str, str] | None = None,
+    origin: str = InstanceOrigin.DECLARED,
+    engine: str = "",
+    engine_version: str = "",
+    action: str = "create",
+    cause: str = "",
 ) -> Instance:
     return _create(
         Instance,
@@ -426,19 +471,42 @@ def instance_create(
             "state": state,
             "endpoint": endpoint,
             "labels": labels or {},
+            "origin": origin,
+            "engine": engine,
+            "engine_version": engine_version,
         },
         actor=actor,
+        action=action,
+        cause=cause,
     )
 
 
 def instance_update(
-    *, instance_id: int, version: int, changes: Mapping[str, Any], actor: Actor
+    *,
+    instance_id: int,
+    version: int,
+    changes: Mapping[str, Any],
+    actor: Actor,
+    action: str = "update",
+    cause: str = "",
 ) -> Instance:
-    return _update(Instance, instance_id, version=version, changes=changes, actor=actor)
+    """Update an instance; ``action`` and ``cause`` say in the change log what changed it
+    when it was not a plain edit (a registration, a missed heartbeat)."""
+    return _update(
+        Instance,
+        instance_id,
+        version=version,
+        changes=changes,
+        actor=actor,
+        action=action,
+        cause=cause,
+    )
 
 
-def instance_delete(*, instance_id: int, version: int, actor: Actor) -> None:
-    _delete(Instance, instance_id, version=version, actor=actor)
+def instance_delete(
+    *, instance_id: int, version: int, actor: Actor, action: str = "delete", cause: str = ""
+) -> None:
+    _delete(Instance, instance_id, version=version, actor=actor, action=action, cause=cause)
 
 
 def _instance_state_set(

@@ -11,10 +11,13 @@ Apply rules:
   labels, a link's KV budget or target utilisation when its entry gives none, and a cluster's
   Kubernetes scale targets when it gives no ``scale_targets``) are left alone; a link entry's
   ``kv_budget_mib`` and ``target_utilisation`` and a cluster's ``scale_targets`` are applied.
-- A cluster's instances are described by counts: when the existing instances already have the
-  file's number of prefill and decode instances, nothing changes (whatever their names); else
-  the cluster gets the instances ``<cluster>-0 .. <cluster>-(P+D-1)``, the first P prefill and
-  the rest decode, reusing (and re-roling) rows with those names and deleting the others.
+- A cluster's declared instances are described by counts: when the existing declared instances
+  already have the file's number of prefill and decode instances, nothing changes (whatever
+  their names); else the cluster gets the instances ``<cluster>-0 .. <cluster>-(P+D-1)``, the
+  first P prefill and the rest decode, reusing (and re-roling) rows with those names and
+  deleting the other declared ones. Instances their agents registered are not the file's: they
+  are neither counted nor deleted (a file of clusters with no instances leaves the fleet to its
+  agents). ``instances=False`` leaves every instance alone.
 - ``prune`` also deletes every inventory object the file does not mention.
 - Everything happens in one transaction; ``dry_run`` rolls it back after counting.
 - Any problem is a :class:`~scheduling.core.scenario.ScenarioError` naming the key path, and leaves
@@ -37,6 +40,7 @@ from clusters.models import (
     Cluster,
     ClusterKind,
     Instance,
+    InstanceOrigin,
     InstanceRole,
     Link,
     ModelProfile,
@@ -103,10 +107,13 @@ def _at(path: str) -> Iterator[None]:
 
 
 class _Applier:
-    def __init__(self, scenario: Scenario, *, actor: Actor, prune: bool) -> None:
+    def __init__(
+        self, scenario: Scenario, *, actor: Actor, prune: bool, instances: bool = True
+    ) -> None:
         self.s = scenario
         self.actor = actor
         self.prune = prune
+        self.declare_instances = instances
         self.result = ApplyResult()
         # Rows already changed once in this apply: never counted again as unchanged.
         self.touched: set[tuple[str, int]] = set()
@@ -266,7 +273,13 @@ class _Applier:
         turn decode rows into prefill ones (so a pd -> prfaas change is allowed), and after it,
         for the rest. Only the second call counts unchanged rows.
         """
-        existing = list(Instance.objects.filter(cluster=cluster).order_by("name", "id"))
+        if not self.declare_instances:
+            return
+        existing = list(
+            Instance.objects.filter(cluster=cluster, origin=InstanceOrigin.DECLARED).order_by(
+                "name", "id"
+            )
+        )
         roles = [r.role for r in existing]
         if (
             roles.count(InstanceRole.PREFILL) == spec.prefill_instances
@@ -277,13 +290,13 @@ class _Applier:
                     ("Instance", inst.pk) not in self.touched for inst in existing
                 )
             return
-        wanted = {
-            f"{spec.name}-{k}": (
-                InstanceRole.PREFILL if k < spec.prefill_instances else InstanceRole.DECODE
-            )
-            for k in range(spec.prefill_instances + spec.decode_instances)
-        }
+        wanted = {name: InstanceRole(role) for name, role in spec.instance_roles().items()}
         by_name = {inst.name: inst for inst in existing}
+        # A wanted name an agent registered becomes declared (the file now owns it).
+        for taken in Instance.objects.filter(cluster=cluster, name__in=wanted).exclude(
+            origin=InstanceOrigin.DECLARED
+        ):
+            by_name[taken.name] = taken
         for row in existing:
             if row.name not in wanted:
                 self._delete(row, services.instance_delete, "instance_id", path)
@@ -300,7 +313,12 @@ class _Applier:
                 self._created(created)
             else:
                 inst.refresh_from_db()
-                self._sync(inst, {"role": role}, services.instance_update, "instance_id")
+                self._sync(
+                    inst,
+                    {"role": role, "origin": InstanceOrigin.DECLARED},
+                    services.instance_update,
+                    "instance_id",
+                )
 
     def links(self, clusters: dict[str, Cluster]) -> set[tuple[int, int]]:
         keep: set[tuple[int, int]] = set()
@@ -381,12 +399,18 @@ def _applies_serialise() -> None:
 
 
 def topology_apply(
-    scenario: Scenario, *, actor: Actor, dry_run: bool = False, prune: bool = False
+    scenario: Scenario,
+    *,
+    actor: Actor,
+    dry_run: bool = False,
+    prune: bool = False,
+    instances: bool = True,
 ) -> ApplyResult:
-    """Make the inventory match ``scenario`` in one transaction (rolled back when dry)."""
+    """Make the inventory match ``scenario`` in one transaction (rolled back when dry);
+    ``instances=False`` leaves the instances to their agents."""
     with transaction.atomic():
         _applies_serialise()
-        result = _Applier(scenario, actor=actor, prune=prune).run()
+        result = _Applier(scenario, actor=actor, prune=prune, instances=instances).run()
         if dry_run:
             transaction.set_rollback(True)
     return result
@@ -400,8 +424,10 @@ def topology_apply_mapping(
     return topology_apply(scenario, actor=actor, dry_run=dry_run, prune=prune)
 
 
-def topology_scenario() -> Scenario:
-    """The inventory as a scenario (deployment only: no workload).
+def topology_scenario(*, declared_only: bool = False) -> Scenario:
+    """The inventory as a scenario (deployment only: no workload); ``declared_only`` counts
+    only the declared instances (what topology as code owns: an export applies back to
+    nothing changed), otherwise every instance (the fleet as the planner sees it).
 
     Raises ScenarioError when the inventory cannot be written as one scenario (empty, or
     clusters serving several models).
@@ -422,7 +448,10 @@ def topology_scenario() -> Scenario:
     accelerators = list(Accelerator.objects.order_by("name"))
     clusters = []
     for cluster in Cluster.objects.filter(model=model).select_related("site", "accelerator"):
-        roles = list(cluster.instances.values_list("role", flat=True))
+        members = cluster.instances.all()
+        if declared_only:
+            members = members.filter(origin=InstanceOrigin.DECLARED)
+        roles = list(members.values_list("role", flat=True))
         clusters.append(
             ScenarioCluster(
                 name=cluster.name,
@@ -487,6 +516,6 @@ def topology_scenario() -> Scenario:
 def topology_export() -> dict[str, Any]:
     """The inventory in the scenario file format; checked by the reader before it is returned,
     so what this writes always applies back (with zero changes)."""
-    data = scenario_to_dict(topology_scenario())
+    data = scenario_to_dict(topology_scenario(declared_only=True))
     scenario_parse(data, base_dir=Path.cwd())
     return data

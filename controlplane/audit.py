@@ -78,8 +78,10 @@ def change_record_create(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
     object_id: Any = None,
+    cause: str = "",
 ) -> ChangeRecord:
-    """Write one immutable change record (call it inside the change's transaction)."""
+    """Write one immutable change record (call it inside the change's transaction);
+    ``cause``: why, when no person decided it (a registration, a missed heartbeat)."""
     meta = obj._meta
     return ChangeRecord.objects.create(
         actor=actor.label[:200],
@@ -93,4 +95,5 @@ def change_record_create(
         action=action,
         before=before,
         after=after,
+        cause=cause[:300],
     )

@@ -28,6 +28,7 @@ class ChangeRecordOut(Schema):
     action: str
     before: dict[str, Any] | None
     after: dict[str, Any] | None
+    cause: str
 
 
 @router.get("/audit", response=list[ChangeRecordOut], auth=TokenAuth("read"))

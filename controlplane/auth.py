@@ -9,8 +9,9 @@ Scopes: a token holds the scopes it was created with, and ``admin`` implies all 
 session user gets them from the user's groups: ``viewer`` -> read; ``operator`` -> read and
 operate; ``admin`` (and superusers) -> everything.
 
-Agent tokens are bound to the instances and links they report for (``ApiToken``: a bound
-token gets 403 ``outside_binding`` for anything else, :func:`binding_check`); users, admin
+Agent tokens are bound to the instances, clusters and links they report for (``ApiToken``: a
+bound token gets 403 ``outside_binding`` for anything else, :func:`binding_check`); register
+tokens to the clusters they register into (:func:`cluster_binding_check`); users, admin
 tokens and tokens marked ``fleet_wide`` are not bound.
 
 Hot path: validated tokens are cached in process for ``API_TOKEN_CACHE_S`` seconds (default 5),
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -59,10 +60,12 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 @dataclass(frozen=True)
 class Binding:
-    """What an agent token may report for (``ApiToken`` instances and links)."""
+    """What an agent token may report for (``ApiToken`` instances, links and clusters: every
+    instance of a bound cluster)."""
 
     instances: frozenset[str] = frozenset()
     links: frozenset[str] = frozenset()
+    clusters: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -81,19 +84,41 @@ class Principal:
         return scope in self.scopes or TokenScope.ADMIN in self.scopes
 
 
+def binding_of(principal: Any) -> Binding | None:
+    """The caller's binding (None: it may act for the whole fleet)."""
+    return principal.binding if isinstance(principal, Principal) else None
+
+
 def binding_check(
-    principal: Any, *, instances: Iterable[str] = (), links: Iterable[str] = ()
+    principal: Any,
+    *,
+    instances: Iterable[str] = (),
+    links: Iterable[str] = (),
+    cluster_of: Mapping[str, str] | None = None,
 ) -> None:
-    """Forbidden (403) naming the first instance or link outside the caller's binding."""
-    binding = principal.binding if isinstance(principal, Principal) else None
+    """Forbidden (403) naming the first instance or link outside the caller's binding; an
+    instance of a bound cluster is inside it (``cluster_of``: instance -> cluster, needed
+    only for a binding that names clusters)."""
+    binding = binding_of(principal)
     if binding is None:
         return
     for name in instances:
-        if name not in binding.instances:
-            raise Forbidden(f"this token is not bound to instance {name!r}", code="outside_binding")
+        if name in binding.instances:
+            continue
+        if cluster_of is not None and cluster_of.get(name) in binding.clusters:
+            continue
+        raise Forbidden(f"this token is not bound to instance {name!r}", code="outside_binding")
     for key in links:
         if key not in binding.links:
             raise Forbidden(f"this token is not bound to link {key!r}", code="outside_binding")
+
+
+def cluster_binding_check(principal: Any, cluster: str) -> None:
+    """Forbidden (403) unless the caller may act for ``cluster`` (a register token's
+    clusters)."""
+    binding = binding_of(principal)
+    if binding is not None and cluster not in binding.clusters:
+        raise Forbidden(f"this token is not bound to cluster {cluster!r}", code="outside_binding")
 
 
 @dataclass(frozen=True)
@@ -191,7 +216,9 @@ def _token_fetch(digest: str) -> _CachedToken | None:
     row = db_call(
         lambda: (
             ApiToken.objects.filter(secret_sha256=digest, revoked_at__isnull=True)
-            .values("id", "name", "scopes", "expires_at", "instances", "links", "fleet_wide")
+            .values(
+                "id", "name", "scopes", "expires_at", "instances", "links", "clusters", "fleet_wide"
+            )
             .first()
         )
     )
@@ -206,7 +233,11 @@ def _token_fetch(digest: str) -> _CachedToken | None:
         expires_at=row["expires_at"],
         binding=None
         if fleet_wide
-        else Binding(instances=frozenset(row["instances"]), links=frozenset(row["links"])),
+        else Binding(
+            instances=frozenset(row["instances"]),
+            links=frozenset(row["links"]),
+            clusters=frozenset(row["clusters"]),
+        ),
     )
 
 

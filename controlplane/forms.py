@@ -31,6 +31,12 @@ class BindingFields(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="agent tokens: instance names, one per line or comma-separated",
     )
+    clusters = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="agent and register tokens: clusters whose instances it reports for and "
+        "registers",
+    )
     links = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
@@ -45,6 +51,9 @@ class BindingFields(forms.Form):
     def clean_instances(self) -> list[str]:
         return names_split(self.cleaned_data["instances"])
 
+    def clean_clusters(self) -> list[str]:
+        return names_split(self.cleaned_data["clusters"])
+
     def clean_links(self) -> list[str]:
         return names_split(self.cleaned_data["links"])
 
@@ -53,7 +62,7 @@ class TokenBindingForm(BindingFields):
     """A token's new binding (it replaces the old one)."""
 
     name = forms.CharField(max_length=100, label="Token", help_text="the token's name")
-    field_order = ["name", "instances", "links", "fleet_wide"]
+    field_order = ["name", "instances", "clusters", "links", "fleet_wide"]
 
 
 class TokenForm(BindingFields):
@@ -67,7 +76,15 @@ class TokenForm(BindingFields):
         required=False, min_value=0.01, label="Expires in (days)", help_text="empty: never"
     )
 
-    field_order = ["name", "scopes", "expires_in_days", "instances", "links", "fleet_wide"]
+    field_order = [
+        "name",
+        "scopes",
+        "expires_in_days",
+        "instances",
+        "clusters",
+        "links",
+        "fleet_wide",
+    ]
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"].strip()

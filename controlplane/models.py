@@ -14,6 +14,7 @@ class TokenScope(models.TextChoices):
 
     ROUTER = "router", "router: ask for routing decisions and read the policy"
     AGENT = "agent", "agent: post telemetry and KV events"
+    REGISTER = "register", "register: register the instances an agent runs beside"
     READ = "read", "read: read inventory, plans and audit"
     OPERATE = "operate", "operate: drain/activate instances, approve plans"
     ADMIN = "admin", "admin: everything, including inventory writes"
@@ -26,11 +27,13 @@ class ApiToken(models.Model):
     is the first characters of the token: not secret, enough to tell tokens apart in lists.
 
     The binding confines what an ``agent`` token reports for: ``instances`` (instance names)
-    and ``links`` (``source>target``, cluster names), the hosts the agent runs beside. Samples,
-    KV events and clears for anything else get 403. ``fleet_wide`` lifts the binding (an
-    emulator, a central scraper; tokens made before bindings existed were migrated
-    fleet-wide); a new agent token is either bound or explicitly fleet-wide. ``admin`` tokens
-    are fleet-wide by their scope.
+    and ``links`` (``source>target``, cluster names), the hosts the agent runs beside, and
+    ``clusters``: every instance of those clusters, including ones registered later. Samples,
+    KV events and clears for anything else get 403. A ``register`` token registers instances
+    into its ``clusters`` only. ``fleet_wide`` lifts the binding (an emulator, a central
+    scraper; tokens made before bindings existed were migrated fleet-wide); a new agent or
+    register token is either bound or explicitly fleet-wide. ``admin`` tokens are fleet-wide
+    by their scope.
     """
 
     name = models.CharField(max_length=100, unique=True)
@@ -49,6 +52,11 @@ class ApiToken(models.Model):
     )
     links = models.JSONField(
         default=list, blank=True, help_text="links (source>target) an agent token reports for"
+    )
+    clusters = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="clusters whose instances an agent token reports for and registers",
     )
     fleet_wide = models.BooleanField(
         default=False, help_text="an agent token that may report for every instance and link"
@@ -100,6 +108,9 @@ class ChangeRecord(models.Model):
     action = models.CharField(max_length=20, choices=Action.choices)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
+    cause = models.CharField(
+        max_length=300, blank=True, default="", help_text="why, when the actor is not a person"
+    )
 
     objects: ClassVar[ChangeRecordQuerySet] = ChangeRecordQuerySet.as_manager()  # type: ignore[assignment]
 

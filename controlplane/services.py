@@ -57,20 +57,44 @@ def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str
     return sorted({name.strip() for name in names})
 
 
+@dataclass(frozen=True)
+class TokenBinding:
+    """What an agent or register token acts for, cleaned (see ``ApiToken``)."""
+
+    instances: list[str]
+    links: list[str]
+    clusters: list[str]
+
+
 def binding_validate(
-    scopes: list[str], instances: Sequence[str], links: Sequence[str], fleet_wide: bool
-) -> tuple[list[str], list[str]]:
-    """The binding's names, cleaned; an agent token must be bound or explicitly fleet-wide."""
-    clean_instances = _names_validate("instances", instances, link=False)
-    clean_links = _names_validate("links", links, link=True)
-    agent = TokenScope.AGENT in scopes and TokenScope.ADMIN not in scopes
-    if agent and not fleet_wide and not clean_instances and not clean_links:
+    scopes: list[str],
+    instances: Sequence[str],
+    links: Sequence[str],
+    fleet_wide: bool,
+    clusters: Sequence[str] = (),
+) -> TokenBinding:
+    """The binding's names, cleaned; an agent token must be bound or explicitly fleet-wide, and
+    a register token bound to clusters or fleet-wide."""
+    binding = TokenBinding(
+        instances=_names_validate("instances", instances, link=False),
+        links=_names_validate("links", links, link=True),
+        clusters=_names_validate("clusters", clusters, link=False),
+    )
+    if TokenScope.ADMIN in scopes or fleet_wide:
+        return binding
+    if TokenScope.AGENT in scopes and not (binding.instances or binding.links or binding.clusters):
         raise Invalid(
-            "instances: an agent token must be bound to its instances or links, "
+            "instances: an agent token must be bound to its instances, clusters or links, "
             "or be marked fleet-wide",
             code="binding_required",
         )
-    return clean_instances, clean_links
+    if TokenScope.REGISTER in scopes and not binding.clusters:
+        raise Invalid(
+            "clusters: a register token must be bound to the clusters it registers into, "
+            "or be marked fleet-wide",
+            code="binding_required",
+        )
+    return binding
 
 
 def token_create(
@@ -83,6 +107,7 @@ def token_create(
     instances: Sequence[str] = (),
     links: Sequence[str] = (),
     fleet_wide: bool = False,
+    clusters: Sequence[str] = (),
 ) -> IssuedToken:
     """Create a named token with the given scopes (and, for an agent, its binding); return it
     with its one-time secret."""
@@ -90,7 +115,7 @@ def token_create(
     if not name:
         raise Invalid("name: must not be empty")
     clean_scopes = scopes_validate(scopes)
-    clean_instances, clean_links = binding_validate(clean_scopes, instances, links, fleet_wide)
+    binding = binding_validate(clean_scopes, instances, links, fleet_wide, clusters)
     if expires_in_days is not None and expires_in_days <= 0:
         raise Invalid("expires: must be a positive number of days")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -106,8 +131,9 @@ def token_create(
                 scopes=clean_scopes,
                 expires_at=expires_at,
                 created_by=created_by,
-                instances=clean_instances,
-                links=clean_links,
+                instances=binding.instances,
+                links=binding.links,
+                clusters=binding.clusters,
                 fleet_wide=fleet_wide,
             )
             change_record_create(
@@ -146,19 +172,19 @@ def token_bind(
     links: Sequence[str],
     fleet_wide: bool,
     actor: Actor,
+    clusters: Sequence[str] = (),
 ) -> ApiToken:
-    """Set what a token reports for (replacing its binding). Other processes notice within
-    the auth cache TTL, as for a revocation."""
+    """Set what a token reports for and registers into (replacing its binding). Other
+    processes notice within the auth cache TTL, as for a revocation."""
     with transaction.atomic():
         token = ApiToken.objects.select_for_update().filter(name=name).first()
         if token is None:
             raise NotFound(f"no token named {name!r}")
-        clean_instances, clean_links = binding_validate(
-            list(token.scopes), instances, links, fleet_wide
-        )
+        binding = binding_validate(list(token.scopes), instances, links, fleet_wide, clusters)
         before = token_audit_view(token)
-        token.instances, token.links, token.fleet_wide = clean_instances, clean_links, fleet_wide
-        token.save(update_fields=["instances", "links", "fleet_wide"])
+        token.instances, token.links = binding.instances, binding.links
+        token.clusters, token.fleet_wide = binding.clusters, fleet_wide
+        token.save(update_fields=["instances", "links", "clusters", "fleet_wide"])
         change_record_create(
             actor=actor, action="update", obj=token, before=before, after=token_audit_view(token)
         )

@@ -288,6 +288,24 @@ PLAN_STALLED_S = env_number("PLAN_STALLED_S", 60.0, low=1, high=86400)
 # pod the worker runs in. Each API request has KUBERNETES_TIMEOUT_S.
 KUBERNETES_KUBECONFIG = os.environ.get("KUBERNETES_KUBECONFIG", "").strip()
 KUBERNETES_TIMEOUT_S = env_number("KUBERNETES_TIMEOUT_S", 10.0, low=0.1, high=120)
+# Instances that join and leave by themselves (clusters.registration, clusters.reachability):
+# registrations one token may make per wall-clock minute (an agent re-registers each engine
+# every few seconds while it answers; beyond this, 429); an instance with no heartbeat for
+# INSTANCE_UNREACHABLE_AFTER_S is marked unreachable (routing avoids it at once), and a
+# registered one silent for INSTANCE_RETIRE_AFTER_S is retired (declared ones never are); the
+# sweep runs every INSTANCE_SWEEP_S.
+REGISTRATIONS_PER_MINUTE = env_int("REGISTRATIONS_PER_MINUTE", 1200, low=1, high=10**6)
+INSTANCE_UNREACHABLE_AFTER_S = env_number("INSTANCE_UNREACHABLE_AFTER_S", 30.0, low=1, high=86400)
+INSTANCE_RETIRE_AFTER_S = env_number("INSTANCE_RETIRE_AFTER_S", 3600.0, low=2, high=90 * 86400)
+if INSTANCE_RETIRE_AFTER_S <= INSTANCE_UNREACHABLE_AFTER_S:
+    raise ImproperlyConfigured(
+        f"INSTANCE_RETIRE_AFTER_S={INSTANCE_RETIRE_AFTER_S:g}: must exceed "
+        f"INSTANCE_UNREACHABLE_AFTER_S={INSTANCE_UNREACHABLE_AFTER_S:g}"
+    )
+INSTANCE_SWEEP_S = env_number("INSTANCE_SWEEP_S", 5.0, low=0.5, high=3600)
+# The process actuator (scheduling.actuators.process) waits this long for a supervisor to
+# restart an engine in its new role and see it healthy.
+PROCESS_ACTUATOR_DEADLINE_S = env_number("PROCESS_ACTUATOR_DEADLINE_S", 600.0, low=1, high=3600)
 
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
@@ -310,6 +328,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "scheduling.decision_log_archive",
         "schedule": 2.0,
         "options": {"expires": 2.0},
+    },
+    # Instances whose heartbeats stopped: marked unreachable, later retired.
+    "instances-reachability": {
+        "task": "scheduling.instances_reachability_sweep",
+        "schedule": INSTANCE_SWEEP_S,
+        "options": {"expires": INSTANCE_SWEEP_S},
     },
 }
 # Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off

@@ -1,4 +1,5 @@
-"""``/api/v1/tokens``: list tokens (never their secrets) and set an agent token's binding.
+"""``/api/v1/tokens``: list tokens (never their secrets) and set an agent or register token's
+binding.
 
 Admin scope: a binding decides what a machine may report for the whole fleet.
 """
@@ -35,6 +36,7 @@ class TokenOut(Schema):
     last_used_at: datetime | None
     instances: list[str]
     links: list[str]
+    clusters: list[str]
     fleet_wide: bool
 
 
@@ -44,6 +46,11 @@ class TokenBindingIn(Schema):
     instances: list[BoundName] = Field(default_factory=list, max_length=MAX_BOUND_NAMES)
     links: list[BoundName] = Field(
         default_factory=list, max_length=MAX_BOUND_NAMES, description="source>target"
+    )
+    clusters: list[BoundName] = Field(
+        default_factory=list,
+        max_length=MAX_BOUND_NAMES,
+        description="clusters whose instances it reports for and registers",
     )
     fleet_wide: bool = False
 
@@ -67,4 +74,5 @@ def token_binding_put(request: HttpRequest, name: str, payload: TokenBindingIn) 
         links=payload.links,
         fleet_wide=payload.fleet_wide,
         actor=actor_from_request(request),
+        clusters=payload.clusters,
     )

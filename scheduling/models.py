@@ -49,6 +49,7 @@ class ActuatorKind(models.TextChoices):
     WEBHOOK = "webhook", "webhook: also POST each step to the operator's automation"
     KUBERNETES = "kubernetes", "kubernetes: scale each role's object through /scale"
     METRICS = "metrics", "metrics: publish desired replicas on /metrics for HPA or KEDA"
+    PROCESS = "process", "process: restart local engines in their new role (fleet.supervisor)"
 
 
 class RebalanceSettings(models.Model):

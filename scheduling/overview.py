@@ -130,6 +130,8 @@ def clusters_overview() -> list[dict[str, Any]]:
                     "name": inst.name,
                     "role": inst.role,
                     "state": inst.state,
+                    "origin": inst.origin,
+                    "engine": f"{inst.engine} {inst.engine_version}".strip(),
                     "queued": s.queue_depth if s else None,
                     "running": s.running if s else None,
                     "kv_usage": s.kv_usage if s else None,

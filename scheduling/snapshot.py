@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -92,6 +92,8 @@ class Snapshot:
     # Every instance and link of the inventory, routable or not (telemetry may name them).
     known_instances: frozenset[str] = frozenset()
     known_links: frozenset[str] = frozenset()
+    # Every instance's cluster (a token bound to clusters reports for their instances).
+    known_cluster_of: dict[str, str] = field(default_factory=dict)
 
 
 def _model_spec(model: ModelProfile) -> routing.ModelSpec:
@@ -284,6 +286,7 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
         block_tokens=model_spec.block_tokens,
         skipped=tuple(skipped),
         known_instances=frozenset(i.name for i in all_instances),
+        known_cluster_of={i.name: i.cluster.name for i in all_instances},
         known_links=frozenset(link_key(lk.source.name, lk.target.name) for lk in all_links),
     )
 

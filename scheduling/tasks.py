@@ -3,7 +3,8 @@
 The beat schedule lives in settings (``CELERY_BEAT_SCHEDULE``): ``rebalance`` every
 ``REBALANCE_INTERVAL_S`` with ``expires`` just under the period (a tick that could not start
 within its period is pointless: the next one supersedes it), a crash-recovery sweep, the
-overview's periodic frames, and engine scraping for fleets without agents. Exactly-once is the
+overview's periodic frames, engine scraping for fleets without agents, and the reachability
+sweep of instances whose heartbeats stopped. Exactly-once is the
 services' job (the tick id is unique); these tasks may run twice.
 
 Services that enqueue a task (plan approval, what-if start) send it by name
@@ -23,6 +24,7 @@ from django.conf import settings
 
 from clusters.live.scrape import instances_scrape
 from clusters.models import Cluster, ClusterKind
+from clusters.reachability import instances_reachability_sweep as reachability_sweep
 from scheduling import rebalance as rebalance_services
 from scheduling.decision_log import decision_log_archive as decision_log_copy
 from scheduling.decisions import control_tick_async
@@ -122,3 +124,18 @@ def engines_scrape() -> int:
         except Exception as exc:
             logger.warning("control tick after scrape failed: %s", exc)
     return stored
+
+
+@shared_task(name="scheduling.instances_reachability_sweep", ignore_result=True)
+def instances_reachability_sweep() -> int:
+    """Beat: instances whose heartbeats stopped are marked unreachable, later retired.
+    Returns the number of instances changed."""
+    result = reachability_sweep()
+    if result.marked or result.returned or result.retired:
+        logger.info(
+            "reachability: unreachable %s, back %s, retired %s",
+            result.marked,
+            result.returned,
+            result.retired,
+        )
+    return len(result.marked) + len(result.returned) + len(result.retired)

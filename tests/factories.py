@@ -184,16 +184,19 @@ def api_token(
     revoked: bool = False,
     instances: tuple[str, ...] = (),
     links: tuple[str, ...] = (),
+    clusters: tuple[str, ...] = (),
 ) -> tuple[ApiToken, str]:
-    """A real token with ``scopes`` (created through the service) and its secret. An agent
-    token is bound to ``instances`` and ``links`` when given, else fleet-wide."""
+    """A real token with ``scopes`` (created through the service) and its secret. An agent or
+    register token is bound to ``instances``, ``links`` and ``clusters`` when given, else
+    fleet-wide."""
     issued = token_create(
         name=name or f"test-token-{next(_token_names)}",
         scopes=list(scopes),
         actor=CLI_ACTOR,
         instances=instances,
         links=links,
-        fleet_wide=not instances and not links,
+        clusters=clusters,
+        fleet_wide=not instances and not links and not clusters,
     )
     token = issued.token
     if expired:

@@ -102,6 +102,15 @@ def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
     routes = {d["decision"]["route"] for d in api(demo, "/api/v1/decisions/recent", limit=200)}
     assert routes <= {"local", "prfaas"} and routes
 
+    # The topology declared no instance: the emulated engines joined, registered by their
+    # agents, and the change log says so.
+    instances = api(demo, "/api/v1/instances", limit=100)["items"]
+    assert len(instances) == 12
+    assert {(i["origin"], i["engine"]) for i in instances} == {("registered", "emulated")}
+    joined = api(demo, "/api/v1/audit", action="register", limit=100)["items"]
+    assert {r["object_repr"] for r in joined} == {i["name"] for i in instances}
+    assert all("registered by its agent" in r["cause"] for r in joined)
+
     # The emulated engines' KV events came through the fleet agent's stream and uplink (vLLM
     # msgpack frames, sequence-checked): the index holds their blocks, with no gap.
     index = wait_for(

@@ -45,6 +45,7 @@ def test_the_document_has_curl_examples_for_each_endpoint_family() -> None:
         "/api/v1/policy",
         "/api/v1/telemetry",
         "/api/v1/kv-events",
+        "/api/v1/registrations/",
         "/api/v1/decisions/recent",
         "/api/v1/health",
     ):
@@ -117,6 +118,8 @@ def test_every_curl_example_answers_2xx_against_a_docs_server(
             "router",
             "--scope",
             "agent",
+            "--scope",
+            "register",
             "--scope",
             "read",
             "--fleet-wide",

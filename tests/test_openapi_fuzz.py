@@ -125,6 +125,16 @@ CONFIG = schemathesis.Config.from_dict(
                     }
                 },
             },
+            # A registration names a cluster, its accelerator, role and connector, which must
+            # exist and match in the inventory (422 naming which, tested in tests/clusters).
+            {
+                "include-path-regex": "^/api/v1/registrations/",
+                "checks": {
+                    "positive_data_acceptance": {
+                        "expected-statuses": ["2xx", 401, 403, 404, 409, 413, 422, 429]
+                    }
+                },
+            },
             {
                 "include-path": "/api/v1/topology",
                 "include-method": "POST",

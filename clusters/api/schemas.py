@@ -87,7 +87,7 @@ RefId = Annotated[int, Field(ge=-MAX_BIGINT - 1, le=MAX_BIGINT)]
 Kind = Literal["prfaas", "pd"]
 KvConnectorName = Literal["nixl", "shared_storage"]
 Role = Literal["prefill", "decode"]
-State = Literal["active", "draining", "down"]
+State = Literal["active", "draining", "down", "unreachable"]
 
 
 # Fields that may be set to null explicitly in a PATCH; any other field may be left out, not null.
@@ -324,6 +324,9 @@ class InstanceOut(VersionedOut):
     state: str
     endpoint: str
     labels: dict[str, str]
+    origin: str = Field(description="declared (topology, API) or registered by its agent")
+    engine: str = Field(description="what its agent registered, e.g. vllm (empty: declared)")
+    engine_version: str
 
     @staticmethod
     def resolve_cluster(obj: Any) -> str:

@@ -2,7 +2,9 @@
 
 Contract: :class:`Agent` wires :class:`fleet.agent.kv.KvStream` (one per engine, fed by a ZMQ
 feed thread for a real engine, or directly by the emulator), the
-:class:`fleet.agent.telemetry.TelemetrySampler` and the :class:`fleet.agent.uplink.Uplink`.
+:class:`fleet.agent.telemetry.TelemetrySampler`, the :class:`fleet.agent.uplink.Uplink` and,
+for engines with a ``register`` block, the :class:`fleet.agent.register.Registrar` (first
+thing at start, then every ``register_every_s`` while the engine answers).
 :meth:`Agent.run` runs until :meth:`Agent.stop` (SIGTERM/SIGINT in ``__main__``), then posts
 what is still buffered (bounded in time) and closes its sockets. On start, each engine's stream
 learns from the control plane the last sequence number the index applied for it, so a
@@ -21,6 +23,7 @@ import zmq
 from fleet.agent.config import AgentConfig, EngineConfig
 from fleet.agent.kv import MAX_SEQ_JUMP, KvStream, Replay, ZmqKvFeed
 from fleet.agent.metrics import AgentMetrics
+from fleet.agent.register import Registrar
 from fleet.agent.telemetry import TelemetrySampler
 from fleet.agent.uplink import Uplink, UplinkLimits
 
@@ -46,6 +49,18 @@ class Agent:
             UplinkLimits(max_kv_batches=config.max_kv_batches, max_telemetry=config.max_telemetry),
         )
         self.sampler = TelemetrySampler(config.engines, config.links, self.metrics)
+        registered = [(e.instance, e.register) for e in config.engines if e.register is not None]
+        self.registrar = (
+            Registrar(
+                config.url,
+                config.token,
+                registered,
+                every_s=config.register_every_s,
+                registry=self.metrics.registry,
+            )
+            if registered
+            else None
+        )
         self.streams: dict[str, KvStream] = {}
         self.feeds: list[ZmqKvFeed] = []
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -95,6 +110,9 @@ class Agent:
     def run(self) -> None:
         if self.config.listen_port:
             self._server = self.metrics.serve(self.config.listen_host, self.config.listen_port)
+        if self.registrar is not None:
+            # Before the feeds: a stream asks where the index stands for its instance.
+            self.registrar.tick()
         self._feeds_start(self.config.engines)
         uplink_thread = threading.Thread(target=self._uplink_loop, name="uplink", daemon=True)
         uplink_thread.start()
@@ -113,6 +131,8 @@ class Agent:
                     instances, links = self.sampler.sample()
                     self.uplink.telemetry_put(instances, links)
                     self._engines_seen()
+                    if self.registrar is not None:
+                        self.registrar.tick()
                 self._stop.wait(max(0.0, next_sample - time.monotonic()))
         finally:
             for feed in self.feeds:
@@ -160,4 +180,6 @@ class Agent:
             server.shutdown()  # type: ignore[attr-defined]
             server.server_close()  # type: ignore[attr-defined]
             self._server = None
+        if self.registrar is not None:
+            self.registrar.close()
         self.uplink.close()

@@ -17,6 +17,8 @@ engines:
       topic: kv-events
       replay_timeout_s: 5           # a replay request's answer, to its end marker
       max_seq_jump: 100000          # a longer jump waits for the next frame to confirm it
+    register: {cluster: pd-a, role: prefill, accelerator: H20}   # fleet.agent.register
+register_every_s: 10                # re-registration (a heartbeat) while the engine answers
 links:
   - {source: prfaas-x, target: pd-a, measure: interface, interface: eth1}
   - {source: prfaas-y, target: pd-a, measure: connector, engines: [pd-a-d0]}
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fleet.agent.register import RegistrationConfig, RegistrationConfigError, registration_parse
 
 
 class ConfigError(ValueError):
@@ -52,6 +56,7 @@ class EngineConfig:
     instance: str
     metrics_url: str | None = None
     kv_events: KvEventsConfig | None = None
+    register: RegistrationConfig | None = None  # fleet.agent.register
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class AgentConfig:
     flush_s: float = 0.05
     max_kv_batches: int = 50_000
     max_telemetry: int = 600
+    register_every_s: float = 10.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,7 +172,13 @@ def config_parse(raw: Any, env: Mapping[str, str] | None = None) -> AgentConfig:
         metrics_url = _get(e, "metrics_url", where, str, None)
         if metrics_url is None and kv is None:
             raise ConfigError(f"{where.rstrip('.')}: give metrics_url, kv_events or both")
-        engines.append(EngineConfig(instance, metrics_url, kv))
+        register = None
+        if e.get("register") is not None:
+            try:
+                register = registration_parse(e["register"], f"{where}register")
+            except RegistrationConfigError as exc:
+                raise ConfigError(str(exc)) from None
+        engines.append(EngineConfig(instance, metrics_url, kv, register))
     links = []
     for i, item in enumerate(_get(root, "links", "", list, [])):
         where = f"links[{i}]."
@@ -201,6 +213,9 @@ def config_parse(raw: Any, env: Mapping[str, str] | None = None) -> AgentConfig:
         listen_host=_get(listen, "host", "listen.", str, "127.0.0.1"),
         listen_port=port,
         interval_s=_positive(_get(root, "interval_s", "", (int, float), 1.0), "interval_s", 3600),
+        register_every_s=_positive(
+            _get(root, "register_every_s", "", (int, float), 10.0), "register_every_s", 3600
+        ),
         flush_s=_positive(_get(root, "flush_s", "", (int, float), 0.05), "flush_s", 60),
         max_kv_batches=int(
             _positive(

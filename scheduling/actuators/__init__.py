@@ -8,6 +8,8 @@ case. An actuator is told about each step as well, so that the engines themselve
 * ``kubernetes``: each role's object is scaled through ``/scale``, removing the drained pod
   (:mod:`.kubernetes`).
 * ``metrics``: desired replicas per role on ``/metrics`` for an HPA or KEDA (:mod:`.metrics`).
+* ``process``: a flip restarts the engine in its new role through the host's supervisor
+  (``fleet.supervisor``, :mod:`.process`).
 
 docs/actuators.md describes each, with what its failures look like.
 """
@@ -29,6 +31,7 @@ from scheduling.actuators.base import (
 from scheduling.actuators.kube_api import KubeApi
 from scheduling.actuators.kubernetes import KubernetesActuator
 from scheduling.actuators.metrics import MetricsActuator, desired_replicas_current
+from scheduling.actuators.process import ProcessActuator
 from scheduling.actuators.webhook import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
@@ -49,6 +52,7 @@ __all__ = [
     "ActuatorError",
     "KubernetesActuator",
     "MetricsActuator",
+    "ProcessActuator",
     "RecordActuator",
     "StepNotice",
     "StepReport",
@@ -72,12 +76,15 @@ def instance_pod(name: str, labels: dict[str, Any] | None) -> str:
 
 
 def actuator_for(kind: str, *, url: str = "", secret: str = "", **options: Any) -> Actuator:
-    """The actuator named ``kind`` among those that need no cluster (``record``, ``webhook``)."""
+    """The actuator named ``kind`` among those that need no cluster (``record``, ``webhook``,
+    ``process``)."""
     if kind == "record":
         return RecordActuator()
     if kind == "webhook":
         return WebhookActuator(url, secret, **options)
-    raise ActuatorError(f"unknown actuator {kind!r} (record or webhook)")
+    if kind == "process":
+        return ProcessActuator(url, secret, **options)
+    raise ActuatorError(f"unknown actuator {kind!r} (record, webhook or process)")
 
 
 def _kube_api(context: str) -> KubeApi:

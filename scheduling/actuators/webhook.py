@@ -11,8 +11,6 @@ receiver that drips its answer a byte at a time cannot hold a plan step longer t
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Callable
@@ -21,21 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from scheduling.actuators.base import ActuatorError, StepNotice
-
-SIGNATURE_HEADER = "X-PrfaaS-Signature"
-TIMESTAMP_HEADER = "X-PrfaaS-Timestamp"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-
-
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex>`` of HMAC-SHA256(secret, ``timestamp + "." + body``)."""
-    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
-
-
-def signature_valid(secret: str, timestamp: str, body: bytes, header: str) -> bool:
-    """For receivers (and tests): constant-time check of a signature header."""
-    return hmac.compare_digest(signature(secret, timestamp, body), header)
+from scheduling.core.signing import (
+    IDEMPOTENCY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signature,
+)
+from scheduling.core.signing import signature_valid as signature_valid  # receivers' check
 
 
 async def _post_within(

@@ -17,12 +17,17 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from clusters.live import prefix_index
 from clusters.live.telemetry import InstanceSample
-from controlplane.auth import binding_check, require_scope
+from controlplane.auth import binding_check, binding_of, require_scope
 from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
 from scheduling.core import kv_events as kv_wire
 from scheduling.core.service_levels import TTFT_BUCKETS_S, ServiceCounters
-from scheduling.snapshot import link_key, snapshot_refresh
+from scheduling.snapshot import (
+    link_key,
+    snapshot_current_async,
+    snapshot_refresh,
+    snapshot_refresh_async,
+)
 
 router = Router(tags=["live"])
 
@@ -132,15 +137,35 @@ ERRORS: dict[int, Any] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: Erro
 KV_ERRORS: dict[int, Any] = {**ERRORS, 503: ErrorOut}
 
 
+async def _binding_checked(
+    request: HttpRequest, instances: list[str], links: list[str] | None = None
+) -> None:
+    """:func:`binding_check`; a token bound to clusters covers their instances, looked up in
+    the snapshot (rebuilt once for a name it does not know: a just-registered instance)."""
+    principal = getattr(request, "auth", None)
+    binding = binding_of(principal)
+    cluster_of = None
+    if (
+        binding is not None
+        and binding.clusters
+        and any(n not in binding.instances for n in instances)
+    ):
+        snap = await snapshot_current_async()
+        if any(n not in snap.known_cluster_of for n in instances):
+            snap = await snapshot_refresh_async()
+        cluster_of = snap.known_cluster_of
+    binding_check(principal, instances=instances, links=links or (), cluster_of=cluster_of)
+
+
 @router.post("/telemetry", auth=AGENT, response={200: TelemetryOut, **ERRORS})
 async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.TelemetryResult:
     """A batch of instance samples (load) and link samples (bytes sent in an interval).
 
     A bound agent token gets 403 for a sample of any instance or link outside its binding."""
-    binding_check(
-        getattr(request, "auth", None),
-        instances=[s.instance for s in payload.instances],
-        links=[link_key(s.source, s.target) for s in payload.links],
+    await _binding_checked(
+        request,
+        [s.instance for s in payload.instances],
+        [link_key(s.source, s.target) for s in payload.links],
     )
     return await ingest.telemetry_ingest_async(
         payload.idempotency_key,
@@ -161,7 +186,7 @@ async def telemetry_post(request: HttpRequest, payload: TelemetryIn) -> ingest.T
 @router.post("/kv-events", auth=AGENT, response={200: KvEventsOut, **KV_ERRORS})
 async def kv_events_post(request: HttpRequest, payload: KvEventsIn) -> ingest.KvIngestResult:
     """One instance's vLLM KV-event batches (BlockStored, BlockRemoved, AllBlocksCleared)."""
-    binding_check(getattr(request, "auth", None), instances=[payload.instance])
+    await _binding_checked(request, [payload.instance])
     return await ingest.kv_events_ingest_async(
         payload.instance, [(b.seq, b.batch) for b in payload.batches]
     )
@@ -224,7 +249,7 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
         raise Invalid("instance: 1 to 150 characters", code="invalid")
     if not 1 <= len(body.batches) <= MAX_FRAME_BATCHES:
         raise Invalid(f"batches: 1 to {MAX_FRAME_BATCHES} batches", code="invalid")
-    binding_check(getattr(request, "auth", None), instances=[body.instance])
+    await _binding_checked(request, [body.instance])
     for i, (seq, _) in enumerate(body.batches):
         if seq is not None and not 0 <= seq <= kv_wire.MAX_SEQ:
             raise Invalid(f"batches[{i}].seq: must be in [0, 2^53)", code="invalid")
@@ -239,8 +264,10 @@ async def kv_events_msgpack_post(request: HttpRequest) -> ingest.KvIngestResult:
 def kv_events_state_get(request: HttpRequest, instance: Name) -> prefix_index.InstanceIndexState:
     """Where the index stands for one instance (``last_seq``): an agent that (re)starts
     replays from the engine what came after it, instead of leaving a gap."""
-    binding_check(getattr(request, "auth", None), instances=[instance])
     snap = snapshot_refresh()
+    binding_check(
+        getattr(request, "auth", None), instances=[instance], cluster_of=snap.known_cluster_of
+    )
     if instance not in snap.known_instances:
         raise NotFound(f"unknown instance {instance!r}", code="unknown_instance")
     return prefix_index.prefix_index_states([instance])[0]

@@ -247,7 +247,7 @@ class RebalanceSettingsOut(Schema):
     drain_timeout_s: int
     drain_poll_s: int
     default_output_tokens: int
-    actuator: Literal["record", "webhook", "kubernetes", "metrics"]
+    actuator: Literal["record", "webhook", "kubernetes", "metrics", "process"]
     webhook_url: str
     webhook_secret_set: bool
     ready_timeout_s: int
@@ -269,7 +269,7 @@ class RebalanceSettingsPatch(Schema):
     drain_timeout_s: int | None = Field(None, ge=1, le=86400)
     drain_poll_s: int | None = Field(None, ge=1, le=3600)
     default_output_tokens: int | None = Field(None, ge=1, le=10_000_000)
-    actuator: Literal["record", "webhook", "kubernetes", "metrics"] | None = None
+    actuator: Literal["record", "webhook", "kubernetes", "metrics", "process"] | None = None
     webhook_url: str | None = Field(None, max_length=500)
     webhook_secret: str | None = Field(None, max_length=200)
     ready_timeout_s: int | None = Field(

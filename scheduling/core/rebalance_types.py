@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 Role = Literal["prefill", "decode"]
-InstanceStateName = Literal["active", "draining", "down"]
+InstanceStateName = Literal["active", "draining", "down", "unreachable"]
 
 # Hold reasons, stable codes shown to operators and stored with each tick.
 HOLD_MISSING_METRICS = "missing_metrics"

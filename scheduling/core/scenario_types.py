@@ -102,6 +102,14 @@ class ScenarioCluster:
     def instances(self) -> int:
         return self.prefill_instances + self.decode_instances
 
+    def instance_roles(self) -> dict[str, str]:
+        """The cluster's instances by name, as topology as code names them:
+        ``<cluster>-0 .. <cluster>-(P+D-1)``, the first P prefill and the rest decode."""
+        return {
+            f"{self.name}-{k}": "prefill" if k < self.prefill_instances else "decode"
+            for k in range(self.instances)
+        }
+
 
 @dataclass(frozen=True)
 class ScenarioLink:

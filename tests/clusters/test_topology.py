@@ -188,6 +188,45 @@ def test_fewer_instances_in_the_file_delete_the_surplus(
     assert sorted(names) == ["prfaas-h200-0", "prfaas-h200-1"]
 
 
+def test_a_file_of_clusters_without_instances_leaves_registered_instances_alone(
+    case_study_data: dict[str, Any], tmp_path: Path
+) -> None:
+    for cluster in case_study_data["clusters"]:
+        cluster["prefill_instances"] = 0
+        if cluster["kind"] == "pd":
+            cluster["decode_instances"] = 0
+    path = tmp_path / "clusters-only.yaml"
+    path.write_text(yaml.safe_dump(case_study_data))
+    topology("apply", str(path))
+    assert Cluster.objects.count() == 2 and not Instance.objects.exists()
+    pd = Cluster.objects.get(name="pd-h20")
+    Instance.objects.create(cluster=pd, name="pd-h20-joined", role="decode", origin="registered")
+    result = counts(topology("apply", str(path)))
+    assert result["deleted"] == result["created"] == 0
+    assert Instance.objects.filter(name="pd-h20-joined").exists()
+    # The export declares what the file owns: clusters, no instances; it applies back unchanged.
+    exported = yaml.safe_load(topology("export"))
+    assert {c["prefill_instances"] for c in exported["clusters"]} == {0}
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(exported))
+    assert counts(topology("apply", str(again)))["updated"] == 0
+
+
+def test_without_instances_apply_leaves_every_instance_to_its_agent(case_study: Path) -> None:
+    result = counts(topology("apply", str(case_study), "--no-instances"))
+    assert result["created"] > 0 and not Instance.objects.exists()
+    assert Cluster.objects.count() == 2 and Link.objects.count() == 1
+
+
+def test_a_declared_name_an_agent_registered_first_becomes_declared(case_study: Path) -> None:
+    topology("apply", str(case_study), "--no-instances")
+    pd = Cluster.objects.get(name="pd-h20")
+    Instance.objects.create(cluster=pd, name="pd-h20-0", role="prefill", origin="registered")
+    topology("apply", str(case_study))
+    assert Instance.objects.filter(cluster=pd).count() == 8
+    assert Instance.objects.get(name="pd-h20-0").origin == "declared"
+
+
 def test_prune_deletes_what_the_file_does_not_mention(
     case_study: Path, scenarios_dir: Path
 ) -> None:

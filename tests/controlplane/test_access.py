@@ -85,6 +85,7 @@ REQUIRED_SCOPE: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/kv-events"): "agent",
     ("POST", "/api/v1/kv-events/msgpack"): "agent",
     ("GET", "/api/v1/kv-events/state"): "agent",
+    ("PUT", "/api/v1/registrations/{name}"): "register",
     ("GET", "/api/v1/prefix-index"): "read",
     # plans and the long-term rebalancer
     ("GET", "/api/v1/plans"): "read",

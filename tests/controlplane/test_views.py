@@ -76,6 +76,17 @@ def test_the_audit_log_lists_changes_and_filters_by_action(client_as) -> None:
     assert "site-created" not in page
 
 
+def test_the_audit_log_says_why_a_system_change_was_made(client_as) -> None:
+    ChangeRecordFactory(
+        action="unreachable",
+        actor="reachability",
+        object_repr="pd-a-3",
+        cause="no heartbeat for 42 s (grace 30 s)",
+    )
+    page = client_as("viewer").get(reverse("audit-list"), {"action": "unreachable"}).content
+    assert b"no heartbeat for 42 s (grace 30 s)" in page and b"pd-a-3" in page
+
+
 @pytest.mark.parametrize("group", ["viewer", "operator"])
 def test_only_admins_see_the_tokens_page_or_its_link(client_as, group: str) -> None:
     ApiTokenFactory(name="router-1")

@@ -138,23 +138,18 @@ def engine_cpu() -> int | None:
     return allowed[-1]
 
 
-@contextlib.contextmanager
-def vllm_server(
+def vllm_argv(
     env: VllmEnv,
     *,
     port: int,
     kv_events_port: int | None = None,
     replay_port: int | None = None,
     extra_args: Sequence[str] = (),
-    extra_env: Mapping[str, str] | None = None,
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     kv_cache_bytes: str = "64M",
     block_size: int = BLOCK_SIZE,
-) -> Iterator[VllmServer]:
-    """One vLLM server with prefix caching (and KV events over ZMQ when a port is given)."""
-    work = Path(tempfile.mkdtemp(prefix=f"vllm-{port}-"))
-    tmp = work / "tmp"
-    tmp.mkdir()
+) -> list[str]:
+    """The command line of one vLLM server with prefix caching (and KV events over ZMQ when a
+    port is given), in the measured recipe."""
     argv = [
         str(env.python),
         "-m",
@@ -188,7 +183,14 @@ def vllm_server(
         if replay_port is not None:
             config["replay_endpoint"] = f"tcp://*:{replay_port}"
         argv += ["--kv-events-config", json.dumps(config)]
-    argv += list(extra_args)
+    return argv + list(extra_args)
+
+
+def vllm_env_vars(work: Path, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a vLLM server runs in: offline, its caches and temp files under
+    ``work``, one compute thread, none of the test process's interpreter settings."""
+    tmp = work / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     child_env = {
         **os.environ,
         **OFFLINE_ENV,
@@ -206,6 +208,34 @@ def vllm_server(
     # The test process's own interpreter settings must not leak into vLLM's.
     for name in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV"):
         child_env.pop(name, None)
+    return child_env
+
+
+@contextlib.contextmanager
+def vllm_server(
+    env: VllmEnv,
+    *,
+    port: int,
+    kv_events_port: int | None = None,
+    replay_port: int | None = None,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    kv_cache_bytes: str = "64M",
+    block_size: int = BLOCK_SIZE,
+) -> Iterator[VllmServer]:
+    """One vLLM server with prefix caching (and KV events over ZMQ when a port is given)."""
+    work = Path(tempfile.mkdtemp(prefix=f"vllm-{port}-"))
+    argv = vllm_argv(
+        env,
+        port=port,
+        kv_events_port=kv_events_port,
+        replay_port=replay_port,
+        extra_args=extra_args,
+        kv_cache_bytes=kv_cache_bytes,
+        block_size=block_size,
+    )
+    child_env = vllm_env_vars(work, extra_env)
     log_path = work / "vllm.log"
     log = open(log_path, "wb")  # noqa: SIM115 (closed in the finally below)
     cpu = engine_cpu()

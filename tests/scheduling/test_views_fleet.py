@@ -36,6 +36,13 @@ def test_the_cluster_page_lists_its_instances(client_as) -> None:
     assert b"pd-a-0" in page
 
 
+def test_the_cluster_page_shows_a_registered_instance_gone_unreachable(client_as) -> None:
+    inst = _instance(name="pd-a-9", origin="registered", engine="vllm", state="unreachable")
+    page = client_as("viewer").get(reverse("cluster-detail", args=[inst.cluster_id])).content
+    assert b'<span class="badge badge-unreachable">unreachable</span>' in page
+    assert b'title="registered by its agent: vllm">registered</small>' in page
+
+
 def test_an_unknown_cluster_is_404(client_as) -> None:
     assert client_as("viewer").get(reverse("cluster-detail", args=[999999])).status_code == 404
 

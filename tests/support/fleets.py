@@ -25,12 +25,14 @@ def pd_prfaas_fleet(
     kv_budget_bytes: int | None = None,
     block_tokens: int = BLOCK_TOKENS,
     h200_prefill_seconds: list[list[float]] | None = None,
+    instances: bool = True,
 ) -> tuple[Cluster, Cluster]:
     """``pd_name`` (H20: 2 prefill, 2 decode) <- 100 Gbps, 10 ms <- ``prfaas_name`` (H200:
     2 prefill, no decode profile), blocks of ``block_tokens`` (512); returns (PD cluster,
     PrfaaS cluster).
 
-    Instances are named ``<cluster>-p<i>`` (prefill) and ``<cluster>-d<i>`` (decode).
+    Instances are named ``<cluster>-p<i>`` (prefill) and ``<cluster>-d<i>`` (decode);
+    ``instances=False`` declares none (their agents register them).
     """
     model = ModelProfileFactory(block_tokens=block_tokens)
     h20 = AcceleratorFactory(name="H20")
@@ -48,7 +50,7 @@ def pd_prfaas_fleet(
     )
     pd = ClusterFactory(name=pd_name, accelerator=h20, model=model)
     pf = PrfaasClusterFactory(name=prfaas_name, accelerator=h200, model=model)
-    for i in range(2):
+    for i in range(2 if instances else 0):
         InstanceFactory(cluster=pd, name=f"{pd_name}-p{i}", role=InstanceRole.PREFILL)
         InstanceFactory(cluster=pd, name=f"{pd_name}-d{i}", role=InstanceRole.DECODE)
         InstanceFactory(cluster=pf, name=f"{prfaas_name}-p{i}", role=InstanceRole.PREFILL)

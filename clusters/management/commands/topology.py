@@ -1,4 +1,4 @@
-"""``manage.py topology apply FILE [--dry-run] [--prune] [--json]`` and
+"""``manage.py topology apply FILE [--dry-run] [--prune] [--no-instances] [--json]`` and
 ``manage.py topology export [--format yaml|json]``: the inventory as a scenario file."""
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ class Command(BaseCommand):
         apply.add_argument("file", help="scenario file (YAML)")
         apply.add_argument("--dry-run", action="store_true", help="count changes, write nothing")
         apply.add_argument("--prune", action="store_true", help="delete what FILE omits")
+        apply.add_argument(
+            "--no-instances",
+            action="store_true",
+            help="leave every instance alone: agents register them (sites, clusters, profiles "
+            "and links only)",
+        )
         apply.add_argument("--json", action="store_true", help="print the counts as JSON")
         apply.add_argument("--verbose-changes", action="store_true", help="list every change")
         export = sub.add_parser("export", help="write the inventory as a scenario")
@@ -46,6 +52,7 @@ class Command(BaseCommand):
                 actor=Actor(label="cli", source="topology"),
                 dry_run=options["dry_run"],
                 prune=options["prune"],
+                instances=not options["no_instances"],
             )
         except ScenarioError as exc:
             raise CommandError(str(exc), returncode=BAD_INPUT) from exc

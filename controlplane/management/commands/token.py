@@ -1,7 +1,8 @@
 """``manage.py token create|list|bind|revoke``: API tokens for routers, agents and scripts.
 
-An agent token is bound to the instances and links it reports for (``--instance``,
-``--link source>target``, repeatable) or made ``--fleet-wide``."""
+An agent token is bound to the instances, clusters and links it reports for (``--instance``,
+``--cluster``, ``--link source>target``, repeatable) or made ``--fleet-wide``; a register
+token to the clusters it registers instances into (``--cluster``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def _binding_arguments(parser: ArgumentParser) -> None:
         "--instance", action="append", default=[], help="an instance it reports for (repeat)"
     )
     parser.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        help="a cluster whose instances it reports for and registers (repeat)",
+    )
+    parser.add_argument(
         "--link", action="append", default=[], help="a link source>target it reports for (repeat)"
     )
     parser.add_argument(
@@ -32,7 +39,8 @@ def _binding_arguments(parser: ArgumentParser) -> None:
 def _reports_for(token: ApiToken) -> str:
     if token.fleet_wide or TokenScope.ADMIN in token.scopes:
         return "fleet-wide"
-    return ",".join([*token.instances, *token.links]) or "nothing"
+    clusters = [f"cluster:{name}" for name in token.clusters]
+    return ",".join([*token.instances, *clusters, *token.links]) or "nothing"
 
 
 class Command(BaseCommand):
@@ -52,7 +60,9 @@ class Command(BaseCommand):
         create.add_argument("--expires", type=float, metavar="DAYS", help="lifetime in days")
         _binding_arguments(create)
         sub.add_parser("list", help="list tokens (never their secrets)")
-        bind = sub.add_parser("bind", help="replace what an agent token reports for")
+        bind = sub.add_parser(
+            "bind", help="replace what an agent token reports for (and registers into)"
+        )
         bind.add_argument("name")
         _binding_arguments(bind)
         revoke = sub.add_parser("revoke", help="revoke a token by name")
@@ -69,6 +79,7 @@ class Command(BaseCommand):
                     instances=options["instance"],
                     links=options["link"],
                     fleet_wide=options["fleet_wide"],
+                    clusters=options["cluster"],
                 )
                 self.stderr.write(
                     f"token {issued.token.name!r} with scopes {', '.join(issued.token.scopes)}"
@@ -91,6 +102,7 @@ class Command(BaseCommand):
                     links=options["link"],
                     fleet_wide=options["fleet_wide"],
                     actor=CLI_ACTOR,
+                    clusters=options["cluster"],
                 )
                 self.stdout.write(f"bound {token.name} to {_reports_for(token)}")
             else:

@@ -23,7 +23,7 @@ from scheduling.core.routing.reasons import Reason
 
 CLUSTER_KINDS = ("prfaas", "pd")
 INSTANCE_ROLES = ("prefill", "decode")
-INSTANCE_STATES = ("active", "draining", "down")
+INSTANCE_STATES = ("active", "draining", "down", "unreachable")
 STALE_MODES = ("static", "local")
 #: The engines' disaggregated KV protocols a gateway drives (``clusters.models.KvConnector``).
 KV_CONNECTORS = ("nixl", "shared_storage")
@@ -175,7 +175,7 @@ class ClusterSpec:
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """One model replica. ``role``: prefill|decode; ``state``: active|draining|down.
+    """One model replica. ``role``: prefill|decode; ``state``: active|draining|down|unreachable.
 
     ``endpoint`` is where a router sends the work (URL or host:port), returned verbatim.
     Only ``active`` instances are ever chosen.

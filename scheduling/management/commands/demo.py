@@ -1,7 +1,9 @@
 """``manage.py demo``: the control plane on embedded defaults, in one command.
 
-Migrates, loads the paper's case-study topology, makes sure an operator account and the
-emulator's API tokens exist, then supervises the web server (uvicorn, ASGI), a Celery worker,
+Migrates, loads the paper's case-study topology without its instances (sites, clusters,
+profiles, the link: the emulated engines join by themselves, registered by their agents when
+the emulator starts; with ``--no-emulator`` the file declares them), makes sure an operator account and the emulator's API tokens exist, then
+supervises the web server (uvicorn, ASGI), a Celery worker,
 beat and the fleet emulator (``manage.py emulate``) as child processes, each in its own
 process group. The rebalancer runs every ``REBALANCE_INTERVAL_S`` (60 s in the demo unless set).
 Ctrl-C stops every child; manage.py then stops the embedded Redis it started for the demo. A
@@ -42,7 +44,8 @@ from scheduling.policies import policy_create, policy_current
 # the link and instance faults it injects in the inventory (as a network monitor would).
 DEMO_TOKENS = {
     "EMULATOR_ROUTER_TOKEN": ("demo-emulator-router", ["router"]),
-    "EMULATOR_AGENT_TOKEN": ("demo-emulator-agent", ["agent"]),
+    # Its agents post telemetry and KV events, and register the engines they run beside.
+    "EMULATOR_AGENT_TOKEN": ("demo-emulator-agent", ["agent", "register"]),
     "EMULATOR_ADMIN_TOKEN": ("demo-emulator-admin", ["admin"]),
     # The PD gateway in front of the demo's fake engines (fleet/gateway/demo.py).
     GATEWAY_TOKEN_ENV: ("demo-gateway", ["router"]),
@@ -104,7 +107,10 @@ class Command(BaseCommand):
             self._lock = self._single_instance_lock()
 
         call_command("migrate", interactive=False, verbosity=0)
-        call_command("topology", "apply", str(scenario))
+        # The instances are the agents' to register (the emulator's, at its start); without
+        # the emulator nobody would, so the file declares them.
+        instances = ["--no-instances"] if not options["no_emulator"] else []
+        call_command("topology", "apply", str(scenario), *instances)
         self._initial_policy(scenario)
         username, password = self._operator_account()
         tokens = self._emulator_tokens()
@@ -192,9 +198,16 @@ class Command(BaseCommand):
         self._supervise(commands, env, optional)
 
     def _gateway_commands(self, python: str, options: dict[str, Any]) -> dict[str, list[str]]:
-        """Fake engines for every instance and the gateway for the first PD cluster."""
-        instances = list(Instance.objects.select_related("cluster").order_by("name"))
-        origin = next((i.cluster.name for i in instances if i.cluster.kind == ClusterKind.PD), "")
+        """Fake engines for every instance (the scenario's, which join when the emulator
+        starts, and the inventory's) and the gateway for the first PD cluster."""
+        roles: dict[str, str] = {}
+        origin = ""
+        for cluster in scenario_load(Path(options["scenario"])).clusters:
+            roles.update(cluster.instance_roles())
+            if cluster.kind == ClusterKind.PD and not origin:
+                origin = cluster.name
+        for name, role in Instance.objects.values_list("name", "role"):
+            roles.setdefault(name, role)
         if not origin:
             return {}
         port = options["gateway_port"] or options["port"] + 1
@@ -204,7 +217,7 @@ class Command(BaseCommand):
         )
         return demo_gateway_commands(
             python,
-            [(i.name, i.role) for i in instances],
+            sorted(roles.items()),
             origin,
             f"http://{options['host']}:{options['port']}",
             options["host"],
@@ -270,12 +283,15 @@ class Command(BaseCommand):
         out: dict[str, str] = {}
         for env_name, (name, scopes) in DEMO_TOKENS.items():
             secret = kept.get(env_name, "")
-            valid = (
-                bool(secret)
-                and ApiToken.objects.filter(
-                    secret_sha256=token_hash(secret), revoked_at__isnull=True
-                ).exists()
+            stored = (
+                ApiToken.objects.filter(secret_sha256=token_hash(secret), revoked_at__isnull=True)
+                .values_list("scopes", flat=True)
+                .first()
+                if secret
+                else None
             )
+            # A token from an older demo lacking a scope this one needs is replaced.
+            valid = stored is not None and set(scopes) <= set(stored)
             if not valid:
                 taken = set(
                     ApiToken.objects.filter(name__startswith=name).values_list("name", flat=True)

@@ -75,6 +75,20 @@ def assert_refused(response: Any, name: str) -> None:
     assert got["code"] == "outside_binding" and name in got["detail"]
 
 
+def test_a_token_bound_to_a_cluster_reports_for_its_instances_only(fleet: None) -> None:
+    headers = bearer(api_token("agent", name="agent-cluster-a", clusters=("pd-a",))[1])
+    assert post("/telemetry", telemetry_body(OWN, queue_depth=1), headers).status_code == 200
+    assert_refused(post("/telemetry", telemetry_body(OTHER, queue_depth=1), headers), OTHER)
+    frames = msgspec.msgpack.encode({"instance": OTHER, "batches": [[0, b"x"]]})
+    refused = Client().post(
+        "/api/v1/kv-events/msgpack",
+        data=frames,
+        content_type="application/msgpack",
+        headers=headers,
+    )
+    assert_refused(refused, OTHER)
+
+
 def test_a_bound_agent_reports_for_its_own_instance_and_link(bound: dict[str, str]) -> None:
     response = post("/telemetry", telemetry_body(OWN, OWN_LINK, queue_depth=4), bound)
     assert response.status_code == 200, response.content

@@ -81,6 +81,12 @@ class Principal:
         return scope in self.scopes or Scope.ADMIN in self.scopes
 
 
+def _link_live_key(name: str) -> str:
+    """A bound link as the live stores name it (``source>target``): bindings are written
+    ``source->target``; ones stored before that spelling are already in the live form."""
+    return name.replace("->", ">", 1)
+
+
 def binding_check(
     principal: Any, *, instances: Iterable[str] = (), links: Iterable[str] = ()
 ) -> None:
@@ -93,7 +99,8 @@ def binding_check(
             raise Forbidden(f"this token is not bound to instance {name!r}", code="outside_binding")
     for key in links:
         if key not in binding.links:
-            raise Forbidden(f"this token is not bound to link {key!r}", code="outside_binding")
+            shown = key.replace(">", "->", 1)
+            raise Forbidden(f"this token is not bound to link {shown!r}", code="outside_binding")
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,10 @@ def _token_fetch(digest: str) -> _CachedToken | None:
         expires_at=row["expires_at"],
         binding=None
         if fleet_wide
-        else Binding(instances=frozenset(row["instances"]), links=frozenset(row["links"])),
+        else Binding(
+            instances=frozenset(row["instances"]),
+            links=frozenset(_link_live_key(name) for name in row["links"]),
+        ),
     )
 
 

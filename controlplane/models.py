@@ -26,7 +26,7 @@ class ApiToken(models.Model):
     is the first characters of the token: not secret, enough to tell tokens apart in lists.
 
     The binding confines what an ``agent`` token reports for: ``instances`` (instance names)
-    and ``links`` (``source>target``, cluster names), the hosts the agent runs beside. Samples,
+    and ``links`` (``source->target``, cluster names), the hosts the agent runs beside. Samples,
     KV events and clears for anything else get 403. ``fleet_wide`` lifts the binding (an
     emulator, a central scraper; tokens made before bindings existed were migrated
     fleet-wide); a new agent token is either bound or explicitly fleet-wide. ``admin`` tokens
@@ -48,7 +48,7 @@ class ApiToken(models.Model):
         default=list, blank=True, help_text="instance names an agent token reports for"
     )
     links = models.JSONField(
-        default=list, blank=True, help_text="links (source>target) an agent token reports for"
+        default=list, blank=True, help_text="links (source->target) an agent token reports for"
     )
     fleet_wide = models.BooleanField(
         default=False, help_text="an agent token that may report for every instance and link"

@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 FAULTS_KEY = "emulator:faults"
 # Redis key of the emulator's status line (a JSON string, refreshed every few seconds).
 STATUS_KEY = "emulator:status"
+# A status older than this says no emulator is running (one writes it every ``status_s``).
+STATUS_FRESH_S = 30.0
 # The per-cluster service counters of every telemetry report, newest first (15 min at 1 s).
 SERVICE_KEY = "emulator:service"
 SERVICE_KEPT = 900
@@ -684,6 +686,9 @@ class FleetEmulator:
         self._next_telemetry = self._wall0
         self._next_policy = self._wall0 + self.config.policy_s
         self._next_status = self._wall0 + self.config.status_s
+        # Written at once (printed from the first interval on): emulate_fault refuses faults
+        # while no emulator has a fresh status.
+        self._status_store(final=False)
         self._kv_reset_all()
         try:
             self.sim.run()
@@ -1187,6 +1192,11 @@ class FleetEmulator:
         if lag < -5:
             line += f"; {-lag:.0f} s behind the wall clock"
         self._out(line + (" (stopped)" if final else ""))
+        self._status_store(final)
+
+    def _status_store(self, final: bool) -> None:
+        """The status line's figures in Redis (``STATUS_KEY``), for ``emulate_fault``."""
+        s = self.stats
         if self.faults is not None:
             status = {
                 "ts": self._clock(),

@@ -1,7 +1,7 @@
 """``manage.py token create|list|bind|revoke``: API tokens for routers, agents and scripts.
 
 An agent token is bound to the instances and links it reports for (``--instance``,
-``--link source>target``, repeatable) or made ``--fleet-wide``."""
+``--link source->target``, repeatable; both must exist in the inventory) or made ``--fleet-wide``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _binding_arguments(parser: ArgumentParser) -> None:
         "--instance", action="append", default=[], help="an instance it reports for (repeat)"
     )
     parser.add_argument(
-        "--link", action="append", default=[], help="a link source>target it reports for (repeat)"
+        "--link", action="append", default=[], help="a link source->target it reports for (repeat)"
     )
     parser.add_argument(
         "--fleet-wide", action="store_true", help="may report for every instance and link"

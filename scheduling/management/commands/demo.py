@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from clusters.models import ClusterKind, Instance
+from clusters.models import ClusterKind, Instance, Link
 from controlplane.audit import CLI_ACTOR
 from controlplane.models import ApiToken, token_hash
 from controlplane.services import token_create
@@ -117,7 +118,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(f"\nPrfaaS control plane: {url}\n  login: {username} / {password}\n")
             + f"  (credentials and the emulator's API tokens: {credentials})\n"
-            + "  inject a fault: python manage.py emulate_fault link prfaas-h200->pd-h20 --gbps 2\n"
+            + self._fault_hint()
         )
 
         env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
@@ -190,6 +191,15 @@ class Command(BaseCommand):
             commands.update(self._gateway_commands(python, options))
             optional.update(("engines", "gateway"))
         self._supervise(commands, env, optional)
+
+    def _fault_hint(self) -> str:
+        """A fault to try, quoted for a shell (a bare ``a->b`` would redirect into a file)."""
+        link = Link.objects.select_related("source", "target").order_by("id").first()
+        if link is None:
+            return ""
+        argv = ["python", "manage.py", "emulate_fault", "link"]
+        argv += [f"{link.source.name}->{link.target.name}", "--gbps", "2"]
+        return f"  inject a fault (in the activated venv): {shlex.join(argv)}\n"
 
     def _gateway_commands(self, python: str, options: dict[str, Any]) -> dict[str, list[str]]:
         """Fake engines for every instance and the gateway for the first PD cluster."""

@@ -43,7 +43,9 @@ class TokenBindingIn(Schema):
 
     instances: list[BoundName] = Field(default_factory=list, max_length=MAX_BOUND_NAMES)
     links: list[BoundName] = Field(
-        default_factory=list, max_length=MAX_BOUND_NAMES, description="source->target (cluster names)"
+        default_factory=list,
+        max_length=MAX_BOUND_NAMES,
+        description="source->target (cluster names)",
     )
     fleet_wide: bool = False
 

@@ -30,6 +30,29 @@ SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
 
 IN_FLIGHT = (PlanStatus.APPROVED, PlanStatus.APPLYING, PlanStatus.ROLLING_BACK)
 
+# The hook for the planner's predicted link refusals (issue 28 adds them to a plan's
+# predictions): the share of the offloads offered to a PD cluster's links that their guard
+# keeps local. Until a prediction carries this key the pages show the observed share alone.
+PREDICTED_REFUSAL_KEY = "offload_refused_fraction"
+
+
+def plan_predicted_refusal(plan: Plan | None, setting: str = "proposed") -> float | None:
+    """What ``plan`` predicted for its ``setting`` of the share of offloads its PD cluster's
+    link guard keeps local (None: no plan, or the planner predicts no such figure yet)."""
+    if plan is None:
+        return None
+    value = (plan.predictions.get(setting) or {}).get(PREDICTED_REFUSAL_KEY)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def plans_in_force() -> dict[str, Plan]:
+    """The plan each PD cluster runs now: its latest applied one (by cluster name)."""
+    out: dict[str, Plan] = {}
+    applied = Plan.objects.filter(status=PlanStatus.APPLIED).select_related("cluster")
+    for plan in applied.order_by("-applied_at", "-id"):
+        out.setdefault(plan.cluster.name, plan)
+    return out
+
 
 def plan_list(
     *, cluster: str | None = None, status: str | None = None, limit: int = 100

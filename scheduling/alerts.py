@@ -290,7 +290,9 @@ def service_levels(
         inside = [c for c in earlier if now_c.ts - window_s <= c.ts < now_c.ts]
         if not inside:
             continue
-        level = service_level(min(inside, key=lambda c: c.ts), now_c)
+        level = service_level(
+            min(inside, key=lambda c: c.ts), now_c, float(settings.FLEET_CLOCK_SPEED)
+        )
         if level is not None:
             out.append(level)
     return out

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from clusters.live.telemetry import ReservationOutcome
 from controlplane.redis_connection import redis_async, redis_sync
@@ -53,6 +54,12 @@ BIN_EDGES: tuple[int, ...] = (0, *(round(2 ** (k / 4)) for k in range(24, 85)))
 def length_bin(tokens: int) -> int:
     """Index of the histogram bin holding ``tokens``: ``BIN_EDGES[i] <= tokens < [i + 1]``."""
     return max(0, bisect.bisect_right(BIN_EDGES, tokens) - 1)
+
+
+def fleet_rate(count: float, wall_s: float) -> float:
+    """``count`` events over ``wall_s`` seconds of the wall clock, per second of the fleet's
+    clock (``FLEET_CLOCK_SPEED``: an emulated fleet may run faster)."""
+    return count / wall_s / float(settings.FLEET_CLOCK_SPEED) if wall_s > 0 else 0.0
 
 
 def traffic_key(cluster: str, minute: int) -> str:
@@ -260,9 +267,8 @@ class TrafficWindow:
 
     @property
     def arrival_rate(self) -> float:
-        """Requests per second over the window."""
-        span = self.end - self.start
-        return self.arrivals / span if span > 0 else 0.0
+        """Requests per second of the fleet's clock over the window."""
+        return fleet_rate(self.arrivals, self.end - self.start)
 
     @property
     def offload_fraction(self) -> float:

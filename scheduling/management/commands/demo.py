@@ -55,8 +55,12 @@ class Command(BaseCommand):
     help = "Run the control plane with a live demo on embedded defaults (Ctrl-C stops it)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default=os.environ.get("DEMO_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
+        parser.add_argument(
+            "--host", default=settings.DEMO_HOST, help="address to serve on (env DEMO_HOST)"
+        )
+        parser.add_argument(
+            "--port", type=int, default=settings.DEMO_PORT, help="web port (env DEMO_PORT)"
+        )
         parser.add_argument(
             "--scenario",
             default=str(Path(settings.SCENARIOS_DIR) / "paper-case-study.yaml"),
@@ -76,8 +80,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--gateway-port",
             type=int,
-            default=int(os.environ.get("DEMO_GATEWAY_PORT", "0")),
-            help="the gateway's port (default: the web port + 1)",
+            default=settings.DEMO_GATEWAY_PORT,
+            help="the gateway's port (env DEMO_GATEWAY_PORT; default: the web port + 1)",
         )
         parser.add_argument(
             "--setup-only",
@@ -93,8 +97,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--speed",
             type=float,
-            default=float(os.environ.get("EMULATOR_SPEED", "4")),
-            help="emulator clock speed (fleet seconds per wall second)",
+            default=settings.EMULATOR_SPEED,
+            help="emulator clock speed (fleet seconds per wall second; env EMULATOR_SPEED); "
+            "the control plane's processes get it as FLEET_CLOCK_SPEED",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -124,6 +129,9 @@ class Command(BaseCommand):
         env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
         # Demo-length rebalancer period (children read settings from the environment).
         env.setdefault("REBALANCE_INTERVAL_S", DEMO_REBALANCE_INTERVAL_S)
+        # The emulated fleet's clock runs this much faster than the wall clock: the plane reads
+        # the rates it counts in the fleet's clock (none without the emulator).
+        env["FLEET_CLOCK_SPEED"] = "1" if options["no_emulator"] else str(options["speed"])
         python = sys.executable
         commands = {
             "web": [

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from clusters.live import prefix_index, telemetry
@@ -305,3 +306,19 @@ def _counters(cluster: str, raw: Sequence[Any]) -> ServiceCounters:
 def inflight_history(readings: Sequence[Reading], link: str) -> list[list[float]]:
     """``[ts, in-flight bytes, budget bytes, capacity Gbps]`` of one link, oldest first."""
     return [[r.ts, *r.links[link]] for r in reversed(readings) if link in r.links]
+
+
+def service_between(cluster: str, start: float, end: float) -> ServiceLevel | None:
+    """What ``cluster`` served between the first stored reading at or after ``start`` and the
+    last one at or before ``end`` (the readings reach back ``READINGS_KEPT`` ticks; None when
+    they hold no such pair)."""
+    held = [
+        _counters(cluster, r.service[cluster])
+        for r in readings_read()
+        if cluster in r.service and start <= r.ts <= end
+    ]
+    if len(held) < 2:
+        return None
+    first = min(held, key=lambda c: c.ts)
+    last = max(held, key=lambda c: c.ts)
+    return service_level(first, last, float(settings.FLEET_CLOCK_SPEED))

@@ -309,14 +309,13 @@ def inflight_history(readings: Sequence[Reading], link: str) -> list[list[float]
 
 
 def service_between(cluster: str, start: float, end: float) -> ServiceLevel | None:
-    """What ``cluster`` served between the first stored reading at or after ``start`` and the
-    last one at or before ``end`` (the readings reach back ``READINGS_KEPT`` ticks; None when
-    they hold no such pair)."""
-    held = [
-        _counters(cluster, r.service[cluster])
-        for r in readings_read()
-        if cluster in r.service and start <= r.ts <= end
+    """What ``cluster`` served between its first report at or after ``start`` and its last
+    one at or before ``end``, as the stored readings hold them (they reach back
+    ``READINGS_KEPT`` ticks; None without two reports in the span)."""
+    reports = [
+        _counters(cluster, r.service[cluster]) for r in readings_read() if cluster in r.service
     ]
+    held = [c for c in reports if start <= c.ts <= end]
     if len(held) < 2:
         return None
     first = min(held, key=lambda c: c.ts)

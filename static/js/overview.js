@@ -75,24 +75,25 @@
     });
     // Auto-scaled: a degraded link's few Gbps stay readable; capacity and budget are lines.
     var auto = { range: function (u, min, max) { return [0, Math.max(0.1, (max || 0) * 1.08)]; } };
+    // The window's last 15 minutes (a chart opened a moment ago still spans a minute).
     linkChart = new uPlot({
       width: chartWidth(lc), height: 220,
-      scales: { x: { time: true }, y: auto },
-      axes: [{}, { label: "Gbps", size: 50 }],
+      scales: { x: P.clockScale(60), y: auto },
+      axes: [P.clockAxis(lc), { label: "Gbps", size: 50 }],
       series: series
     }, linkData(), lc);
     inflightChart = new uPlot({
       width: chartWidth(ic), height: 200,
-      scales: { x: { time: true }, y: auto },
-      axes: [{}, { label: "GB in flight", size: 50 }],
+      scales: { x: P.clockScale(60), y: auto },
+      axes: [P.clockAxis(ic), { label: "GB in flight", size: 50 }],
       series: iseries
     }, inflightData(), ic);
     var qseries = [{}];
     state.clusters.forEach(function (c, i) { qseries.push({ label: c.name, stroke: colorOf(i), width: 2 }); });
     queueChart = new uPlot({
       width: chartWidth(qc), height: 220,
-      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(4, max * 1.1)]; } } },
-      axes: [{}, { label: "queued", size: 50 }],
+      scales: { x: P.clockScale(60), y: { range: function (u, min, max) { return [0, Math.max(4, max * 1.1)]; } } },
+      axes: [P.clockAxis(qc), { label: "queued", size: 50 }],
       series: qseries
     }, queueData(), qc);
   }

@@ -8,7 +8,7 @@ percentiles over all deliveries and the number of gaps (a frame whose number doe
 the last, or a resync snapshot). Target (issue 7): p99 <= 250 ms with 50 clients at 10/s.
 Measures; does not gate.
 
-    .venv/bin/python bench/live_views.py [--clients 50] [--rate 10] [--seconds 10]
+    python bench/live_views.py [--clients 50] [--rate 10] [--seconds 10]
 
 Uses ``REDIS_URL`` (embedded Redis when unset) and a throw-away SQLite database for the one
 user the clients log in as, unless ``DATABASE_URL`` is set.

@@ -116,7 +116,7 @@ def documented_commands() -> list[Command]:
             if lang in ("sh", "bash"):
                 out.append(Command(f"{name}:{line}", body, block=True))
         prose = re.sub(
-            r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, 0, re.S | re.M
+            r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M
         )
         for number, row in enumerate(prose.splitlines(), 1):
             for span in re.findall(r"`([^`]+)`", row):

@@ -84,6 +84,9 @@ NOT_RUN: dict[str, str] = {
     ),
     r"^git pull$": "would change the checkout under test",
 }
+# Entries kept although no document has such a command yet (the Kubernetes deployment's
+# section is being written beside this change).
+NOT_RUN_AHEAD = {r"^kubectl "}
 
 
 @dataclass(frozen=True)
@@ -147,10 +150,14 @@ def test_every_command_is_where_this_test_finds_it_and_written_one_way() -> None
     commands = documented_commands()
     assert len(commands) >= 30, len(commands)
     assert not hidden_commands(), hidden_commands()
-    one_way = [c.where for c in commands if ".venv/bin" in c.text]
+    one_way = [c.where for c in commands if ".venv/bin/python" in c.text]
     assert not one_way, f"write `python ...` in the activated venv, as the README says: {one_way}"
     lines = [line for c in commands for line in c.lines()]
-    unused = [p for p in NOT_RUN if not any(re.search(p, line) for line in lines)]
+    unused = [
+        p
+        for p in NOT_RUN
+        if p not in NOT_RUN_AHEAD and not any(re.search(p, line) for line in lines)
+    ]
     assert not unused, f"NOT_RUN entries no documented command matches: {unused}"
     joined = "\n".join(lines)
     for path in (
@@ -229,14 +236,17 @@ def test_every_documented_command_runs_against_a_live_stack(stack: tuple[Demo, s
     ran = 0
     # docs/api.md's own commands make $TOKEN: run its blocks before the curl examples need it.
     commands = sorted(documented_commands(), key=lambda c: "TOKEN=$(" not in c.text)
+    done_already: set[str] = set()
     for command in commands:
         runnable = Command(
             command.where,
             "\n".join(line for line in command.lines() if not _skip(line, skipped, command.where)),
             command.block,
         )
-        if not runnable.lines():
+        # A command documented in several places runs once (the first place it is found).
+        if not runnable.lines() or (not command.block and runnable.text in done_already):
             continue
+        done_already.add(runnable.text)
         started = time.monotonic()
         done = _run(runnable, demo, gateway, env)
         ran += len(runnable.lines())

@@ -381,8 +381,8 @@ def test_every_page_of_the_live_demo_is_photographed_and_reads_cleanly_at_every_
         violations["/accounts/login/"] = found
     for size in (DESKTOP, PHONE):
         login.set_viewport_size(size)
-        if found := {k: v for k, v in page_problems(login).items() if v}:
-            problems[f"/accounts/login/ at {size['width']} px"] = found
+        if seen := {k: v for k, v in page_problems(login).items() if v}:
+            problems[f"/accounts/login/ at {size['width']} px"] = seen
     visitor.close()
     assert not problems, json.dumps(problems, indent=1)[:6000]
     assert not violations, json.dumps(violations, indent=1)[:4000]

@@ -80,7 +80,7 @@ def test_the_synthetic_trace_replays_from_its_own_scenario_with_its_prefixes_reu
     # Its own scenario names only the trace and extends the conversation's fleet: the path is
     # read relative to the scenario, as a user's own trace would be.
     synthetic = scenario_load(scenarios_dir / "mooncake-synthetic.yaml")
-    assert synthetic.workload.trace is not None
+    assert synthetic.workload is not None and synthetic.workload.trace is not None
     assert synthetic.workload.trace.path.name == "synthetic_trace.jsonl"
     result = simulate(synthetic, SimulationConfig(policy="prfaas", requests=800, seed=1))
     assert result.finished == 800 and result.dropped == 0

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Link
 from scheduling.models import PlanStatus
+from scheduling.traffic import traffic_window_read
 from tests.browser.page_checks import DESKTOP, PHONE, page_problems
 from tests.factories import PlanFactory, api_token
 from tests.scheduling.plan_pages_support import proposed_plan
@@ -141,6 +142,21 @@ def test_every_page_reads_cleanly_at_desktop_and_phone_widths(
             found = {k: v for k, v in page_problems(page).items() if v}
             if found:
                 problems[f"{path} at {size['width']} px"] = found
+    # The overview shows, per link, the offloads offered to it and those its guard kept local,
+    # as the router counted them.
+    page.set_viewport_size(DESKTOP)
+    page.goto(f"{live_url}/")
+    key = f"{link.source.name}>{link.target.name}"
+    row = page.locator(f'[data-link-guard="{key}"]')
+    window = traffic_window_read(link.target.name, time.time() - 300, time.time())
+    refused = sum(window.link_refusals.get(key, {}).values())
+    offered = window.link_offloads.get(key, 0) + refused
+    assert offered > 0
+    assert (row.get_attribute("data-offered"), row.get_attribute("data-refused")) == (
+        str(offered),
+        str(refused),
+    )
+    assert f"of {offered} offloads offered" in row.inner_text()
     # The overloaded plan's page says so, in words that follow from its numbers.
     page.goto(f"{live_url}/plans/{applied.pk}/")
     verdict = page.locator("#sim-verdict").inner_text()

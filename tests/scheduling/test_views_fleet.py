@@ -194,3 +194,12 @@ def test_the_link_page_shows_what_the_plan_in_force_predicted_for_the_guard(clie
     (shown,) = [r for r in overview_snapshot()["links"] if r["id"] == link.pk]
     assert shown["guard"]["predicted_refused_share"] == pytest.approx(0.2)
     assert shown["guard"]["refused_share"] == pytest.approx(0.1)
+
+
+def test_the_overview_says_when_its_rates_are_in_a_faster_fleet_clock(client_as, settings) -> None:
+    assert 'id="fleet-clock"' not in client_as("viewer").get(reverse("overview")).content.decode()
+    settings.FLEET_CLOCK_SPEED = 4.0
+    page = client_as("viewer").get(reverse("overview")).content.decode()
+    assert "the fleet&#x27;s clock, which runs 4x the wall clock here" in page or (
+        "the fleet's clock, which runs 4x the wall clock here" in page
+    )

@@ -1,1 +1,1 @@
-"""Benchmarks that measure, never gate (run each as a script: .venv/bin/python bench/NAME.py)."""
+"""Benchmarks that measure, never gate (run each as a script in the activated venv: python bench/NAME.py)."""

@@ -3,7 +3,7 @@
 requests, seed 3), with the acceptance verdict. The test ``tests/scheduling/core/
 test_agreement.py`` asserts the same on the same scenarios; this prints the numbers.
 
-    .venv/bin/python bench/agreement.py [SCENARIO.yaml ...]
+    python bench/agreement.py [SCENARIO.yaml ...]
 
 Without arguments: every scenario of ``scenarios/`` with a PrfaaS cluster, and those of
 ``tests/scheduling/scenarios`` (thin links, heavy and dense KV, several PD clusters).

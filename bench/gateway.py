@@ -34,7 +34,7 @@ Targets (issue 15): gateway throughput >= 50% of sglang-router's; added p99 <= 2
 requests/s. Loopback only, bounded by ``--requests`` and ``--rate-seconds``; it measures, it
 never gates.
 
-    .venv/bin/python bench/gateway.py [--requests 6000] [--concurrency 32] [--rate 1000]
+    python bench/gateway.py [--requests 6000] [--concurrency 32] [--rate 1000]
                                       [--low-rate 300] [--rate-seconds 8] [--server granian]
                                       [--gateway-workers N] [--engine-server granian]
 """

@@ -23,7 +23,7 @@ Before issue 13, one link sample of ``interval_s`` 3600 cost ~0.2 s of worker ti
 command per second of the interval); now every sample is one write whatever its interval.
 Loopback only, bounded by the arguments. It measures; it never gates. The last line is JSON.
 
-    .venv/bin/python bench/ingest_isolation.py [--rate 200] [--requests 4000] [--posters 2]
+    python bench/ingest_isolation.py [--rate 200] [--requests 4000] [--posters 2]
 """
 
 from __future__ import annotations

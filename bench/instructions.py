@@ -14,7 +14,7 @@ It needs valgrind (Debian: ``apt-get install valgrind``). About a minute and a h
 ``--repeat`` (six runs under cachegrind, each ~50x slower than native). It measures, it never
 gates.
 
-    .venv/bin/python bench/instructions.py [--against REF] [--requests 2000] [--loops 3]
+    python bench/instructions.py [--against REF] [--requests 2000] [--loops 3]
                                            [--repeat 1]
 """
 

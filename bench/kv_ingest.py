@@ -21,7 +21,7 @@ Bodies are encoded before the clock starts: the servers are measured, not the lo
 Loopback only, bounded by the arguments. It measures; it never gates. Targets (issue 14):
 >= 50,000 block events/s, <= 150 bytes per entry. The last line is one JSON object.
 
-    .venv/bin/python bench/kv_ingest.py [--blocks 40000] [--steady-steps 600] [--agents 4]
+    python bench/kv_ingest.py [--blocks 40000] [--steady-steps 600] [--agents 4]
 """
 
 from __future__ import annotations

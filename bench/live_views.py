@@ -8,7 +8,7 @@ percentiles over all deliveries and the number of gaps (a frame whose number doe
 the last, or a resync snapshot). Target (issue 7): p99 <= 250 ms with 50 clients at 10/s.
 Measures; does not gate.
 
-    .venv/bin/python bench/live_views.py [--clients 50] [--rate 10] [--seconds 10]
+    python bench/live_views.py [--clients 50] [--rate 10] [--seconds 10]
 
 Uses ``REDIS_URL`` (embedded Redis when unset) and a throw-away SQLite database for the one
 user the clients log in as, unless ``DATABASE_URL`` is set.
@@ -114,8 +114,11 @@ class Client_:
 async def _client(
     url: str, cookie: str, stats: Client_, ready: asyncio.Event, stop: asyncio.Event
 ) -> None:
+    # The page's own origin (scheme, host and port), as a browser sends it: the server refuses
+    # a live-view socket from any other (controlplane/ws_origin.py).
+    origin = "http://" + url.removeprefix("ws://").split("/", 1)[0]
     async with websockets.connect(
-        url, additional_headers={"Cookie": cookie, "Origin": "http://127.0.0.1"}, max_size=None
+        url, additional_headers={"Cookie": cookie, "Origin": origin}, max_size=None
     ) as ws:
         first = json.loads(await ws.recv())
         stats.epoch, stats.seq = first["epoch"], first["seq"]

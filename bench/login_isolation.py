@@ -16,7 +16,7 @@ In one run it:
 Loopback only, bounded by ``--requests``. It measures; it never gates (issue 13: before the
 route path had its own database thread, 8 bad logins raised /route p50 from 8.5 to 87 ms).
 
-    .venv/bin/python bench/login_isolation.py [--requests 3000] [--concurrency 4] [--logins 8]
+    python bench/login_isolation.py [--requests 3000] [--concurrency 4] [--logins 8]
 """
 
 from __future__ import annotations

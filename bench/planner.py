@@ -11,7 +11,7 @@ Standalone: sets up nothing Django. Prints times and ratios, measured in the sam
 Budget (issues 3 and 12): a full plan, ``at_load`` included, stays under 0.5 s on one core.
 This script reports it; it does not gate (benchmarks measure, CI asserts behaviour).
 
-    .venv/bin/python bench/planner.py [SCENARIO.yaml]
+    python bench/planner.py [SCENARIO.yaml]
 """
 
 from __future__ import annotations

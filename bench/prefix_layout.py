@@ -20,7 +20,7 @@ each layout's read path (holder intersection left out: it is the same for both).
 bytes of Redis memory per entry and Redis's own time per batch (INFO commandstats: inside the
 server, I/O excluded), best and median of ``--rounds``; the last line is one JSON object.
 
-    .venv/bin/python bench/prefix_layout.py [--entries 300000] [--chains 500] [--blocks 20]
+    python bench/prefix_layout.py [--entries 300000] [--chains 500] [--blocks 20]
                                             [--held 12] [--rounds 15]
 """
 

@@ -7,7 +7,7 @@ TTFT target and the decode SLO) of both, their ratio, and when the rebalancer re
 A second table runs ``prfaas-dual`` with the router's PrfaaS-backlog rule switched off, to
 separate the long-term loop from the short-term controller. Measures; does not gate.
 
-    .venv/bin/python bench/rebalancer_drift.py [--seeds 1 2] [--slo 5 10 30]
+    python bench/rebalancer_drift.py [--seeds 1 2] [--slo 5 10 30]
 """
 
 from __future__ import annotations

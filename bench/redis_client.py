@@ -7,7 +7,7 @@ times, in one asyncio loop. Prints this process's CPU per round trip (user + sys
 client's Python and its socket calls; Redis's own CPU is another process's) and the ratio of
 the plain command to the pipeline, median of the rounds; the last line is one JSON object.
 
-    .venv/bin/python bench/redis_client.py [--calls 3000] [--rounds 3]
+    python bench/redis_client.py [--calls 3000] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ bounded by ``--requests``/``--batches`` (a few minutes). It measures; it never g
 Targets (issue 16): at 32 in flight the app's rate >= sglang-router's and its p99 <= 1.5x;
 batches of 500 >= 30,000 decisions/s; CPU per single decision <= 0.3 ms.
 
-    .venv/bin/python bench/route_api.py [--requests 4000] [--concurrency 8,16,32]
+    python bench/route_api.py [--requests 4000] [--concurrency 8,16,32]
                                         [--batches 40] [--batch-size 500] [--batch-rounds 5]
                                         [--no-router]
 """

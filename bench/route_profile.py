@@ -7,7 +7,7 @@ without a server or sockets: single requests, then batches, each under cProfile.
 wall time per call and the functions that take the most of it (own time and cumulative), so
 the HTTP server's share is what ``bench/route_api.py`` adds on top.
 
-    .venv/bin/python bench/route_profile.py [--requests 3000] [--batches 20] [--top 25]
+    python bench/route_profile.py [--requests 3000] [--batches 20] [--top 25]
                                             [--concurrency 1] [--repeat 1] [--redis]
 
 ``--top -1`` times without cProfile (to run under ``py-spy record -- ...``); with

@@ -18,7 +18,7 @@ decision costs relative to the cheapest possible Python call on this machine. It
 Target (issue 16): p99 <= 100 us for 64 prefill + 64 decode instances. This script reports;
 it does not gate.
 
-    .venv/bin/python bench/router_pure.py [--requests N] [--trace PATH]
+    python bench/router_pure.py [--requests N] [--trace PATH]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ round-robin instances, no live state, no router call) to show what routing costs
 simulated requests per wall-second for both and their ratio. Target: the full run within 60 s
 on one core. Measures; does not gate.
 
-    .venv/bin/python bench/simulator.py [--requests 100000] [--seed 1]
+    python bench/simulator.py [--requests 100000] [--seed 1]
 """
 
 from __future__ import annotations

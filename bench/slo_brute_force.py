@@ -15,7 +15,7 @@ Acceptance: the simulated P90 at the planner's rate is within the target, and th
 rate is at least 95% of the brute-force best. Prints the table and the verdict; measures, does
 not gate. Slow (minutes): every probe is a 6,000-request simulation.
 
-    .venv/bin/python bench/slo_brute_force.py [--quick]
+    python bench/slo_brute_force.py [--quick]
 """
 
 from __future__ import annotations

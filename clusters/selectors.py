@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from django.db.models import QuerySet
@@ -92,4 +93,21 @@ def link_list(*, source_id: int | None = None, target_id: int | None = None) -> 
     return _filtered(
         Link.objects.select_related("source", "target").order_by("id"),
         {"source_id": source_id, "target_id": target_id},
+    )
+
+
+def inventory_names_missing(
+    instances: Sequence[str], links: Sequence[tuple[str, str]]
+) -> tuple[list[str], list[str]]:
+    """The instance names and links ``(source, target)`` the inventory does not have (links
+    as ``source->target``), for a token binding to be refused when it is written."""
+    known = set(Instance.objects.filter(name__in=instances).values_list("name", flat=True))
+    pairs = set(
+        Link.objects.filter(
+            source__name__in={s for s, _ in links}, target__name__in={t for _, t in links}
+        ).values_list("source__name", "target__name")
+    )
+    return (
+        [name for name in instances if name not in known],
+        [f"{s}->{t}" for s, t in links if (s, t) not in pairs],
     )

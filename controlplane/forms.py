@@ -40,7 +40,7 @@ class BindingFields(forms.Form):
     links = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="agent tokens: links as source>target (cluster names)",
+        help_text="agent tokens: links as source->target (cluster names, as the pages write them)",
     )
     fleet_wide = forms.BooleanField(
         required=False,

@@ -183,13 +183,20 @@ class AlertSet:
 @dataclass(frozen=True)
 class LinkBudget:
     """One link's in-flight KV bytes against its budget, and the capacity in force, at ``ts``
-    (the capacity follows a fault or an inventory change without a reload)."""
+    (the capacity follows a fault or an inventory change without a reload); and over the last
+    ``guard_window_s`` the offloads it carried, those its guard kept local by cause, and the
+    share of them the plan in force predicted (None: no prediction)."""
 
     link: str
     inflight_bytes: float
     budget_bytes: float
     capacity_gbps: float
     egress_budget_gbps: float
+    guard_window_s: float = 0.0
+    offloads: int = 0
+    refused_budget: int = 0
+    refused_saturation: int = 0
+    predicted_refused_share: float | None = None
 
 
 @dataclass(frozen=True)

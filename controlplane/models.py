@@ -27,7 +27,7 @@ class ApiToken(models.Model):
     is the first characters of the token: not secret, enough to tell tokens apart in lists.
 
     The binding confines what an ``agent`` token reports for: ``instances`` (instance names)
-    and ``links`` (``source>target``, cluster names), the hosts the agent runs beside, and
+    and ``links`` (``source->target``, cluster names), the hosts the agent runs beside, and
     ``clusters``: every instance of those clusters, including ones registered later. Samples,
     KV events and clears for anything else get 403. A ``register`` token registers instances
     into its ``clusters`` only. ``fleet_wide`` lifts the binding (an emulator, a central
@@ -51,7 +51,7 @@ class ApiToken(models.Model):
         default=list, blank=True, help_text="instance names an agent token reports for"
     )
     links = models.JSONField(
-        default=list, blank=True, help_text="links (source>target) an agent token reports for"
+        default=list, blank=True, help_text="links (source->target) an agent token reports for"
     )
     clusters = models.JSONField(
         default=list,

@@ -4,7 +4,7 @@ audit."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -41,9 +41,32 @@ def scopes_validate(scopes: list[str] | tuple[str, ...]) -> list[str]:
     return sorted(set(scopes))
 
 
-# Names of the inventory (instance names, link ``source>target``) as a binding holds them.
+# Names of the inventory (instance names, links ``source->target``) as a binding holds them.
 MAX_BOUND_NAMES = 10_000
 MAX_NAME_CHARS = 301
+LINK_ARROW = "->"
+
+# What the inventory lacks of a binding's names: (instances, links) unknown. The inventory app
+# installs its lookup when it is ready (controlplane sits below it and cannot import it); until
+# then nothing is refused for being unknown.
+InventoryLookup = Callable[[Sequence[str], Sequence[tuple[str, str]]], tuple[list[str], list[str]]]
+_inventory_lookup: InventoryLookup | None = None
+
+
+def binding_inventory_register(lookup: InventoryLookup) -> None:
+    """Install the inventory's lookup of unknown names (clusters.apps calls it)."""
+    global _inventory_lookup
+    _inventory_lookup = lookup
+
+
+def link_parse(name: str) -> tuple[str, str] | None:
+    """``source->target`` as (source, target); None for any other spelling."""
+    source, arrow, target = name.strip().partition(LINK_ARROW)
+    if not arrow or not source.strip() or not target.strip() or LINK_ARROW in target:
+        return None
+    if ">" in source or ">" in target:
+        return None
+    return source.strip(), target.strip()
 
 
 def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str]:
@@ -52,9 +75,37 @@ def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
             raise Invalid(f"{field}: [{i}] must be a name of 1 to {MAX_NAME_CHARS} characters")
-        if link and name.count(">") != 1:
-            raise Invalid(f"{field}: [{i}] must be source>target (cluster names), got {name!r}")
+        if link and link_parse(name) is None:
+            raise Invalid(
+                f"{field}: [{i}] must be source->target (cluster names, as emulate_fault and "
+                f"the pages write a link), got {name!r}"
+            )
+    if link:
+        pairs = [link_parse(name) for name in names]
+        return sorted({f"{p[0]}{LINK_ARROW}{p[1]}" for p in pairs if p is not None})
     return sorted({name.strip() for name in names})
+
+
+def _names_known(instances: list[str], links: list[str]) -> None:
+    """Refuse names the inventory does not have: a binding to them would only show later, as
+    a 403 ``outside_binding`` for the names the agent really reports."""
+    if _inventory_lookup is None or not (instances or links):
+        return
+    pairs = [link_parse(name) for name in links]
+    missing_instances, missing_links = _inventory_lookup(
+        instances, [p for p in pairs if p is not None]
+    )
+    if missing_instances:
+        raise Invalid(
+            f"instances: no instance named {', '.join(map(repr, missing_instances))} in the "
+            "inventory",
+            code="unknown_instance",
+        )
+    if missing_links:
+        raise Invalid(
+            f"links: no link {', '.join(map(repr, missing_links))} in the inventory",
+            code="unknown_link",
+        )
 
 
 @dataclass(frozen=True)
@@ -73,13 +124,14 @@ def binding_validate(
     fleet_wide: bool,
     clusters: Sequence[str] = (),
 ) -> TokenBinding:
-    """The binding's names, cleaned; an agent token must be bound or explicitly fleet-wide, and
-    a register token bound to clusters or fleet-wide."""
+    """The binding's names, cleaned and known to the inventory; an agent token must be bound or
+    explicitly fleet-wide, and a register token bound to clusters or fleet-wide."""
     binding = TokenBinding(
         instances=_names_validate("instances", instances, link=False),
         links=_names_validate("links", links, link=True),
         clusters=_names_validate("clusters", clusters, link=False),
     )
+    _names_known(binding.instances, binding.links)
     if TokenScope.ADMIN in scopes or fleet_wide:
         return binding
     if TokenScope.AGENT in scopes and not (binding.instances or binding.links or binding.clusters):

@@ -237,6 +237,18 @@ if env_bool("PRODUCTION"):
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
 # Domain settings.
+# Fleet seconds per wall second of the fleet this plane controls: 1 for real engines. The demo's
+# emulator runs its fleet faster (`manage.py demo` passes its --speed on to the processes it
+# starts): rates counted over wall time (requests arriving at the router, served by the
+# engines) are divided by it, so that they read in the fleet's clock like its TTFTs, its link
+# bytes (the emulator reports them in fleet time) and the planner's capacities.
+FLEET_CLOCK_SPEED = env_number("FLEET_CLOCK_SPEED", 1.0, low=0.001, high=1000)
+# `manage.py demo`: the address it serves on, its PD gateway's port (0: the web port + 1) and
+# its emulator's clock speed (fleet seconds per wall second; also `manage.py emulate`'s default).
+DEMO_HOST = os.environ.get("DEMO_HOST", "127.0.0.1")
+DEMO_PORT = env_int("DEMO_PORT", 8000, low=1, high=65535)
+DEMO_GATEWAY_PORT = env_int("DEMO_GATEWAY_PORT", 0, low=0, high=65535)
+EMULATOR_SPEED = env_number("EMULATOR_SPEED", 4.0, low=0.001, high=1000)
 REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600, low=10, high=7 * 86400)
 # The traffic window a tick plans from; 0: the same as the interval.
 REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)

@@ -45,7 +45,9 @@ class TokenBindingIn(Schema):
 
     instances: list[BoundName] = Field(default_factory=list, max_length=MAX_BOUND_NAMES)
     links: list[BoundName] = Field(
-        default_factory=list, max_length=MAX_BOUND_NAMES, description="source>target"
+        default_factory=list,
+        max_length=MAX_BOUND_NAMES,
+        description="source->target (cluster names)",
     )
     clusters: list[BoundName] = Field(
         default_factory=list,

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from clusters.live import prefix_index, telemetry
@@ -290,7 +291,9 @@ def service_levels(
         inside = [c for c in earlier if now_c.ts - window_s <= c.ts < now_c.ts]
         if not inside:
             continue
-        level = service_level(min(inside, key=lambda c: c.ts), now_c)
+        level = service_level(
+            min(inside, key=lambda c: c.ts), now_c, float(settings.FLEET_CLOCK_SPEED)
+        )
         if level is not None:
             out.append(level)
     return out
@@ -303,3 +306,18 @@ def _counters(cluster: str, raw: Sequence[Any]) -> ServiceCounters:
 def inflight_history(readings: Sequence[Reading], link: str) -> list[list[float]]:
     """``[ts, in-flight bytes, budget bytes, capacity Gbps]`` of one link, oldest first."""
     return [[r.ts, *r.links[link]] for r in reversed(readings) if link in r.links]
+
+
+def service_between(cluster: str, start: float, end: float) -> ServiceLevel | None:
+    """What ``cluster`` served between its first report at or after ``start`` and its last
+    one at or before ``end``, as the stored readings hold them (they reach back
+    ``READINGS_KEPT`` ticks; None without two reports in the span)."""
+    reports = [
+        _counters(cluster, r.service[cluster]) for r in readings_read() if cluster in r.service
+    ]
+    held = [c for c in reports if start <= c.ts <= end]
+    if len(held) < 2:
+        return None
+    first = min(held, key=lambda c: c.ts)
+    last = max(held, key=lambda c: c.ts)
+    return service_level(first, last, float(settings.FLEET_CLOCK_SPEED))

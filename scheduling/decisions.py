@@ -186,7 +186,16 @@ def _requests(
     return out
 
 
+def _links(d: routing.RouteDecision) -> tuple[str, str]:
+    """The traffic store's link fields of a decision: the link an offload crosses, and
+    ``link:cause`` when the link's guard kept an offload local."""
+    link = link_key(d.prefill.cluster, d.decode.cluster) if d.route == "prfaas" else ""
+    lr = d.link_refusal
+    return link, "" if lr is None else f"{link_key(lr.source, lr.target)}:{lr.cause}"
+
+
 def _record(item: RouteInput, d: routing.RouteDecision, now: float) -> traffic.TrafficRecord:
+    link, refusal = _links(d)
     return traffic.TrafficRecord(
         origin=item.origin,
         ts=now,
@@ -195,6 +204,8 @@ def _record(item: RouteInput, d: routing.RouteDecision, now: float) -> traffic.T
         incremental_tokens=d.incremental_tokens,
         cached_tokens=d.cached_tokens,
         output_tokens=item.expected_output_tokens,
+        link=link,
+        refusal=refusal,
     )
 
 
@@ -446,6 +457,7 @@ def _pending_add(
         if i in fallbacks:
             continue
         item = inputs[i]
+        link, refusal = _links(d) if d.route == "prfaas" or d.link_refusal else ("", "")
         pending.traffic.count(
             item.origin,
             now,
@@ -454,6 +466,8 @@ def _pending_add(
             d.incremental_tokens,
             d.cached_tokens,
             item.expected_output_tokens,
+            link,
+            refusal,
         )
         counts[(d.route, d.reason)] = counts.get((d.route, d.reason), 0) + 1
         if keep_recent:

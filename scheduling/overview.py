@@ -24,8 +24,12 @@ from scheduling import alerts as alerting
 from scheduling.core.link import link_budget_bytes
 from scheduling.core.routing import RouteGuards
 from scheduling.policies import guards_from_json, policy_current
-from scheduling.rebalance.selectors import plans_snapshot
-from scheduling.traffic import traffic_window_read
+from scheduling.rebalance.selectors import (
+    plan_predicted_refusal,
+    plans_in_force,
+    plans_snapshot,
+)
+from scheduling.traffic import TrafficWindow, traffic_window_read
 from scheduling.whatif import whatif_snapshot
 
 # The window of the time-series charts.
@@ -158,25 +162,73 @@ def clusters_overview() -> list[dict[str, Any]]:
     return out
 
 
+def pd_windows(now: float, window_s: int = MIX_WINDOW_S) -> dict[str, TrafficWindow]:
+    """Every PD cluster's traffic over the last ``window_s`` (from the start of the minute
+    holding ``now - window_s``: the store counts whole minutes)."""
+    pd = Cluster.objects.filter(kind=ClusterKind.PD).order_by("name")
+    return {c.name: traffic_window_read(c.name, now - window_s, now) for c in pd}
+
+
+# The windows of a link page's guard table: (label, seconds back from now).
+LINK_GUARD_WINDOWS = (("last 5 minutes", 300), ("last hour", 3600), ("last 24 hours", 86400))
+
+
+def _guard_counts(window: TrafficWindow, key: str, now: float) -> dict[str, Any]:
+    refused = window.link_refusals.get(key, {})
+    offloads = window.link_offloads.get(key, 0)
+    budget, saturation = refused.get("budget", 0), refused.get("saturation", 0)
+    offered = offloads + budget + saturation
+    return {
+        "window_s": max(0.0, now - window.start),
+        "offloads": offloads,
+        "refused_budget": budget,
+        "refused_saturation": saturation,
+        "refused_share": (budget + saturation) / offered if offered else None,
+    }
+
+
+def link_guards(
+    links: Sequence[dict[str, Any]], windows: dict[str, TrafficWindow], now: float
+) -> dict[str, dict[str, Any]]:
+    """Per link (live key): over its PD cluster's window, the offloads it carried and those
+    its guard kept local by cause, their share of the offloads offered to it, and what the
+    plan in force predicted for that share (see ``plan_predicted_refusal``)."""
+    plans = plans_in_force()
+    out = {}
+    for link in links:
+        window = windows.get(link["target"])
+        if window is None:
+            continue
+        out[link["key"]] = {
+            **_guard_counts(window, link["key"], now),
+            "predicted_refused_share": plan_predicted_refusal(plans.get(link["target"])),
+        }
+    return out
+
+
 def decision_mix(
-    thresholds: dict[str, Any], now: float | None = None, window_s: int = MIX_WINDOW_S
+    thresholds: dict[str, Any],
+    now: float | None = None,
+    window_s: int = MIX_WINDOW_S,
+    windows: dict[str, TrafficWindow] | None = None,
 ) -> list[live.DecisionMix]:
-    """Per pd cluster: arrivals, offloads and reason counts over the last ``window_s``."""
+    """Per pd cluster: arrivals, offloads and reason counts over the last ``window_s`` (the
+    message states the window the counts really cover: whole minutes)."""
     now = time.time() if now is None else now
-    pd = list(Cluster.objects.filter(kind=ClusterKind.PD).order_by("name"))
+    windows = pd_windows(now, window_s) if windows is None else windows
     pipe = redis_sync().pipeline(transaction=False)
     telemetry.control_states_queue(pipe)
     controls = telemetry.control_states_parse(pipe.execute()[0])
     out = []
-    for cluster in pd:
-        window = traffic_window_read(cluster.name, now - window_s, now)
-        t = thresholds.get(cluster.name)
-        factor = float(controls.get(cluster.name, {}).get("threshold_factor", 1.0) or 1.0)
+    for name, window in windows.items():
+        t = thresholds.get(name)
+        factor = float(controls.get(name, {}).get("threshold_factor", 1.0) or 1.0)
         out.append(
             live.DecisionMix(
-                cluster=cluster.name,
+                cluster=name,
                 ts=now,
-                window_s=window_s,
+                # What the counts cover: from the start of the store's first whole minute.
+                window_s=round(max(0.0, now - window.start)),
                 arrivals=window.arrivals,
                 offloads=window.offloads,
                 reasons=dict(window.reasons),
@@ -195,8 +247,11 @@ def overview_snapshot() -> dict[str, Any]:
     clusters = clusters_overview()
     readings = alerting.readings_read()
     active, current = alerts_now(links, clusters, guards, now, readings)
+    windows = pd_windows(now)
+    guard = link_guards(links, windows, now)
     for link in links:
         link["inflight"] = alerting.inflight_history(readings, link["key"])
+        link["guard"] = guard.get(link["key"])
     return {
         "ts": now,
         "window_s": CHART_WINDOW_S,
@@ -204,7 +259,9 @@ def overview_snapshot() -> dict[str, Any]:
         "policy": {"version": version, "thresholds": thresholds, "guards": asdict(guards)},
         "links": links,
         "clusters": clusters,
-        "decision_mix": [live.message_data(m) for m in decision_mix(thresholds, now)],
+        "decision_mix": [
+            live.message_data(m) for m in decision_mix(thresholds, now, windows=windows)
+        ],
         "alerts": [asdict(a) for a in active],
         "service": asdict(service_now(current, readings)),
     }
@@ -280,14 +337,28 @@ async def telemetry_frames_apublish(
             live.logger.warning("live publish of telemetry failed", exc_info=True)
 
 
+def _guard_fields(guard: dict[str, Any] | None) -> dict[str, Any]:
+    if guard is None:
+        return {}
+    return {
+        "guard_window_s": guard["window_s"],
+        "offloads": guard["offloads"],
+        "refused_budget": guard["refused_budget"],
+        "refused_saturation": guard["refused_saturation"],
+        "predicted_refused_share": guard["predicted_refused_share"],
+    }
+
+
 def overview_tick_publish() -> int:
     """Publish the slow-moving overview state: decision mix, alerts, link budgets and policy;
     store the tick's alert reading and update the alert history. Returns the overview's
     frames (the alert set goes to the banner's group too)."""
     now = time.time()
     version, thresholds, guards = guards_current()
-    messages: list[live.LiveMessage] = list(decision_mix(thresholds, now))
+    windows = pd_windows(now)
+    messages: list[live.LiveMessage] = list(decision_mix(thresholds, now, windows=windows))
     links = links_overview(guards, now, window_s=0)
+    guard = link_guards(links, windows, now)
     past = alerting.readings_read()
     active, reading = alerts_now(links, clusters_overview(), guards, now, past)
     alerting.readings_store(reading)
@@ -305,6 +376,7 @@ def overview_tick_publish() -> int:
                     budget_bytes=float(link["kv_budget_bytes"]),
                     capacity_gbps=float(link["capacity_gbps"]),
                     egress_budget_gbps=float(link["budget_gbps"]),
+                    **_guard_fields(guard.get(link["key"])),
                 )
                 for link in links
             ),
@@ -343,14 +415,27 @@ def congestion_events(
 def link_history(
     link: Link, window_s: int = telemetry.BANDWIDTH_RETENTION_S - 60
 ) -> dict[str, Any]:
-    """A link's bandwidth history (as long as the store keeps it), budget and congestion."""
+    """A link's bandwidth history (as long as the store keeps it), budget and congestion, and
+    the offloads its guard kept local over a few windows, next to the plan in force's
+    prediction of that share."""
     now = time.time()
     _, _, guards = guards_current()
     key = link_live_key(link)
     series = telemetry.link_bandwidth_series(key, now - window_s, now)
     budget = link.gbps * guards.scarce_utilisation
     state = telemetry.link_states_read([key]).get(key)
+    plan = plans_in_force().get(link.target.name)
     return {
+        "guard": [
+            {
+                "label": label,
+                **_guard_counts(traffic_window_read(link.target.name, now - w, now), key, now),
+            }
+            for label, w in LINK_GUARD_WINDOWS
+        ],
+        "target": link.target.name,
+        "plan_id": plan.pk if plan is not None else None,
+        "predicted_refused_share": plan_predicted_refusal(plan),
         "id": link.pk,
         "key": key,
         "label": link_label(link),

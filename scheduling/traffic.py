@@ -13,7 +13,10 @@ Key layout:
                                        ``output_tokens`` and ``output_known`` (requests that
                                        told their output length), ``h:{bin}`` (histogram of
                                        incremental lengths, bins ``BIN_EDGES``),
-                                       ``r:{reason}`` (decisions per reason code).
+                                       ``r:{reason}`` (decisions per reason code),
+                                       ``o:{link}`` (offloads admitted over a link, keyed
+                                       ``source>target``), ``g:{link}:{cause}`` (offloads
+                                       its guard kept local: ``budget`` or ``saturation``).
                                        Expires after ``RETENTION_S``.
 ``traffic:recent``               LIST  the latest decisions with their inputs (JSON, newest
                                        first), capped at ``RECENT_CAP``: "why was this
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from clusters.live.telemetry import ReservationOutcome
 from controlplane.redis_connection import redis_async, redis_sync
@@ -52,6 +56,12 @@ def length_bin(tokens: int) -> int:
     return max(0, bisect.bisect_right(BIN_EDGES, tokens) - 1)
 
 
+def fleet_rate(count: float, wall_s: float) -> float:
+    """``count`` events over ``wall_s`` seconds of the wall clock, per second of the fleet's
+    clock (``FLEET_CLOCK_SPEED``: an emulated fleet may run faster)."""
+    return count / wall_s / float(settings.FLEET_CLOCK_SPEED) if wall_s > 0 else 0.0
+
+
 def traffic_key(cluster: str, minute: int) -> str:
     return f"traffic:{cluster}:{minute}"
 
@@ -67,6 +77,10 @@ class TrafficRecord:
     incremental_tokens: int
     cached_tokens: int
     output_tokens: int | None = None
+    # The link of an offload (``source>target``), and ``source>target:cause`` when the link's
+    # guard kept one local.
+    link: str = ""
+    refusal: str = ""
 
     def increments(self) -> list[tuple[str, int]]:
         """The counters this decision adds (those that add nothing left out)."""
@@ -78,6 +92,8 @@ class TrafficRecord:
             self.incremental_tokens,
             self.cached_tokens,
             self.output_tokens,
+            self.link,
+            self.refusal,
         )
         return list(fields.items())
 
@@ -93,10 +109,13 @@ def decision_fields_add(
     incremental_tokens: int,
     cached_tokens: int,
     output_tokens: int | None,
+    link: str = "",
+    refusal: str = "",
 ) -> None:
     """Add one decision's counters to a traffic hash's ``fields`` (what every writer of the
     traffic store counts; an increment of 0 is left out, so no field appears that adds
-    nothing)."""
+    nothing). ``link``: the link an offload crosses; ``refusal``: ``link:cause`` when the
+    link's guard kept an offload local."""
     get = fields.get
     fields["arrivals"] = get("arrivals", 0) + 1
     name = f"h:{length_bin(incremental_tokens)}"
@@ -109,6 +128,12 @@ def decision_fields_add(
         fields["incremental_tokens"] = get("incremental_tokens", 0) + incremental_tokens
     if route == "prfaas":
         fields["offloads"] = get("offloads", 0) + 1
+        if link:
+            name = f"o:{link}"
+            fields[name] = get(name, 0) + 1
+    if refusal:
+        name = f"g:{refusal}"
+        fields[name] = get(name, 0) + 1
     if output_tokens is not None:
         if output_tokens:
             fields["output_tokens"] = get("output_tokens", 0) + output_tokens
@@ -145,6 +170,8 @@ class TrafficAggregate:
             record.incremental_tokens,
             record.cached_tokens,
             record.output_tokens,
+            record.link,
+            record.refusal,
         )
 
     def count(
@@ -156,6 +183,8 @@ class TrafficAggregate:
         incremental_tokens: int,
         cached_tokens: int,
         output_tokens: int | None = None,
+        link: str = "",
+        refusal: str = "",
     ) -> None:
         """:meth:`add` without building the record (the route path counts every decision of a
         batch this way: a record object per decision was a cost of its own)."""
@@ -163,7 +192,16 @@ class TrafficAggregate:
         fields = self.fields.get(key)
         if fields is None:
             fields = self.fields[key] = {}
-        decision_fields_add(fields, route, reason, incremental_tokens, cached_tokens, output_tokens)
+        decision_fields_add(
+            fields,
+            route,
+            reason,
+            incremental_tokens,
+            cached_tokens,
+            output_tokens,
+            link,
+            refusal,
+        )
 
     def queue(self, pipe: Any) -> None:
         for key, fields in self.fields.items():
@@ -222,12 +260,15 @@ class TrafficWindow:
     bin_edges: tuple[int, ...]
     histogram: tuple[int, ...]
     reasons: Mapping[str, int] = field(default_factory=dict)
+    # link (source>target) -> offloads admitted over it
+    link_offloads: Mapping[str, int] = field(default_factory=dict)
+    # link (source>target) -> cause -> offloads its guard kept local
+    link_refusals: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def arrival_rate(self) -> float:
-        """Requests per second over the window."""
-        span = self.end - self.start
-        return self.arrivals / span if span > 0 else 0.0
+        """Requests per second of the fleet's clock over the window."""
+        return fleet_rate(self.arrivals, self.end - self.start)
 
     @property
     def offload_fraction(self) -> float:
@@ -249,6 +290,8 @@ def traffic_window_read(
     totals: dict[str, int] = {}
     hist = [0] * len(BIN_EDGES)
     reasons: dict[str, int] = {}
+    link_offloads: dict[str, int] = {}
+    link_refusals: dict[str, dict[str, int]] = {}
     for h in pipe.execute() if minutes else []:
         for raw_k, raw_v in h.items():
             k, v = raw_k.decode(), int(raw_v)
@@ -258,6 +301,12 @@ def traffic_window_read(
                     hist[idx] += v
             elif k.startswith("r:"):
                 reasons[k[2:]] = reasons.get(k[2:], 0) + v
+            elif k.startswith("o:"):
+                link_offloads[k[2:]] = link_offloads.get(k[2:], 0) + v
+            elif k.startswith("g:"):
+                link, _, cause = k[2:].rpartition(":")
+                causes = link_refusals.setdefault(link, {})
+                causes[cause] = causes.get(cause, 0) + v
             else:
                 totals[k] = totals.get(k, 0) + v
     return TrafficWindow(
@@ -274,6 +323,8 @@ def traffic_window_read(
         bin_edges=BIN_EDGES,
         histogram=tuple(hist),
         reasons=reasons,
+        link_offloads=link_offloads,
+        link_refusals=link_refusals,
     )
 
 

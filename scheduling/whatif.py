@@ -54,7 +54,7 @@ from scheduling.core.simulator.run import result_build, simulation_build
 from scheduling.core.simulator.workload import WorkloadError, workload_build
 from scheduling.policies import policy_current
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
-from scheduling.traffic import traffic_window_read
+from scheduling.traffic import fleet_rate, traffic_window_read
 
 INVENTORY = "inventory"
 #: The Celery task that runs a what-if (``scheduling.tasks.whatif_execute``), sent by name: the
@@ -183,7 +183,7 @@ def observed_rate(window_s: float = TRAFFIC_WINDOW_S, now: float | None = None) 
     now = time.time() if now is None else now
     names = Cluster.objects.filter(kind=ClusterKind.PD).values_list("name", flat=True)
     arrivals = sum(traffic_window_read(n, now - window_s, now).arrivals for n in names)
-    return arrivals / window_s
+    return fleet_rate(arrivals, window_s)
 
 
 def whatif_start(params: WhatIfParams, *, actor: Actor) -> int:

@@ -113,10 +113,13 @@ def wait_for(what: str, probe: Callable[[], Any], demo: Demo, timeout_s: float) 
 
 @contextlib.contextmanager
 def demo_running(
-    tmp_path: Path, suffix: str = "demo", redis_dbs: tuple[int, ...] = (15, 14)
+    tmp_path: Path,
+    suffix: str = "demo",
+    redis_dbs: tuple[int, ...] = (15, 14),
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Demo]:
     """``manage.py demo`` on a free port with its own VAR_DIR (rebalancer every 20 s, fleet
-    clock 4x), killed with its children at the end."""
+    clock 4x; ``extra_args`` added to its command line), killed with its children at the end."""
     port = free_port()
     var_dir = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EMULATOR_"))}
@@ -131,7 +134,7 @@ def demo_running(
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "demo", "--port", str(port)],
+            [sys.executable, "manage.py", "demo", "--port", str(port), *extra_args],
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -27,6 +27,7 @@ from clusters.models import (
 from controlplane.audit import CLI_ACTOR
 from controlplane.models import ApiToken, ChangeRecord
 from controlplane.services import token_create
+from scheduling.models import Plan, PlanStatus, RebalanceMode, RebalanceTick
 
 T = TypeVar("T")
 
@@ -172,6 +173,36 @@ class ChangeRecordFactory(ModelFactory[ChangeRecord]):
     action = ChangeRecord.Action.CREATE
     before = None
     after = factory.LazyFunction(dict)
+
+
+class RebalanceTickFactory(ModelFactory[RebalanceTick]):
+    class Meta:
+        model = RebalanceTick
+
+    cluster = factory.SubFactory(ClusterFactory)
+    period_start = factory.Sequence(lambda n: timezone.now() - timedelta(minutes=10 * (n + 1)))
+    action = "propose"
+    reason = "gain"
+
+
+class PlanFactory(ModelFactory[Plan]):
+    """A plan row as the rebalancer stores it (its figures given by the test); the plan pages'
+    tests of a plan the rebalancer really proposes use tests/scheduling/plan_pages_support."""
+
+    class Meta:
+        model = Plan
+
+    tick = factory.SubFactory(RebalanceTickFactory)
+    cluster = factory.SelfAttribute("tick.cluster")
+    status = PlanStatus.PROPOSED
+    mode = RebalanceMode.MANUAL
+    threshold_before = 19600.0
+    threshold_after = 12000.0
+    n_p_before, n_d_before, n_p_after, n_d_after = 4, 4, 5, 3
+    gain = 0.2
+    predictions = factory.LazyFunction(dict)
+    simulated = factory.LazyFunction(dict)
+    inputs = factory.LazyFunction(dict)
 
 
 _token_names = iter(range(10**9))

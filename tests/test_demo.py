@@ -127,17 +127,22 @@ def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
     assert plans[0]["cluster"]
 
     # A degraded link: the emulator carries it out, routers keep KV off it, operators see it.
+    # The fault is the one the demo suggests, pasted into a shell as printed (in the venv).
     link = api(demo, "/api/v1/links")["items"][0]
-    key = f"{link['source']}->{link['target']}"
+    (hint,) = re.findall(r"inject a fault \(in the activated venv\): (.+)", demo.output())
+    assert hint.startswith("python manage.py emulate_fault link "), hint
+    venv = {"PATH": f"{Path(sys.executable).parent}:{demo.env.get('PATH', '')}"}
     fault = subprocess.run(
-        [sys.executable, "manage.py", "emulate_fault", "link", key, "--gbps", "1"],
+        ["bash", "-c", hint],
         cwd=ROOT,
-        env=demo.env,
+        env={**demo.env, **venv},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert fault.returncode == 0, fault.stderr
+    # Unquoted, `a->b` would have written the command's output into a file named `b`.
+    assert not (ROOT / link["target"]).exists()
 
     def congested_decisions() -> bool:
         recent = api(demo, "/api/v1/decisions/recent", limit=200)
@@ -151,7 +156,7 @@ def test_demo_serves_decides_plans_reacts_to_a_degraded_link_and_stops_cleanly(
         45,
     )
     assert link["source"] in alerts[0]["subject"]
-    assert api(demo, f"/api/v1/links/{link['id']}")["gbps"] == 1.0  # recorded by the emulator
+    assert api(demo, f"/api/v1/links/{link['id']}")["gbps"] == 2.0  # recorded by the emulator
 
     # Ctrl-C: every process the demo started is gone, the embedded Redis included.
     family = psutil.Process(demo.process.pid).children(recursive=True)

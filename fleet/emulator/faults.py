@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 FAULTS_KEY = "emulator:faults"
 # Redis key of the emulator's status line (a JSON string, refreshed every few seconds).
 STATUS_KEY = "emulator:status"
+# A status older than this says no emulator is running (one writes it every ``status_s``).
+STATUS_FRESH_S = 30.0
 # The per-cluster service counters of every telemetry report, newest first (15 min at 1 s).
 SERVICE_KEY = "emulator:service"
 SERVICE_KEPT = 900

@@ -184,6 +184,9 @@ class FleetEmulator:
         self._next_telemetry = self._wall0
         self._next_policy = self._wall0 + self.config.policy_s
         self._next_status = self._wall0 + self.config.status_s
+        # Written at once (printed from the first interval on): emulate_fault refuses faults
+        # while no emulator has a fresh status.
+        self._status_store(final=False)
         self.reporter.kv_reset_all(self.sim)
         try:
             self.sim.run()
@@ -347,6 +350,11 @@ class FleetEmulator:
         if lag < -5:
             line += f"; {-lag:.0f} s behind the wall clock"
         self._out(line + (" (stopped)" if final else ""))
+        self._status_store(final)
+
+    def _status_store(self, final: bool) -> None:
+        """The status line's figures in Redis (``STATUS_KEY``), for ``emulate_fault``."""
+        s = self.stats
         if self.faults is not None:
             status = {
                 "ts": self._clock(),

@@ -179,6 +179,15 @@ class ReservationOut(Schema):
     )
 
 
+class LinkRefusalOut(Schema):
+    source: str
+    target: str
+    cause: str = Field(
+        description="budget: the link's in-flight KV budget had no room; saturation: its "
+        "egress was at capacity, or congestion control raised the threshold for it"
+    )
+
+
 class RouteOut(Schema):
     """The decision: where prefill and decode run, and why (``reason``)."""
 
@@ -195,6 +204,11 @@ class RouteOut(Schema):
     cache_transfer: CacheTransferOut | None
     reservation: ReservationOut | None
     kv_bytes: int
+    link_refusal: LinkRefusalOut | None = Field(
+        None,
+        description="set when the link guard kept an offload local (reason link_congested): "
+        "which link, and why",
+    )
     stale: bool = Field(
         description="decided without fresh live state (Redis away, telemetry old) or from a "
         "snapshot older than SNAPSHOT_MAX_AGE_S (the database away)"

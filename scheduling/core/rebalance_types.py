@@ -74,6 +74,9 @@ class TrafficSummary:
     samples: int
     bucket_s: float
     recorder_seen_at: float | None
+    #: fleet seconds per second of the window's clock: the arrival rate reads in the fleet's
+    #: clock, the one of its capacities (an emulated fleet may run faster than the wall clock)
+    clock_speed: float = 1.0
 
     @property
     def duration_s(self) -> float:
@@ -81,7 +84,9 @@ class TrafficSummary:
 
     @property
     def arrival_rate(self) -> float:
-        return self.arrivals / self.duration_s if self.duration_s > 0 else 0.0
+        if self.duration_s <= 0:
+            return 0.0
+        return self.arrivals / self.duration_s / self.clock_speed
 
     @property
     def offload_fraction(self) -> float:

@@ -71,9 +71,12 @@ def histogram_quantile(counts: Sequence[int], q: float) -> float | None:
     return TTFT_BUCKETS_S[-1]
 
 
-def service_level(then: ServiceCounters, now: ServiceCounters) -> ServiceLevel | None:
+def service_level(
+    then: ServiceCounters, now: ServiceCounters, clock_speed: float = 1.0
+) -> ServiceLevel | None:
     """The window between two reports of one cluster (None: no time between them, or the
-    counters went back: the reporter restarted)."""
+    counters went back: the reporter restarted). ``clock_speed``: fleet seconds per second of
+    the reports' clock (the rate reads in the fleet's clock, like the TTFTs)."""
     span = now.ts - then.ts
     if span <= 0 or not math.isfinite(span) or now.arrivals < then.arrivals:
         return None
@@ -86,7 +89,7 @@ def service_level(then: ServiceCounters, now: ServiceCounters) -> ServiceLevel |
         cluster=now.cluster,
         start=then.ts,
         end=now.ts,
-        rate_rps=(now.arrivals - then.arrivals) / span,
+        rate_rps=(now.arrivals - then.arrivals) / span / clock_speed,
         first_tokens=now.first_tokens - then.first_tokens,
         ttft_p50_s=histogram_quantile(delta, 0.5),
         ttft_p90_s=histogram_quantile(delta, 0.9),

@@ -76,6 +76,7 @@ def window_from_traffic(
         samples=raw.minutes,
         bucket_s=60.0,
         recorder_seen_at=recorder_seen_at,
+        clock_speed=float(django_settings.FLEET_CLOCK_SPEED),
     )
 
 

@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from clusters.live.telemetry import link_bandwidth_series
+from clusters.live.telemetry import BANDWIDTH_RETENTION_S, link_bandwidth_series
 from clusters.models import Cluster, Link
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
@@ -23,12 +23,35 @@ from scheduling.models import (
     RebalanceSettings,
     RebalanceTick,
 )
-from scheduling.traffic import traffic_window_read
+from scheduling.traffic import fleet_rate, traffic_window_read
 
 SYSTEM_ACTOR = Actor(label="rebalancer", source="celery")
 
 
 IN_FLIGHT = (PlanStatus.APPROVED, PlanStatus.APPLYING, PlanStatus.ROLLING_BACK)
+
+# The hook for the planner's predicted link refusals (issue 28 adds them to a plan's
+# predictions): the share of the offloads offered to a PD cluster's links that their guard
+# keeps local. Until a prediction carries this key the pages show the observed share alone.
+PREDICTED_REFUSAL_KEY = "offload_refused_fraction"
+
+
+def plan_predicted_refusal(plan: Plan | None, setting: str = "proposed") -> float | None:
+    """What ``plan`` predicted for its ``setting`` of the share of offloads its PD cluster's
+    link guard keeps local (None: no plan, or the planner predicts no such figure yet)."""
+    if plan is None:
+        return None
+    value = (plan.predictions.get(setting) or {}).get(PREDICTED_REFUSAL_KEY)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def plans_in_force() -> dict[str, Plan]:
+    """The plan each PD cluster runs now: its latest applied one (by cluster name)."""
+    out: dict[str, Plan] = {}
+    applied = Plan.objects.filter(status=PlanStatus.APPLIED).select_related("cluster")
+    for plan in applied.order_by("-applied_at", "-id"):
+        out.setdefault(plan.cluster.name, plan)
+    return out
 
 
 def plan_list(
@@ -123,27 +146,39 @@ def plans_snapshot() -> dict[str, Any]:
 
 
 def plan_observed(plan: Plan, now: float | None = None) -> dict[str, Any] | None:
-    """What the fleet did after the plan was applied (None before): the cluster's arrival rate
-    and offloaded share from the traffic store, and the mean egress of the links into it, from
-    the first whole minute after ``applied_at`` (the traffic store's grain) to now."""
+    """What the fleet did after the plan was applied (None before), from the first whole
+    minute after ``applied_at`` (the traffic store's grain) to now, or to its roll-back: the
+    window (``start``, ``end``, ``since_s``), the cluster's arrivals and offered rate (per
+    second of the fleet's clock), offloaded share, ``link_congested`` share of decisions, the
+    share of the offloads offered to its links that their guard kept local, and the mean egress
+    of those links over the part of the window the bandwidth store still holds."""
     if plan.applied_at is None:
         return None
     now = time.time() if now is None else now
+    end = min(now, plan.rolled_back_at.timestamp()) if plan.rolled_back_at else now
     # The traffic store counts whole minutes: from the first minute that began after the apply.
     start = math.ceil(plan.applied_at.timestamp() / 60) * 60
-    if now - start < 1:
-        return {"since_s": 0.0, "arrivals": 0}
-    window = traffic_window_read(plan.cluster.name, start, now)
+    span = max(0.0, end - start)
+    out: dict[str, Any] = {"start": start, "end": end, "since_s": span, "arrivals": 0}
+    if span < 1:
+        return out
+    window = traffic_window_read(plan.cluster.name, start, end)
     links = Link.objects.filter(target=plan.cluster).select_related("source", "target")
-    seconds = max(1.0, now - start)
-    sent = 0.0
+    held_from = max(start, end - BANDWIDTH_RETENTION_S)
+    sent = carried = refused = 0.0
     for link in links:
         key = f"{link.source.name}>{link.target.name}"
-        sent += sum(g for _, g in link_bandwidth_series(key, start, now))
-    return {
-        "since_s": now - start,
-        "throughput_rps": window.arrivals / (now - start) if window.arrivals else None,
-        "offload_fraction": window.offload_fraction if window.arrivals else None,
-        "egress_gbps": sent / seconds,
-        "arrivals": window.arrivals,
-    }
+        sent += sum(g for _, g in link_bandwidth_series(key, held_from, end))
+        carried += window.link_offloads.get(key, 0)
+        refused += sum(window.link_refusals.get(key, {}).values())
+    arrivals = window.arrivals
+    out.update(
+        arrivals=arrivals,
+        offered_rps=fleet_rate(arrivals, span) if arrivals else None,
+        offload_fraction=window.offload_fraction if arrivals else None,
+        link_congested=window.reasons.get("link_congested", 0) / arrivals if arrivals else None,
+        refused_share=refused / (carried + refused) if carried + refused else None,
+        egress_gbps=sent / max(1.0, end - held_from),
+        egress_from=held_from,
+    )
+    return out

@@ -79,5 +79,9 @@ def overview_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "scheduling/overview.html",
-        {"snapshot": overview.overview_snapshot(), "group": live.OVERVIEW},
+        {
+            "snapshot": overview.overview_snapshot(),
+            "group": live.OVERVIEW,
+            "fleet_clock_speed": float(settings.FLEET_CLOCK_SPEED),
+        },
     )

@@ -76,4 +76,13 @@ def link_list_page(request: HttpRequest) -> HttpResponse:
 @scope_required(TokenScope.READ)
 def link_detail_page(request: HttpRequest, link_id: int) -> HttpResponse:
     link: Link = get_object_or_404(link_list(), pk=link_id)
-    return render(request, "clusters/link_detail.html", {"link": overview.link_history(link)})
+    history = overview.link_history(link)
+    predicted = history["predicted_refused_share"]
+    return render(
+        request,
+        "clusters/link_detail.html",
+        {
+            "link": history,
+            "predicted_share": None if predicted is None else f"{predicted:.0%}",
+        },
+    )

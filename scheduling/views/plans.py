@@ -19,15 +19,17 @@ from controlplane.models import TokenScope
 from controlplane.roles import scope_required
 from scheduling import rebalance
 from scheduling.models import Plan, PlanStatus
+from scheduling.views import plan_figures
 
-# The predictions the detail page compares, in order: (key, label, unit, digits).
+# The model's figures of both settings for the plan's window: (key, label, unit, digits).
 METRICS = [
-    ("throughput_rps", "Throughput", "req/s", 3),
     ("capacity_rps", "Capacity", "req/s", 3),
-    ("ttft_mean_s", "TTFT mean", "s", 3),
-    ("ttft_p90_s", "TTFT P90", "s", 3),
-    ("offload_fraction", "Offloaded", "share", 3),
-    ("egress_gbps", "Cross-DC egress", "Gbps", 2),
+    ("throughput_rps", "Served at the planned offered rate", "req/s", 3),
+    ("at_rate_ttft_p90_s", "TTFT P90 at the planned offered rate", "s", 3),
+    ("ttft_mean_s", "TTFT mean, without queueing", "s", 3),
+    ("ttft_p90_s", "TTFT P90, without queueing", "s", 3),
+    ("offload_fraction", "Offloaded", "share of requests", 3),
+    ("egress_gbps", "Cross-DC egress at the planned offered rate", "Gbps", 2),
 ]
 ACTIONS = {
     "approve": rebalance.plan_approve,
@@ -49,6 +51,7 @@ def _comparison(plan: Plan) -> list[dict[str, Any]]:
         )
         rows.append(
             {
+                "key": key,
                 "label": label,
                 "unit": unit,
                 "digits": digits,
@@ -60,93 +63,20 @@ def _comparison(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
-# What the simulation of both settings on the recent traffic showed: (key, label, unit, digits).
-SIMULATED = [
-    ("rate_rps", "Offered rate", "req/s", 3),
-    ("sustained_fraction", "Sustained", "share", 3),
-    ("ttft_mean_s", "TTFT mean", "s", 3),
-    ("ttft_p90_s", "TTFT P90", "s", 3),
-    ("link_congested", "link_congested", "share", 3),
-]
-
-
-def _simulated(plan: Plan) -> list[dict[str, Any]]:
-    """Rows of the simulated comparison, per situation (observed rate, stress), next to the
-    model's prediction at the observed rate where it has one."""
-    sim = plan.simulated or {}
-    current = plan.predictions.get("current") or {}
-    proposed = plan.predictions.get("proposed") or {}
-    predicted = {
-        "ttft_mean_s": ("at_rate_ttft_mean_s",),
-        "ttft_p90_s": ("at_rate_ttft_p90_s",),
-    }
-    rows = []
-    for situation, title in (("observed", "at the observed rate"), ("stress", "near capacity")):
-        runs = sim.get(situation)
-        if not runs:
-            continue
-        for key, label, unit, digits in SIMULATED:
-            names = predicted.get(key, ())
-            rows.append(
-                {
-                    "situation": title,
-                    "label": label,
-                    "unit": unit,
-                    "digits": digits,
-                    "current": runs["current"].get(key),
-                    "proposed": runs["proposed"].get(key),
-                    "predicted_current": current.get(names[0])
-                    if names and situation == "observed"
-                    else None,
-                    "predicted_proposed": proposed.get(names[0])
-                    if names and situation == "observed"
-                    else None,
-                }
-            )
-    return rows
-
-
-def _observed(plan: Plan) -> list[dict[str, Any]]:
-    """Predicted, simulated (at the observed rate) and observed after apply, side by side."""
-    observed = rebalance.plan_observed(plan)
-    proposed = plan.predictions.get("proposed") or {}
-    sim = plan.simulated or {}
-    # At the observed rate when that run exists, else the stress run (near capacity).
-    simulated = (sim.get("observed") or sim.get("stress") or {}).get("proposed") or {}
-    rate, sustained = simulated.get("rate_rps"), simulated.get("sustained_fraction")
-    figures = {
-        "throughput_rps": rate * sustained
-        if isinstance(rate, int | float) and isinstance(sustained, int | float)
-        else None,
-        "ttft_p90_s": simulated.get("ttft_p90_s"),
-    }
-    rows = []
-    for key, label, unit, digits in (
-        ("throughput_rps", "Throughput", "req/s", 3),
-        ("offload_fraction", "Offloaded", "share", 3),
-        ("egress_gbps", "Cross-DC egress", "Gbps", 2),
-        ("ttft_p90_s", "TTFT P90", "s", 3),
-    ):
-        rows.append(
-            {
-                "label": label,
-                "unit": unit,
-                "digits": digits,
-                "predicted": proposed.get(key),
-                "simulated": figures.get(key),
-                "observed": observed.get(key) if observed else None,
-            }
-        )
-    return rows
-
-
 def _plan_context(plan: Plan, error: str = "") -> dict[str, Any]:
+    observed = rebalance.plan_observed(plan)
     return {
         "plan": plan,
-        "observed": rebalance.plan_observed(plan),
-        "outcome": _observed(plan),
+        "planned": plan_figures.planned_window(plan),
+        "observed": observed,
+        "outcome": plan_figures.outcome_rows(plan, observed),
+        "windows": plan_figures.outcome_windows(plan, observed),
+        "clock_note": plan_figures.fleet_clock_note(),
+        "min_requests": plan_figures.OBSERVED_MIN_REQUESTS,
+        "min_first_tokens": plan_figures.OBSERVED_MIN_FIRST_TOKENS,
         "comparison": _comparison(plan),
-        "simulated": _simulated(plan),
+        "simulated": plan_figures.simulated_rows(plan),
+        "verdict": plan_figures.simulation_verdict(plan),
         "steps": rebalance.plan_steps(plan),
         "can_approve": plan.status == PlanStatus.PROPOSED,
         "can_rollback": plan.status == PlanStatus.APPLIED,

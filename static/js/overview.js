@@ -75,24 +75,25 @@
     });
     // Auto-scaled: a degraded link's few Gbps stay readable; capacity and budget are lines.
     var auto = { range: function (u, min, max) { return [0, Math.max(0.1, (max || 0) * 1.08)]; } };
+    // The window's last 15 minutes (a chart opened a moment ago still spans a minute).
     linkChart = new uPlot({
       width: chartWidth(lc), height: 220,
-      scales: { x: { time: true }, y: auto },
-      axes: [{}, { label: "Gbps", size: 50 }],
+      scales: { x: P.clockScale(60), y: auto },
+      axes: [P.clockAxis(lc), { label: "Gbps", size: 50 }],
       series: series
     }, linkData(), lc);
     inflightChart = new uPlot({
       width: chartWidth(ic), height: 200,
-      scales: { x: { time: true }, y: auto },
-      axes: [{}, { label: "GB in flight", size: 50 }],
+      scales: { x: P.clockScale(60), y: auto },
+      axes: [P.clockAxis(ic), { label: "GB in flight", size: 50 }],
       series: iseries
     }, inflightData(), ic);
     var qseries = [{}];
     state.clusters.forEach(function (c, i) { qseries.push({ label: c.name, stroke: colorOf(i), width: 2 }); });
     queueChart = new uPlot({
       width: chartWidth(qc), height: 220,
-      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(4, max * 1.1)]; } } },
-      axes: [{}, { label: "queued", size: 50 }],
+      scales: { x: P.clockScale(60), y: { range: function (u, min, max) { return [0, Math.max(4, max * 1.1)]; } } },
+      axes: [P.clockAxis(qc), { label: "queued", size: 50 }],
       series: qseries
     }, queueData(), qc);
   }
@@ -180,9 +181,23 @@
         '%"></span><i class="budget" style="left:' + (100 * budget).toFixed(1) + '%" title="budget"></i></div>' +
         '<div class="mono link-gbps">' + P.fmt(l.gbps, 2) + " / " + P.fmt(l.capacity_gbps, 0) + " Gbps</div>" +
         '<div class="mono link-inflight' + (l.kv_budget_bytes > 0 && l.reserved_bytes >= 0.9 * l.kv_budget_bytes ? " hot" : "") + '">in flight ' +
-        P.fmt(l.reserved_bytes / 1e9, 2) + " / " + P.fmt(l.kv_budget_bytes / 1e9, 2) + " GB</div></div>";
+        P.fmt(l.reserved_bytes / 1e9, 2) + " / " + P.fmt(l.kv_budget_bytes / 1e9, 2) + " GB</div>" + guardLine(l) + "</div>";
     }).join("");
     el("link-rows").innerHTML = html || '<p class="empty">No links in the inventory.</p>';
+  }
+
+  // The share of the offloads offered to the link that its guard kept local, and why, over
+  // the traffic store's last whole minutes, next to what the plan in force predicted.
+  function guardLine(l) {
+    var g = l.guard;
+    if (!g) return '<p class="link-guard muted">No traffic counted for this link yet.</p>';
+    var refused = g.refused_budget + g.refused_saturation, offered = g.offloads + refused;
+    var share = offered ? P.pct(refused / offered) : "–";
+    var predicted = g.predicted_refused_share == null ? "none yet" : P.pct(g.predicted_refused_share);
+    return '<p class="link-guard" data-link-guard="' + esc(l.key) + '" data-refused="' + refused + '" data-offered="' + offered + '">' +
+      "Kept local by the link guard, last " + P.fmt(g.window_s, 0) + " s: <strong>" + share + "</strong> of " + offered + " offloads offered" +
+      " (budget " + g.refused_budget + ", saturation " + g.refused_saturation + ")" +
+      ' · <span class="muted">plan predicted: ' + predicted + "</span></p>";
   }
 
   function renderMix() {
@@ -204,6 +219,7 @@
         '</div><div class="reason-legend">' + (legend || "no traffic") + "</div></td></tr>";
     }).join("");
     el("mix-rows").innerHTML = rows || '<tr><td colspan="4" class="empty">No PD clusters.</td></tr>';
+    if (state.decision_mix.length) P.text(el("mix-window"), P.fmt(state.decision_mix[0].window_s, 0));
   }
 
   function renderTopology() {
@@ -267,6 +283,10 @@
           if (l.key !== b.link) return;
           l.capacity_gbps = b.capacity_gbps; l.budget_gbps = b.egress_budget_gbps;
           l.kv_budget_bytes = b.budget_bytes; l.reserved_bytes = b.inflight_bytes;
+          l.guard = {
+            window_s: b.guard_window_s, offloads: b.offloads, refused_budget: b.refused_budget,
+            refused_saturation: b.refused_saturation, predicted_refused_share: b.predicted_refused_share
+          };
           l.inflight = (l.inflight || []).filter(function (p) { return p[0] >= cutoff; });
           l.inflight.push([d.ts, b.inflight_bytes, b.budget_bytes, b.capacity_gbps]);
         });

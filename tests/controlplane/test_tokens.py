@@ -22,7 +22,7 @@ from controlplane import auth
 from controlplane.auth import AsyncTokenAuth, Principal, TokenAuth, token_cache_clear
 from controlplane.errors import Forbidden
 from controlplane.models import ApiToken, ChangeRecord
-from tests.factories import UserFactory, api_token, bearer
+from tests.factories import InstanceFactory, LinkFactory, UserFactory, api_token, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +62,7 @@ def test_create_with_several_scopes_and_an_expiry() -> None:
 
 
 def test_create_records_the_change_without_the_secret() -> None:
+    InstanceFactory(name="pd-p0")
     token_command("create", "--name", "agent-1", "--scope", "agent", "--instance", "pd-p0")
     record = ChangeRecord.objects.get(object_type="controlplane.apitoken", action="create")
     after = record.after or {}
@@ -80,7 +81,10 @@ def test_create_records_the_change_without_the_secret() -> None:
         (["create", "--name", " ", "--scope", "read"], "name"),
         (["revoke", "nobody"], "no token named"),
         (["create", "--name", "x", "--scope", "agent"], "must be bound"),
-        (["create", "--name", "x", "--scope", "agent", "--link", "a-b"], "source>target"),
+        (["create", "--name", "x", "--scope", "agent", "--link", "a-b"], "source->target"),
+        (["create", "--name", "x", "--scope", "agent", "--link", "a>b"], "source->target"),
+        (["create", "--name", "x", "--scope", "agent", "--instance", "nowhere-0"], "no instance"),
+        (["create", "--name", "x", "--scope", "agent", "--link", "a->b"], "no link 'a->b'"),
         (["bind", "nobody", "--fleet-wide"], "no token named"),
     ],
 )
@@ -89,6 +93,21 @@ def test_bad_token_commands_are_refused_with_a_clear_message(args: list[str], wo
         token_command(*args)
     assert words in str(exc.value)
     assert ApiToken.objects.count() == 0
+
+
+def test_bind_takes_an_existing_link_as_source_arrow_target_and_refuses_the_rest() -> None:
+    link = LinkFactory()
+    written = f"{link.source.name}->{link.target.name}"
+    token_command("create", "--name", "agent-l", "--scope", "agent", "--link", written)
+    for args, words in (
+        (["--link", f"{link.source.name}>{link.target.name}"], "must be source->target"),
+        (["--link", f"{link.target.name}->{link.source.name}"], "no link"),
+        (["--link", written, "--instance", "nowhere-0"], "no instance named 'nowhere-0'"),
+    ):
+        with pytest.raises(CommandError) as exc:
+            token_command("bind", "agent-l", *args)
+        assert words in str(exc.value) and exc.value.returncode == 2
+    assert ApiToken.objects.get(name="agent-l").links == [written]
 
 
 def test_creating_a_token_with_a_taken_name_is_refused() -> None:

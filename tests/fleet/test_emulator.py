@@ -5,6 +5,7 @@ prefix cache and its KV events; and the commands refusing bad input with a clear
 from __future__ import annotations
 
 import json
+import time
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from fleet.agent.kv import KvStream
 from fleet.agent.metrics import AgentMetrics
 from fleet.emulator import (
     FAULTS_KEY,
+    STATUS_KEY,
     EmulatedEngineEvents,
     FaultError,
     ReportingPrefixCache,
@@ -247,8 +249,40 @@ def test_emulate_fault_refuses_names_the_inventory_does_not_have(redis_client: r
     assert redis_client.llen(FAULTS_KEY) == 0
 
 
+def _emulator_status(redis_client: redis.Redis, age_s: float, stopped: bool = False) -> None:
+    """The status a running emulator keeps in Redis (tests/test_demo.py injects a fault into a
+    real one)."""
+    status = {"ts": time.time() - age_s, "stopped": stopped, "routed": 1}
+    redis_client.set(STATUS_KEY, json.dumps(status))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (None, "none has reported a status"),
+        ({"age_s": 120.0}, "the last status is 120 s old"),
+        ({"age_s": 1.0, "stopped": True}, "the last one stopped"),
+    ],
+)
+def test_emulate_fault_without_a_running_emulator_exits_non_zero_and_queues_nothing(
+    redis_client: redis.Redis, status: dict[str, Any] | None, words: str
+) -> None:
+    link = LinkFactory()
+    if status is not None:
+        _emulator_status(redis_client, **status)
+    with pytest.raises(CommandError) as exc:
+        call_command(
+            "emulate_fault", "link", f"{link.source.name}->{link.target.name}", "--gbps", "3"
+        )
+    assert exc.value.returncode == 2
+    assert "no fleet emulator is running" in str(exc.value) and words in str(exc.value)
+    assert redis_client.llen(FAULTS_KEY) == 0
+
+
 @pytest.mark.django_db
 def test_emulate_fault_queues_a_known_link_and_instance(redis_client: redis.Redis) -> None:
+    _emulator_status(redis_client, age_s=1.0)
     link = LinkFactory()
     instance = InstanceFactory()
     out = StringIO()

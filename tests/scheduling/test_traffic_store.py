@@ -6,12 +6,15 @@ import functools
 import itertools
 import json
 import time
+from typing import Any
 
+import pytest
 import redis
 
 from clusters.live import telemetry
 from controlplane.redis_scripts import pipeline_run
 from scheduling import traffic
+from scheduling.rebalance.inputs import window_from_traffic
 from scheduling.traffic import TrafficRecord
 
 
@@ -124,3 +127,26 @@ def test_many_reservations_in_one_call_take_turns_per_link_and_sum_their_records
     # Every key the call wrote still expires.
     for key in redis_client.scan_iter("live:*"):
         assert redis_client.ttl(key) > 0, key
+
+
+def test_the_rebalancers_window_reads_its_rate_in_the_fleets_clock(
+    redis_client: redis.Redis, settings: Any
+) -> None:
+    """The router counts arrivals per wall second; an emulated fleet running four times faster
+    than the wall clock serves them in a quarter of the time its capacities assume."""
+    start = (int(time.time()) // 60 - 3) * 60
+    pipe = redis_client.pipeline()
+    for i in range(240):
+        traffic.traffic_record_queue(
+            pipe, record(start + i / 2, "local", 3000, "below_threshold"), None
+        )
+    pipe.execute()
+    raw = traffic.traffic_window_read("pd-a", start, start + 120)
+    settings.FLEET_CLOCK_SPEED = 1.0
+    wall = window_from_traffic(raw, recorder_seen_at=start + 120, default_output_tokens=512)
+    assert wall.arrival_rate == pytest.approx(2.0) and raw.arrival_rate == pytest.approx(2.0)
+    settings.FLEET_CLOCK_SPEED = 4.0
+    fleet = window_from_traffic(raw, recorder_seen_at=start + 120, default_output_tokens=512)
+    assert fleet.arrival_rate == pytest.approx(0.5)
+    assert raw.arrival_rate == pytest.approx(0.5)
+    assert fleet.coverage == wall.coverage  # what the recorder wrote does not change

@@ -7,11 +7,17 @@ from typing import cast
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from clusters.live import telemetry
 from clusters.models import Instance, Link
 from controlplane.models import ChangeRecord
-from tests.factories import InstanceFactory, LinkFactory
+from controlplane.redis_connection import redis_sync
+from scheduling import traffic
+from scheduling.models import PlanStatus
+from scheduling.overview import overview_snapshot
+from scheduling.rebalance.selectors import PREDICTED_REFUSAL_KEY
+from tests.factories import InstanceFactory, LinkFactory, PlanFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
@@ -130,3 +136,77 @@ def test_the_link_list_shows_capacity_and_budget(client_as) -> None:
     links = client_as("viewer").get(reverse("link-list")).context["links"]
     assert links[0]["capacity_gbps"] == 100.0
     assert 0 < links[0]["budget_gbps"] < 100.0
+
+
+def _guard_decisions(link: Link, carried: int, budget: int, saturation: int) -> None:
+    """Decisions at the link's PD cluster as the route path records them."""
+    key = f"{link.source.name}>{link.target.name}"
+    now = time.time()
+    records = [
+        traffic.TrafficRecord(
+            link.target.name, now, "prfaas", "above_threshold", 30000, 0, link=key
+        )
+        for _ in range(carried)
+    ] + [
+        traffic.TrafficRecord(
+            link.target.name, now, "local", "link_congested", 30000, 0, refusal=f"{key}:{cause}"
+        )
+        for cause, n in (("budget", budget), ("saturation", saturation))
+        for _ in range(n)
+    ]
+    aggregate = traffic.TrafficAggregate()
+    for record in records:
+        aggregate.add(record)
+    pipe = redis_sync().pipeline()
+    aggregate.queue(pipe)
+    pipe.execute()
+
+
+def test_the_link_page_and_the_overview_show_the_share_the_link_guard_kept_local_and_why(
+    client_as,
+) -> None:
+    link = cast(Link, LinkFactory(gbps=8.0))
+    _guard_decisions(link, carried=30, budget=6, saturation=4)
+    viewer = client_as("viewer")
+    page = viewer.get(reverse("link-detail", args=[link.pk]))
+    recent = page.context["link"]["guard"][0]
+    assert (recent["offloads"], recent["refused_budget"], recent["refused_saturation"]) == (
+        30,
+        6,
+        4,
+    )
+    assert recent["refused_share"] == pytest.approx(10 / 40)
+    assert 300 <= recent["window_s"] <= 360  # the last 5 minutes, counted in whole minutes
+    html = page.content.decode()
+    assert "25%" in html and f"no plan applied to {link.target.name} yet" in html
+
+    snapshot = overview_snapshot()
+    (shown,) = [row for row in snapshot["links"] if row["id"] == link.pk]
+    assert shown["guard"]["refused_share"] == pytest.approx(0.25)
+    assert shown["guard"]["predicted_refused_share"] is None
+
+
+def test_the_link_page_shows_what_the_plan_in_force_predicted_for_the_guard(client_as) -> None:
+    link = cast(Link, LinkFactory(gbps=8.0))
+    _guard_decisions(link, carried=9, budget=1, saturation=0)
+    predictions = {"proposed": {PREDICTED_REFUSAL_KEY: 0.2}}
+    plan = PlanFactory(
+        tick__cluster=link.target,
+        status=PlanStatus.APPLIED,
+        applied_at=timezone.now(),
+        predictions=predictions,
+    )
+    html = client_as("viewer").get(reverse("link-detail", args=[link.pk])).content.decode()
+    assert "<strong>20%</strong> (plan" in html and f"#{plan.pk}" in html
+    (shown,) = [r for r in overview_snapshot()["links"] if r["id"] == link.pk]
+    assert shown["guard"]["predicted_refused_share"] == pytest.approx(0.2)
+    assert shown["guard"]["refused_share"] == pytest.approx(0.1)
+
+
+def test_the_overview_says_when_its_rates_are_in_a_faster_fleet_clock(client_as, settings) -> None:
+    assert 'id="fleet-clock"' not in client_as("viewer").get(reverse("overview")).content.decode()
+    settings.FLEET_CLOCK_SPEED = 4.0
+    page = client_as("viewer").get(reverse("overview")).content.decode()
+    assert "the fleet&#x27;s clock, which runs 4x the wall clock here" in page or (
+        "the fleet's clock, which runs 4x the wall clock here" in page
+    )

@@ -11,8 +11,11 @@ import pytest
 from django.urls import reverse
 
 from controlplane.redis_connection import redis_sync
+from scheduling.alerts import Reading, readings_store
+from scheduling.core.service_levels import TTFT_BUCKETS_S, ttft_bucket
 from scheduling.models import Plan, PlanStatus
 from scheduling.traffic import TrafficRecord, traffic_record_queue
+from tests.factories import PlanFactory
 from tests.scheduling.plan_pages_support import proposed_plan
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
@@ -36,12 +39,18 @@ def test_filtering_plans_by_an_unknown_status_says_which_are_valid(client_as, pl
 
 def test_the_plan_page_compares_predicted_with_current(client_as, plan: Plan) -> None:
     response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
-    rows = {row["label"]: row for row in response.context["comparison"]}
+    rows = {row["key"]: row for row in response.context["comparison"]}
     current, proposed = plan.predictions["current"], plan.predictions["proposed"]
-    assert rows["Throughput"]["current"] == current["throughput_rps"]
-    assert rows["Throughput"]["proposed"] == proposed["throughput_rps"]
-    assert rows["Capacity"]["delta"] == pytest.approx(
+    assert rows["throughput_rps"]["current"] == current["throughput_rps"]
+    assert rows["throughput_rps"]["proposed"] == proposed["throughput_rps"]
+    assert rows["capacity_rps"]["delta"] == pytest.approx(
         proposed["capacity_rps"] - current["capacity_rps"]
+    )
+    window = plan.inputs["window"]
+    planned = response.context["planned"]
+    assert planned["arrivals"] == window["arrivals"]
+    assert planned["offered_rps"] == pytest.approx(
+        window["arrivals"] / (window["end_s"] - window["start_s"])
     )
 
 
@@ -109,7 +118,69 @@ def test_the_plan_page_shows_predicted_and_simulated_figures_side_by_side(
     assert p90[-1]["current"] == plan.simulated[situation]["current"]["ttft_p90_s"]
     page = response.content.decode()
     assert "Simulated on the recent traffic" in page
-    assert plan.simulated["detail"] in page
+    assert response.context["verdict"].startswith("Confirmed: ")
+    assert "{#" not in page and "#}" not in page
+
+
+def test_each_outcome_row_compares_one_quantity_over_stated_windows(client_as, plan) -> None:
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    rows = {r.key: r for r in response.context["outcome"]}
+    planned = response.context["planned"]
+    # The check ran at the planned rate (alone: the current capacity is below it).
+    run = (plan.simulated["observed"] or plan.simulated["stress"])["proposed"]
+    # Offered rate against offered rate: what was planned for, what was simulated.
+    assert rows["offered_rps"].predicted.value == pytest.approx(planned["offered_rps"])
+    assert rows["offered_rps"].simulated.value == pytest.approx(run["rate_rps"])
+    assert rows["offered_rps"].simulated.value == pytest.approx(planned["offered_rps"], rel=0.02)
+    # Served against served, P90 at that rate against P90 at that rate.
+    proposed = plan.predictions["proposed"]
+    assert rows["carried_rps"].predicted.value == proposed["throughput_rps"]
+    assert rows["carried_rps"].simulated.value == pytest.approx(
+        run["rate_rps"] * run["sustained_fraction"]
+    )
+    assert rows["ttft_p90_s"].predicted.value == proposed["at_rate_ttft_p90_s"]
+    assert rows["ttft_p90_s"].simulated.value == run["ttft_p90_s"]
+    # Not applied: every observed cell says so; the windows say what each column covers.
+    assert {r.observed.note for r in rows.values()} == {"not applied"}
+    windows = response.context["windows"]
+    assert planned["start_utc"] in windows["predicted"]
+    assert f"{planned['arrivals']} requests" in windows["predicted"]
+    assert f"{run['requests']} requests drawn from that traffic" in windows["simulated"]
+
+
+def test_a_simulation_at_a_rate_no_setting_carries_says_so(client_as) -> None:
+    def run(rate: float, sustained: float, p90: float) -> dict[str, float | int | bool]:
+        return {
+            "rate_rps": rate,
+            "requests": 2000,
+            "sustained_fraction": sustained,
+            "ttft_mean_s": p90 / 2,
+            "ttft_p90_s": p90,
+            "link_congested": 0.0,
+            "stable": False,
+        }
+
+    # The page's example: 12.1 req/s offered against a predicted capacity of 1.9.
+    plan = PlanFactory(
+        predictions={"current": {"capacity_rps": 1.9}, "proposed": {"capacity_rps": 3.6}},
+        simulated={
+            "confirmed": True,
+            "reason": "confirmed",
+            "detail": "the simulation confirms the gain",
+            "observed": None,
+            "stress": {"current": run(12.1, 0.16, 623.0), "proposed": run(12.1, 0.20, 341.0)},
+        },
+        inputs={"window": {"start_s": 0.0, "end_s": 600.0, "arrivals": 7260}},
+    )
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    verdict = response.context["verdict"]
+    assert verdict.startswith("Overloaded: at 12.10 req/s offered, more than either setting")
+    assert "the proposal carries 2.42 req/s against 1.94 now" in verdict
+    page = response.content.decode()
+    assert "confirms the gain" not in page
+    rows = {r.key: r for r in response.context["outcome"]}
+    assert rows["ttft_p90_s"].predicted.note == "overloaded: no steady state"
+    assert rows["ttft_p90_s"].simulated.flag == "overloaded run"
 
 
 def test_rejecting_from_the_page_keeps_the_reason_and_shows_it(client_as, plan: Plan) -> None:
@@ -122,37 +193,95 @@ def test_rejecting_from_the_page_keeps_the_reason_and_shows_it(client_as, plan: 
     assert plan.closed_reason == "drains during the evening peak"
 
 
-def test_an_applied_plan_shows_predicted_simulated_and_observed_figures(
-    client_as, plan: Plan
-) -> None:
-    applied = time.time() - 150
+def _applied(plan: Plan, seconds_ago: float) -> float:
+    applied = time.time() - seconds_ago
     Plan.objects.filter(pk=plan.pk).update(
         status=PlanStatus.APPLIED, applied_at=datetime.fromtimestamp(applied, tz=UTC)
     )
+    plan.refresh_from_db()
+    return applied
+
+
+def _decisions(plan: Plan, start: float, n: int, per_s: float) -> None:
+    """``n`` decisions at the plan's cluster from ``start`` on: one in four link_congested
+    (kept local by the link's budget), the others offloaded over its link."""
+    link = f"prfaas-h200>{plan.cluster.name}"
     pipe = redis_sync().pipeline()
-    for i in range(60):  # one offload a second, starting just after the apply
+    for i in range(n):
+        refused = i % 4 == 0
         record = TrafficRecord(
             origin=plan.cluster.name,
-            ts=applied + 1 + i,
-            route="prfaas",
-            reason="above_threshold",
+            ts=start + i / per_s,
+            route="local" if refused else "prfaas",
+            reason="link_congested" if refused else "above_threshold",
             incremental_tokens=20_000,
             cached_tokens=0,
+            link="" if refused else link,
+            refusal=f"{link}:budget" if refused else "",
         )
         traffic_record_queue(pipe, record, None)
     pipe.execute()
+
+
+def _served(plan: Plan, start: float, seconds: int, per_s: int) -> None:
+    """The engines' service counters as the overview tick stores them, every 2 s: ``per_s``
+    requests a second, each with its first token 1.2 s after it arrived."""
+    bucket = ttft_bucket(1.2)
+    for k in range(0, seconds + 1, 2):
+        buckets = [0] * (len(TTFT_BUCKETS_S) + 1)
+        buckets[bucket] = per_s * k
+        counters = [start + k, per_s * k, per_s * k, buckets]
+        readings_store(
+            Reading(ts=start + k, queues={}, links={}, service={plan.cluster.name: counters})
+        )
+
+
+def test_an_applied_plan_shows_not_enough_data_until_its_window_means_something(
+    client_as, plan: Plan
+) -> None:
+    applied = _applied(plan, seconds_ago=30)
+    _decisions(plan, applied + 1, n=40, per_s=2.0)
     response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
-    rows = {r["label"]: r for r in response.context["outcome"]}
-    throughput = rows["Throughput"]
-    assert throughput["predicted"] == plan.predictions["proposed"]["throughput_rps"]
-    run = (plan.simulated.get("observed") or plan.simulated["stress"])["proposed"]
-    assert throughput["simulated"] == run["rate_rps"] * run["sustained_fraction"]
-    assert rows["TTFT P90"]["simulated"] == run["ttft_p90_s"]
+    rows = {r.key: r for r in response.context["outcome"]}
+    assert {r.observed.note for r in rows.values()} == {"not enough data"}
+    assert "not enough data" in response.content.decode()
+
+
+def test_an_applied_plan_shows_observed_figures_of_the_same_quantities(
+    client_as, plan: Plan, settings
+) -> None:
+    applied = _applied(plan, seconds_ago=200)
     counted_from = math.ceil(applied / 60) * 60  # the traffic store's whole minutes
-    after = sum(1 for i in range(60) if applied + 1 + i >= counted_from)
-    assert throughput["observed"] == pytest.approx(after / (time.time() - counted_from), rel=0.05)
-    assert rows["Offloaded"]["observed"] == 1.0
-    assert "Observed over the" in response.content.decode()
+    _decisions(plan, counted_from, n=300, per_s=3.0)
+    _served(plan, counted_from, seconds=100, per_s=3)
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    rows = {r.key: r for r in response.context["outcome"]}
+    observed = response.context["observed"]
+    assert observed["start"] == counted_from and observed["arrivals"] == 300
+    assert rows["offered_rps"].observed.value == pytest.approx(
+        300 / (time.time() - counted_from), rel=0.05
+    )
+    assert rows["offload_fraction"].observed.value == pytest.approx(0.75)
+    assert rows["link_congested"].observed.value == pytest.approx(0.25)
+    assert rows["refused_share"].observed.value == pytest.approx(0.25)
+    # What the engines served over their reports inside the window: 3 first tokens a second,
+    # every one within the 1.0-1.5 s bucket.
+    assert rows["carried_rps"].observed.value == pytest.approx(3.0)
+    assert 1.0 <= (rows["ttft_p90_s"].observed.value or 0) <= 1.5
+    assert (
+        "from the first whole minute after the apply, 300 requests"
+        in (response.context["windows"]["observed"])
+    )
+
+    # An emulated fleet four times faster than the wall clock: rates read in its clock.
+    settings.FLEET_CLOCK_SPEED = 4.0
+    response = client_as("viewer").get(reverse("plan-detail", args=[plan.pk]))
+    fleet = {r.key: r for r in response.context["outcome"]}
+    assert fleet["offered_rps"].observed.value == pytest.approx(
+        rows["offered_rps"].observed.value / 4, rel=0.05
+    )
+    assert fleet["carried_rps"].observed.value == pytest.approx(0.75)
+    assert "runs 4x the wall clock here" in response.content.decode()
 
 
 def test_the_plan_list_shows_the_rebalancers_reasoning_per_tick(client_as, plan: Plan) -> None:

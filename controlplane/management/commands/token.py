@@ -1,8 +1,9 @@
 """``manage.py token create|list|bind|revoke``: API tokens for routers, agents and scripts.
 
 An agent token is bound to the instances, clusters and links it reports for (``--instance``,
-``--cluster``, ``--link source>target``, repeatable) or made ``--fleet-wide``; a register
-token to the clusters it registers instances into (``--cluster``)."""
+``--cluster``, ``--link source->target``, repeatable; instances and links must exist in the
+inventory) or made ``--fleet-wide``; a register token to the clusters it registers instances
+into (``--cluster``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _binding_arguments(parser: ArgumentParser) -> None:
         help="a cluster whose instances it reports for and registers (repeat)",
     )
     parser.add_argument(
-        "--link", action="append", default=[], help="a link source>target it reports for (repeat)"
+        "--link", action="append", default=[], help="a link source->target it reports for (repeat)"
     )
     parser.add_argument(
         "--fleet-wide", action="store_true", help="may report for every instance and link"

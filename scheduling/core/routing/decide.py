@@ -34,7 +34,10 @@ from scheduling.core.routing.live import (
 )
 from scheduling.core.routing.reasons import Reason
 from scheduling.core.routing.types import (
+    REFUSAL_BUDGET,
+    REFUSAL_SATURATION,
     CacheTransfer,
+    LinkRefusal,
     LinkReservation,
     RouteDecision,
     RouteError,
@@ -72,6 +75,7 @@ def _local_decision(
     ttft_prfaas: float | None,
     stale: bool,
     mover: PrfaasOption | None = None,
+    refusal: LinkRefusal | None = None,
 ) -> RouteDecision:
     topology = ctx.topology
     origin = request.origin
@@ -110,7 +114,12 @@ def _local_decision(
         kv_bytes=math.ceil(topology.kv_bytes(prompt)),
         request_id=request.request_id,
         stale=stale,
+        link_refusal=refusal,
     )
+
+
+def _refused(option: PrfaasOption, cause: str) -> LinkRefusal:
+    return LinkRefusal(option.link.source, option.link.target, cause)
 
 
 def _prfaas_decision(
@@ -219,8 +228,12 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
         reason = Reason.TELEMETRY_STALE if stale else Reason.ORIGIN_UNAVAILABLE
         return _prfaas_decision(ctx, request, best, decode, t_eff, reason, None, stale)
 
-    def local(reason: str, mover: PrfaasOption | None = None) -> RouteDecision:
-        return _local_decision(ctx, request, hits, decode, t_eff, reason, ttft_prfaas, stale, mover)
+    def local(
+        reason: str, mover: PrfaasOption | None = None, refusal: LinkRefusal | None = None
+    ) -> RouteDecision:
+        return _local_decision(
+            ctx, request, hits, decode, t_eff, reason, ttft_prfaas, stale, mover, refusal
+        )
 
     def local_ttft() -> float:
         picked = prefill_pick(ctx, origin, request, hits, 0, not stale)
@@ -274,20 +287,30 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
             return local(Reason.LINK_CONGESTED, mover)
         best_tokens = prompt - max(l_pd, move_tokens)
         if best_tokens > t0:
-            return local(_congestion_reason(control, options, guards), mover)
+            reason = _congestion_reason(control, options, guards)
+            refusal = None
+            if reason == Reason.LINK_CONGESTED:
+                # Congestion control raised t for the egress of the busiest link.
+                busiest = max(options, key=lambda o: (o.util, o.cluster))
+                refusal = _refused(busiest, REFUSAL_SATURATION)
+            return local(reason, mover, refusal)
         return local(_why_local(prompt, best_tokens, t0), mover)
 
     fits: list[PrfaasOption] = []
-    blocked_by_link = False
+    blocked: list[PrfaasOption] = []
     for o in wanting:
         if o.backlog > guards.prfaas_backlog_reject_s:
             continue
         if not link_admits_option(ctx, o):
-            blocked_by_link = True
+            blocked.append(o)
             continue
         fits.append(o)
     if not fits:
-        return local(Reason.LINK_CONGESTED if blocked_by_link else Reason.PRFAAS_BACKLOG)
+        if not blocked:
+            return local(Reason.PRFAAS_BACKLOG)
+        first = min(blocked, key=lambda o: (o.ttft, o.cluster))
+        cause = REFUSAL_SATURATION if first.util >= 1.0 else REFUSAL_BUDGET
+        return local(Reason.LINK_CONGESTED, refusal=_refused(first, cause))
     best = min(fits, key=lambda o: (o.ttft, o.cluster))
     return _prfaas_decision(
         ctx, request, best, decode, t_eff, Reason.ABOVE_THRESHOLD, local_ttft(), False
@@ -362,7 +385,27 @@ def route_fallback_local(
     control = None if stale else live.control.get(request.origin)
     t_eff = t0 if control is None else control.effective_threshold(t0)
     ttft_prfaas = original.ttft_estimate_s.prfaas if original is not None else None
-    return _local_decision(ctx, request, hits, decode, t_eff, reason, ttft_prfaas, stale)
+    return _local_decision(
+        ctx,
+        request,
+        hits,
+        decode,
+        t_eff,
+        reason,
+        ttft_prfaas,
+        stale,
+        refusal=_budget_refusal(original, reason),
+    )
+
+
+def _budget_refusal(original: RouteDecision | None, reason: str) -> LinkRefusal | None:
+    """An offload whose reservation the link refused: its budget had no room."""
+    rv = original.reservation if original is not None else None
+    if rv is None or original is None or original.route != "prfaas":
+        return None
+    if reason != Reason.LINK_CONGESTED:
+        return None
+    return LinkRefusal(rv.source, rv.target, REFUSAL_BUDGET)
 
 
 def route_fallback_local_many(
@@ -409,6 +452,7 @@ def route_fallback_local_many(
                 reason,
                 original.ttft_estimate_s.prfaas,
                 stale,
+                refusal=_budget_refusal(original, reason),
             )
         )
     return out

@@ -581,12 +581,31 @@ class LinkReservation:
     id: str | None = None
 
 
+#: Why a link's guard kept an offload local (``LinkRefusal.cause``).
+REFUSAL_BUDGET = "budget"
+REFUSAL_SATURATION = "saturation"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRefusal:
+    """The link guard kept this request local although its length asked for an offload:
+    the link ``source -> target`` and the cause, ``budget`` (its in-flight KV budget had no
+    room for the request's bytes, when decided or when the reservation was taken) or
+    ``saturation`` (its egress was at capacity, or congestion control had raised the
+    threshold because of its egress)."""
+
+    source: str
+    target: str
+    cause: str
+
+
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """The answer. ``incremental_tokens`` = prompt - ``cached_tokens``, the tokens prefill
     computes where it runs; ``threshold`` is the effective one compared against;
     ``reason`` is one of :data:`REASONS`; ``kv_bytes``: KV bytes the prefill hands to decode
-    (over the link when ``route == 'prfaas'``)."""
+    (over the link when ``route == 'prfaas'``); ``link_refusal``: set when the link guard kept
+    an offload local (``link_congested``)."""
 
     route: str
     prefill: Placement
@@ -602,3 +621,4 @@ class RouteDecision:
     kv_bytes: int = 0
     request_id: str | None = None
     stale: bool = False
+    link_refusal: LinkRefusal | None = None

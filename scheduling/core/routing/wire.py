@@ -19,6 +19,7 @@ from scheduling.core.routing.types import (
     ClusterSpec,
     DecodeProfile,
     InstanceSpec,
+    LinkRefusal,
     LinkReservation,
     LinkSpec,
     ModelSpec,
@@ -346,6 +347,9 @@ def decision_to_dict(decision: RouteDecision) -> dict[str, Any]:
         else {"source": rv.source, "target": rv.target, "bytes": rv.bytes, "id": rv.id},
         "kv_bytes": decision.kv_bytes,
         "stale": decision.stale,
+        "link_refusal": None
+        if (lr := decision.link_refusal) is None
+        else {"source": lr.source, "target": lr.target, "cause": lr.cause},
     }
 
 
@@ -356,6 +360,7 @@ def decision_from_dict(data: Mapping[str, Any]) -> RouteDecision:
         ttft = data["ttft_estimate_s"]
         ct = data.get("cache_transfer")
         rv = data.get("reservation")
+        lr = data.get("link_refusal")
         threshold = data.get("threshold")
         return RouteDecision(
             route=str(data["route"]),
@@ -395,6 +400,9 @@ def decision_from_dict(data: Mapping[str, Any]) -> RouteDecision:
             kv_bytes=int(data.get("kv_bytes", 0)),
             request_id=data.get("request_id"),
             stale=bool(data.get("stale", False)),
+            link_refusal=None
+            if lr is None
+            else LinkRefusal(str(lr["source"]), str(lr["target"]), str(lr["cause"])),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed decision: {exc!r}") from None

@@ -14,6 +14,10 @@ origin drawn on its own seeded stream, then merged). Both settings run on the sa
   only shows near capacity): the candidate must do better (a sustained share at least 1 point
   higher, or a P90 TTFT at least 5% lower without sustaining less).
 
+When the rate a situation runs at is more than either setting carries (both sustain less than
+``OVERLOADED_SUSTAINED`` of it), its TTFTs are queueing times that grow with the run: the
+verdict then says so and rests on the rates each setting carried, not on "a gain".
+
 Bounded time: each run replays at most ``max_requests`` requests, and all runs together stop at
 ``max_wall_s`` of wall-clock time; a verification cut short says so (``confirmed is None``).
 """
@@ -47,6 +51,11 @@ CONFIRMED = "confirmed"
 WORSE_AT_OBSERVED = "worse_at_observed_rate"
 NO_GAIN_UNDER_STRESS = "no_gain_under_stress"
 CUT_SHORT = "cut_short"
+CONFIRMED_OVERLOADED = "confirmed_overloaded"
+
+#: Below this sustained share of the offered rate a setting does not carry it (the run's queue
+#: grows for as long as arrivals last).
+OVERLOADED_SUSTAINED = 0.9
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,42 @@ def _simulate(
     )
 
 
+def run_from_dict(data: Mapping[str, Any]) -> SettingRun:
+    """A :class:`SettingRun` back from :meth:`Verdict.to_dict`'s form (None figures: nan)."""
+
+    def num(key: str) -> float:
+        value = data.get(key)
+        return float(value) if isinstance(value, int | float) else math.nan
+
+    return SettingRun(
+        rate_rps=num("rate_rps"),
+        requests=int(data.get("requests") or 0),
+        sustained_fraction=num("sustained_fraction"),
+        ttft_mean_s=num("ttft_mean_s"),
+        ttft_p90_s=num("ttft_p90_s"),
+        link_congested=num("link_congested"),
+        stable=bool(data.get("stable")),
+    )
+
+
+def overloaded(current: SettingRun, candidate: SettingRun) -> bool:
+    """Neither setting carries the rate they ran at."""
+    return all(not (r.sustained_fraction >= OVERLOADED_SUSTAINED) for r in (current, candidate))
+
+
+def overloaded_detail(current: SettingRun, candidate: SettingRun) -> str:
+    """What a run at a rate neither setting carries shows: the rates each one carried."""
+    carried_now = current.rate_rps * current.sustained_fraction
+    carried = candidate.rate_rps * candidate.sustained_fraction
+    change = f" ({carried / carried_now - 1:+.0%})" if carried_now > 0 else ""
+    return (
+        f"at {current.rate_rps:.2f} req/s offered, more than either setting carries (now "
+        f"{current.sustained_fraction:.0%} of it, the proposal {candidate.sustained_fraction:.0%}"
+        f"): the proposal carries {carried:.2f} req/s against {carried_now:.2f} now{change}; "
+        "their TTFTs are queueing times of an overloaded run"
+    )
+
+
 def _not_worse(current: SettingRun, candidate: SettingRun) -> str:
     if candidate.sustained_fraction < current.sustained_fraction - 0.01:
         return (
@@ -288,15 +333,29 @@ def candidate_verify(
             )
     if stress is not None and not _better(*stress):
         cur, cand = stress
-        return Verdict(
-            False,
-            NO_GAIN_UNDER_STRESS,
-            f"near the current capacity ({cur.rate_rps:.2f} req/s) the candidate sustains "
+        detail = (
+            f"{overloaded_detail(cur, cand)}: no gain"
+            if overloaded(cur, cand)
+            else f"near the current capacity ({cur.rate_rps:.2f} req/s) the candidate sustains "
             f"{cand.sustained_fraction:.1%} with P90 TTFT {cand.ttft_p90_s:.2f} s and "
             f"{cand.link_congested:.1%} of decisions link_congested, against "
-            f"{cur.sustained_fraction:.1%}, {cur.ttft_p90_s:.2f} s and {cur.link_congested:.1%} now",
-            observed,
-            stress,
-            wall,
+            f"{cur.sustained_fraction:.1%}, {cur.ttft_p90_s:.2f} s and {cur.link_congested:.1%} now"
         )
-    return Verdict(True, CONFIRMED, "the simulation confirms the gain", observed, stress, wall)
+        return Verdict(False, NO_GAIN_UNDER_STRESS, detail, observed, stress, wall)
+    for pair in (observed, stress):
+        if pair is not None and overloaded(*pair):
+            return Verdict(
+                True, CONFIRMED_OVERLOADED, overloaded_detail(*pair), observed, stress, wall
+            )
+    return Verdict(True, CONFIRMED, _confirmed_detail(stress), observed, stress, wall)
+
+
+def _confirmed_detail(stress: tuple[SettingRun, SettingRun] | None) -> str:
+    if stress is None:
+        return "at the observed rate the proposal does no worse than the current setting"
+    cur, cand = stress
+    return (
+        f"near the current capacity ({cur.rate_rps:.2f} req/s) the proposal sustains "
+        f"{cand.sustained_fraction:.0%} with P90 TTFT {cand.ttft_p90_s:.2f} s, against "
+        f"{cur.sustained_fraction:.0%} and {cur.ttft_p90_s:.2f} s now"
+    )

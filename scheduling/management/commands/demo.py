@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from clusters.models import ClusterKind, Instance
+from clusters.models import ClusterKind, Instance, Link
 from controlplane.audit import CLI_ACTOR
 from controlplane.models import ApiToken, token_hash
 from controlplane.services import token_create
@@ -57,8 +58,12 @@ class Command(BaseCommand):
     help = "Run the control plane with a live demo on embedded defaults (Ctrl-C stops it)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default=os.environ.get("DEMO_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
+        parser.add_argument(
+            "--host", default=settings.DEMO_HOST, help="address to serve on (env DEMO_HOST)"
+        )
+        parser.add_argument(
+            "--port", type=int, default=settings.DEMO_PORT, help="web port (env DEMO_PORT)"
+        )
         parser.add_argument(
             "--scenario",
             default=str(Path(settings.SCENARIOS_DIR) / "paper-case-study.yaml"),
@@ -78,8 +83,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--gateway-port",
             type=int,
-            default=int(os.environ.get("DEMO_GATEWAY_PORT", "0")),
-            help="the gateway's port (default: the web port + 1)",
+            default=settings.DEMO_GATEWAY_PORT,
+            help="the gateway's port (env DEMO_GATEWAY_PORT; default: the web port + 1)",
         )
         parser.add_argument(
             "--setup-only",
@@ -95,8 +100,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--speed",
             type=float,
-            default=float(os.environ.get("EMULATOR_SPEED", "4")),
-            help="emulator clock speed (fleet seconds per wall second)",
+            default=settings.EMULATOR_SPEED,
+            help="emulator clock speed (fleet seconds per wall second; env EMULATOR_SPEED); "
+            "the control plane's processes get it as FLEET_CLOCK_SPEED",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -123,12 +129,15 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(f"\nPrfaaS control plane: {url}\n  login: {username} / {password}\n")
             + f"  (credentials and the emulator's API tokens: {credentials})\n"
-            + "  inject a fault: python manage.py emulate_fault link prfaas-h200->pd-h20 --gbps 2\n"
+            + self._fault_hint()
         )
 
         env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
         # Demo-length rebalancer period (children read settings from the environment).
         env.setdefault("REBALANCE_INTERVAL_S", DEMO_REBALANCE_INTERVAL_S)
+        # The emulated fleet's clock runs this much faster than the wall clock: the plane reads
+        # the rates it counts in the fleet's clock (none without the emulator).
+        env["FLEET_CLOCK_SPEED"] = "1" if options["no_emulator"] else str(options["speed"])
         python = sys.executable
         commands = {
             "web": [
@@ -196,6 +205,15 @@ class Command(BaseCommand):
             commands.update(self._gateway_commands(python, options))
             optional.update(("engines", "gateway"))
         self._supervise(commands, env, optional)
+
+    def _fault_hint(self) -> str:
+        """A fault to try, quoted for a shell (a bare ``a->b`` would redirect into a file)."""
+        link = Link.objects.select_related("source", "target").order_by("id").first()
+        if link is None:
+            return ""
+        argv = ["python", "manage.py", "emulate_fault", "link"]
+        argv += [f"{link.source.name}->{link.target.name}", "--gbps", "2"]
+        return f"  inject a fault (in the activated venv): {shlex.join(argv)}\n"
 
     def _gateway_commands(self, python: str, options: dict[str, Any]) -> dict[str, list[str]]:
         """Fake engines for every instance (the scenario's, which join when the emulator

@@ -38,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--speed",
             type=float,
-            default=float(os.environ.get("EMULATOR_SPEED", "4")),
+            default=settings.EMULATOR_SPEED,
             help="fleet seconds per wall second (default 4, env EMULATOR_SPEED)",
         )
         parser.add_argument(

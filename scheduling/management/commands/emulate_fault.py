@@ -2,9 +2,11 @@
 
 The fault goes on the emulator's Redis list (:data:`fleet.emulator.FAULTS_KEY`); the
 emulator applies it at its next tick (a fraction of a second). Names are checked against the
-inventory first, so a typo is an error here rather than a warning in the emulator's log.
+inventory first, so a typo is an error here rather than a warning in the emulator's log, and
+a fault is refused when no emulator is running (no fresh status in Redis), rather than queued
+for whichever emulator starts next.
 
-    manage.py emulate_fault link prfaas-h200->pd-h20 --gbps 2
+    manage.py emulate_fault link 'prfaas-h200->pd-h20' --gbps 2
     manage.py emulate_fault instance pd-h20-3 down
     manage.py emulate_fault surge --rate-scale 2 [--cluster pd-h20]
     manage.py emulate_fault prompts --scale 1.5
@@ -22,7 +24,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from clusters.models import Cluster, ClusterKind, Instance, Link
 from controlplane.redis_connection import redis_sync
-from fleet.emulator import FaultError, emulator_fault_push, emulator_status_read
+from fleet.emulator import (
+    STATUS_FRESH_S,
+    FaultError,
+    emulator_fault_push,
+    emulator_status_read,
+    fault_validate,
+)
 
 
 class Command(BaseCommand):
@@ -92,7 +100,26 @@ class Command(BaseCommand):
         else:
             fault = {"kind": kind, "scale": options["scale"]}
         try:
-            queued = emulator_fault_push(client, fault)
+            fault_validate(fault)
         except FaultError as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        self._emulator_running(client)
+        queued = emulator_fault_push(client, fault)
         self.stdout.write(f"queued for the emulator: {json.dumps(queued, sort_keys=True)}")
+
+    def _emulator_running(self, client: Any) -> None:
+        """Refuse a fault no emulator would apply (it would wait in Redis for the next one)."""
+        status = emulator_status_read(client)
+        if status is None:
+            why = "none has reported a status"
+        elif status.get("stopped"):
+            why = "the last one stopped"
+        elif (age := time.time() - float(status.get("ts", 0))) > STATUS_FRESH_S:
+            why = f"the last status is {age:.0f} s old"
+        else:
+            return
+        raise CommandError(
+            f"no fleet emulator is running ({why}), so the fault was not queued: start one "
+            "with `python manage.py demo` (or `python manage.py emulate`) on the same Redis",
+            returncode=2,
+        )

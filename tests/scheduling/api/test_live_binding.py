@@ -28,7 +28,12 @@ from tests.factories import (
 )
 
 OWN, OTHER, PRFAAS = "pd-a-p0", "pd-b-p0", "prfaas-x-p0"
-OWN_LINK, OTHER_LINK = "prfaas-x>pd-a", "prfaas-x>pd-b"
+# Links as bindings and pages write them; the live stores key them source>target.
+OWN_LINK, OTHER_LINK = "prfaas-x->pd-a", "prfaas-x->pd-b"
+
+
+def live_key(link: str) -> str:
+    return link.replace("->", ">")
 
 
 @pytest.fixture
@@ -61,7 +66,7 @@ def telemetry_body(instance: str | None = None, link: str | None = None, **load:
     if instance is not None:
         body["instances"] = [{"instance": instance, "ts": now, **load}]
     if link is not None:
-        source, target = link.split(">")
+        source, target = link.split("->")
         body["links"] = [
             {"source": source, "target": target, "ts": now, "bytes_sent": 10**12, "interval_s": 1}
         ]
@@ -93,7 +98,8 @@ def test_a_bound_agent_reports_for_its_own_instance_and_link(bound: dict[str, st
     response = post("/telemetry", telemetry_body(OWN, OWN_LINK, queue_depth=4), bound)
     assert response.status_code == 200, response.content
     assert telemetry.instance_states_read([OWN])[OWN].queue_depth == 4
-    assert telemetry.link_states_read([OWN_LINK])[OWN_LINK].gbps == pytest.approx(8000.0)
+    key = live_key(OWN_LINK)
+    assert telemetry.link_states_read([key])[key].gbps == pytest.approx(8000.0)
 
 
 def test_a_huge_prfaas_queue_reported_for_another_instance_is_refused(
@@ -106,7 +112,7 @@ def test_a_huge_prfaas_queue_reported_for_another_instance_is_refused(
 
 def test_a_saturated_link_reported_outside_the_binding_is_refused(bound: dict[str, str]) -> None:
     assert_refused(post("/telemetry", telemetry_body(link=OTHER_LINK), bound), OTHER_LINK)
-    assert telemetry.link_states_read([OTHER_LINK]) == {}
+    assert telemetry.link_states_read([live_key(OTHER_LINK)]) == {}
 
 
 def test_one_foreign_sample_refuses_the_whole_batch(bound: dict[str, str]) -> None:
@@ -179,6 +185,11 @@ def test_the_api_rebinds_a_token_and_the_agent_reports_for_its_new_instance(
     [
         ({"instances": [], "links": []}, 422, "binding_required"),
         ({"links": ["prfaas-x-pd-a"]}, 422, "invalid"),
+        # The live stores' spelling is not the product's: refused when written, not as a 403
+        # for every sample the agent later sends.
+        ({"links": ["prfaas-x>pd-a"]}, 422, "invalid"),
+        ({"instances": ["pd-a-p9"]}, 422, "unknown_instance"),
+        ({"links": ["prfaas-x->pd-z"]}, 422, "unknown_link"),
         ({"instances": [OWN], "colour": "red"}, 422, "invalid"),
     ],
 )
@@ -224,4 +235,4 @@ def test_the_tokens_page_creates_a_bound_agent_token_and_rebinds_it(fleet: None)
     assert rebound.status_code == 302
     token = ApiToken.objects.get(name="agent-page")
     assert (token.instances, token.links) == ([], [OWN_LINK])
-    assert b"prfaas-x&gt;pd-a" in client.get("/tokens/").content
+    assert b"prfaas-x-&gt;pd-a" in client.get("/tokens/").content

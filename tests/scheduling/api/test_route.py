@@ -30,7 +30,7 @@ from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
 from controlplane.audit import CLI_ACTOR
 from controlplane.errors import Invalid
-from scheduling import decisions
+from scheduling import decisions, traffic
 from scheduling.api.route import route_body_decode
 from scheduling.policies import policy_create
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, link_key
@@ -42,6 +42,7 @@ from tests.support.servers import (
     redis_server_start,
     redis_server_stop,
 )
+from tests.support.waiting import wait_for
 
 BLOCK = BLOCK_TOKENS
 _seq = itertools.count()
@@ -185,6 +186,7 @@ async def test_congested_link_keeps_a_request_local(client: AsyncClient, fleet: 
     d = await route(client, fleet, prompt_tokens=10_000)
     assert (d["route"], d["reason"]) == ("local", "link_congested")
     assert d["threshold"] > DEFAULT_THRESHOLD_TOKENS
+    assert d["link_refusal"] == {"source": "prfaas-x", "target": "pd-a", "cause": "saturation"}
 
 
 async def test_prfaas_backlog_keeps_a_request_local(client: AsyncClient, fleet: Fleet) -> None:
@@ -534,6 +536,19 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
     assert int(redis_client.get("live:resv:prfaas-x>pd-a:sum") or 0) <= fleet.budget_bytes
     assert kept and all(d["reason"] == "link_congested" for d in kept)
     assert len(offloaded) + len(kept) == 200
+    # Refused when decided or when reserved, each says which link's budget kept it local; the
+    # traffic store counts both per link (the overview's "kept local by the link guard").
+    refusal = {"source": "prfaas-x", "target": "pd-a", "cause": "budget"}
+    assert all(d["link_refusal"] == refusal for d in kept), kept[:2]
+    assert all(d["link_refusal"] is None for d in offloaded)
+
+    def counted() -> traffic.TrafficWindow:
+        return traffic.traffic_window_read("pd-a", time.time() - 120, time.time() + 1)
+
+    wait_for("the route records", lambda: counted().arrivals >= 216, timeout_s=10)
+    window = counted()
+    assert window.link_offloads == {"prfaas-x>pd-a": len(offloaded)}
+    assert window.link_refusals == {"prfaas-x>pd-a": {"budget": len(kept)}}
 
 
 # --- Redis stopped and restarted mid-run ----------------------------------------------------------

@@ -28,6 +28,13 @@ def test_the_window_rate_is_the_arrivals_between_two_reports_over_their_time() -
     assert level.first_tokens == 10
 
 
+def test_a_fleet_clock_faster_than_the_reports_reads_the_rate_in_fleet_seconds() -> None:
+    # An emulated fleet four times faster: 600 arrivals in 60 wall seconds are 240 fleet s.
+    level = service_level(_counters(100.0, 40, []), _counters(160.0, 640, [0.3] * 10), 4.0)
+    assert level is not None
+    assert level.rate_rps == pytest.approx(2.5)
+
+
 def test_quantiles_of_the_buckets_are_close_to_those_of_the_samples() -> None:
     rng = np.random.default_rng(7)
     samples = list(rng.lognormal(mean=0.0, sigma=0.6, size=20_000))

@@ -24,6 +24,7 @@ from scheduling.core.routing import (
     InstanceLoad,
     InstanceSpec,
     LinkLoad,
+    LinkRefusal,
     LinkReservation,
     LinkSpec,
     LiveState,
@@ -177,12 +178,14 @@ def test_a_full_link_budget_keeps_the_request_local_as_link_congested() -> None:
     assert d.route == "local"
     assert d.reason == Reason.LINK_CONGESTED
     assert d.reservation is None
+    assert d.link_refusal == LinkRefusal(PF, PD, "budget")
 
 
 def test_a_saturated_link_keeps_the_request_local_as_link_congested() -> None:
     live = fresh(links={LINK: LinkLoad(egress_gbps=100.0)})
     d = route_decide(req(30000), make_policy(), make_topology(), live)
     assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
+    assert d.link_refusal == LinkRefusal(PF, PD, "saturation")
 
 
 def test_a_threshold_raised_by_link_congestion_keeps_the_request_local_as_link_congested() -> None:
@@ -191,9 +194,11 @@ def test_a_threshold_raised_by_link_congestion_keeps_the_request_local_as_link_c
     d = route_decide(req(30000), make_policy(), make_topology(), live)
     assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
     assert d.threshold == 2 * T
+    assert d.link_refusal == LinkRefusal(PF, PD, "saturation")
     # Above the raised threshold it is offloaded again.
     d = route_decide(req(50000), make_policy(), make_topology(), live)
     assert (d.route, d.reason) == ("prfaas", Reason.ABOVE_THRESHOLD)
+    assert d.link_refusal is None
 
 
 def test_a_threshold_raised_by_prfaas_backlog_keeps_the_request_local_as_prfaas_backlog() -> None:
@@ -350,6 +355,7 @@ def test_a_prfaas_prefix_that_does_not_fit_the_link_budget_stays_put() -> None:
     d = route_decide(req(30000, PrefixMatch(PF, 20480, f"{PF}-p2")), make_policy(), topo, ABUNDANT)
     assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
     assert d.cache_transfer is None and d.reservation is None and d.cached_tokens == 0
+    assert d.link_refusal is None  # a prefix that could not move: no offload was refused
 
 
 def test_a_degraded_prfaas_entry_is_never_transferred() -> None:
@@ -565,6 +571,7 @@ def test_the_local_fallback_keeps_the_prfaas_estimate_and_says_link_congested() 
     assert offload.route == "prfaas"
     d = route_fallback_local(request, pol, topo, SCARCE, original=offload)
     assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
+    assert d.link_refusal == LinkRefusal(PF, PD, "budget")  # the reservation was refused
     assert d.cache_transfer is None and d.reservation is None
     assert d.ttft_estimate_s.prfaas == offload.ttft_estimate_s.prfaas
     assert d.incremental_tokens == 30000
@@ -583,6 +590,7 @@ def test_batch_fallbacks_are_local_spread_and_none_where_not_needed() -> None:
     assert all(
         (f.route, f.reason, f.reservation) == ("local", "link_congested", None) for f in local
     )
+    assert {f.link_refusal for f in local} == {LinkRefusal(PF, PD, "budget")}
     assert {f.prefill.instance for f in local} == {"pd-p0", "pd-p1", "pd-p2"}
     assert [f.request_id for f in local] == [f"r{i}" for i in range(6)]
 
@@ -891,6 +899,11 @@ def test_a_decision_survives_json() -> None:
     assert decision_from_dict(json.loads(json.dumps(decision_to_dict(d)))) == d
     local = route_decide(req(30000), make_policy(), make_topology(links=False), fresh())
     assert decision_from_dict(json.loads(json.dumps(decision_to_dict(local)))) == local
+    refused = route_decide(
+        req(30000), make_policy(), make_topology(), fresh(links={LINK: LinkLoad(egress_gbps=100.0)})
+    )
+    assert refused.link_refusal is not None
+    assert decision_from_dict(json.loads(json.dumps(decision_to_dict(refused)))) == refused
 
 
 def test_a_malformed_decision_body_is_refused() -> None:

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0004_apitoken_clusters_changerecord_cause'),
+        ("controlplane", "0004_apitoken_clusters_changerecord_cause"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='apitoken',
-            name='links',
-            field=models.JSONField(blank=True, default=list, help_text='links (source->target) an agent token reports for'),
+            model_name="apitoken",
+            name="links",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="links (source->target) an agent token reports for",
+            ),
         ),
     ]

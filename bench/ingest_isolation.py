@@ -49,7 +49,8 @@ import msgspec  # noqa: E402
 from bench.support.load import drive_rate, percentile  # noqa: E402
 from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
-from scheduling.core import kv_events as wire  # noqa: E402
+from scheduling.core import kv_vllm  # noqa: E402
+from scheduling.core.kv_events import BlocksStored  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
@@ -106,8 +107,8 @@ def largest_kv_events(instance: str, limit: int, n: int, block_tokens: int) -> b
     while True:
         hashes: list[int | bytes] = list(range(block, block + 16))
         block += 16
-        event = wire.BlockStored(hashes, None, [], block_tokens, None, "GPU", None)
-        payload = wire.batch_encode([event], time.time())
+        event = BlocksStored(hashes, block_tokens, medium="GPU")
+        payload = kv_vllm.batch_encode([event], time.time())
         if size + len(payload) + 12 > limit or len(batches) >= 10_000:
             break
         batches.append((None, payload))

@@ -50,7 +50,7 @@ import redis  # noqa: E402
 from bench.support.setup import bench_token, free_port, manage  # noqa: E402
 from fleet.agent.kv import compact  # noqa: E402
 from fleet.agent.uplink import UplinkLimits  # noqa: E402
-from scheduling.core import kv_events as wire  # noqa: E402
+from scheduling.core.kv_events import BlocksRemoved, BlocksStored, EventBatch, KvEvent  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "paper-case-study.yaml"
 UVICORN = str(ROOT / ".venv" / "bin" / "uvicorn")
@@ -85,7 +85,7 @@ class EngineStream:
         self.held: deque[int] = deque()
         self.held_set: set[int] = set()
 
-    def step(self, capacity: int | None) -> tuple[int, list[wire.KvEvent], int]:
+    def step(self, capacity: int | None) -> tuple[int, list[KvEvent], int]:
         """The next batch: (seq, events, block events in it)."""
         if self.rng.random() < SHARED_FRACTION:
             chain = self.rng.choice(self.shared)
@@ -93,32 +93,19 @@ class EngineStream:
             hashes = [h for h in chain[start : start + STEP_BLOCKS] if h not in self.held_set]
         else:
             hashes = [self.rng.getrandbits(64) for _ in range(STEP_BLOCKS)]
-        events: list[wire.KvEvent] = []
+        events: list[KvEvent] = []
         if capacity is not None:
             while len(self.held) + len(hashes) > capacity:
                 gone = self.held.popleft()
                 self.held_set.discard(gone)
-                events.append(wire.BlockRemoved([gone], "GPU", 0))
+                events.append(BlocksRemoved([gone], "GPU", 0))
         if hashes:
             stored: list[int | bytes] = list(hashes)
-            events.append(
-                wire.BlockStored(
-                    stored,
-                    None,
-                    [],
-                    self.block,
-                    None,
-                    "GPU",
-                    None,
-                    [None] * len(hashes),
-                    0,
-                    "full_attention",
-                )
-            )
+            events.append(BlocksStored(stored, self.block, medium="GPU", group=0))
             self.held.extend(hashes)
             self.held_set.update(hashes)
         self.seq += 1
-        removed = sum(isinstance(ev, wire.BlockRemoved) for ev in events)
+        removed = sum(isinstance(ev, BlocksRemoved) for ev in events)
         return self.seq, events, removed + len(hashes)
 
 
@@ -307,7 +294,7 @@ def run(
 
     # -- fill: every instance up to --blocks entries -----------------------------------------
     def encode(
-        per_instance: dict[str, list[tuple[int, list[wire.KvEvent], int]]],
+        per_instance: dict[str, list[tuple[int, list[KvEvent], int]]],
     ) -> tuple[list[list[bytes]], int]:
         out, total = [], 0
         for group in agents:
@@ -315,7 +302,7 @@ def run(
             for name in group:
                 batches = []
                 for seq, evs, n in per_instance[name]:
-                    batches.append((seq, compact(wire.EventBatch(time.time(), evs, 0))))
+                    batches.append((seq, compact(EventBatch(time.time(), evs, 0))))
                     total += n
                 bodies += agent_posts(name, batches, limits)
             out.append(bodies)

@@ -1,14 +1,14 @@
-"""vLLM KV-event batches into prefix-index operations, checked against the served model.
+"""KV-event batches into prefix-index operations, checked against the served model.
 
-Decoding is :mod:`scheduling.core.kv_events` (the agent's decoder: msgpack payloads as engines publish
-them, or the JSON-shaped objects of ``POST /kv-events``); this module maps the typed events to
+Decoding is the engine's decoder into the neutral events of :mod:`scheduling.core.kv_events`
+(vLLM's, :mod:`scheduling.core.kv_vllm`: msgpack payloads as engines publish them, or the
+JSON-shaped objects of ``POST /kv-events``); this module maps the neutral events to
 :mod:`clusters.live.prefix_index` operations:
 
-- ``BlockStored`` -> :class:`StoredBlocks` of the event's KV group (``group_idx``), kind
-  (``kv_cache_spec_kind``: full attention and MLA are full blocks; sliding window, Mamba and
-  the other request-level states are linear-state checkpoints) and ``medium``;
-- ``BlockRemoved`` -> :class:`RemovedBlocks` of that group and medium;
-- ``AllBlocksCleared`` -> :class:`AllCleared`.
+- ``BlocksStored`` -> :class:`StoredBlocks` of the event's KV group, kind (full blocks or
+  linear-state checkpoints) and medium;
+- ``BlocksRemoved`` -> :class:`RemovedBlocks` of that group and medium;
+- ``CacheCleared`` -> :class:`AllCleared`.
 
 An event whose ``block_size`` differs from the model profile's ``block_tokens`` is refused
 (:class:`KvBlockSizeError`): its hashes cover other token spans than ``/route`` callers hash,
@@ -21,10 +21,9 @@ import array
 import sys
 
 from clusters.live.prefix_index import AllCleared, KvEvent, RemovedBlocks, StoredBlocks
-from scheduling.core import kv_events as wire
-from scheduling.core.kv_events import KvEventFormatError
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksRemoved, BlocksStored, EventBatch, KvEventFormatError
 
-FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "full", "mla"})
 _U64 = (1 << 64) - 1
 
 __all__ = ["KvBlockSizeError", "KvEventFormatError", "index_events", "payload_events"]
@@ -53,7 +52,7 @@ def _keys(hashes: list[int | bytes]) -> bytes:
 
 
 def index_events(
-    batch: wire.EventBatch, block_tokens: int, model: str, path: str = "batch"
+    batch: EventBatch, block_tokens: int, model: str, path: str = "batch"
 ) -> list[KvEvent]:
     """The index operations of one decoded batch, in order. Consecutive events of one kind,
     group and medium become one operation (vLLM sends a ``BlockRemoved`` per evicted block):
@@ -73,12 +72,12 @@ def index_events(
         run.clear()
 
     for i, ev in enumerate(batch.events):
-        if isinstance(ev, wire.BlockRemoved):
-            if not (run_op == "R" and ev.medium == run_medium and ev.group_idx == run_group):
+        if isinstance(ev, BlocksRemoved):
+            if not (run_op == "R" and ev.medium == run_medium and ev.group == run_group):
                 flush()
-                run_op, run_medium, run_group = "R", ev.medium, ev.group_idx
-            run.extend(ev.block_hashes)
-        elif isinstance(ev, wire.BlockStored):
+                run_op, run_medium, run_group = "R", ev.medium, ev.group
+            run.extend(ev.hashes)
+        elif isinstance(ev, BlocksStored):
             if ev.block_size and ev.block_size != block_tokens:
                 raise KvBlockSizeError(
                     f"{path}.events[{i}].block_size: the engine caches blocks of "
@@ -86,17 +85,15 @@ def index_events(
                     f"{block_tokens}; start the engine with --block-size {block_tokens} or fix "
                     "the model profile"
                 )
-            kind = ev.kv_cache_spec_kind
-            linear = kind is not None and kind.lower() not in FULL_ATTENTION_KINDS
             if not (
                 run_op == "S"
-                and linear == run_linear
+                and ev.linear == run_linear
                 and ev.medium == run_medium
-                and ev.group_idx == run_group
+                and ev.group == run_group
             ):
                 flush()
-                run_op, run_linear, run_medium, run_group = "S", linear, ev.medium, ev.group_idx
-            run.extend(ev.block_hashes)
+                run_op, run_linear, run_medium, run_group = "S", ev.linear, ev.medium, ev.group
+            run.extend(ev.hashes)
         else:
             flush()
             run_op = ""
@@ -110,7 +107,7 @@ def payload_events(
 ) -> list[KvEvent]:
     """Decode one batch (msgpack bytes, or a JSON-parsed object) into index operations."""
     if isinstance(payload, bytes | bytearray | memoryview):
-        batch = wire.batch_decode(bytes(payload), path)
+        batch = kv_vllm.batch_decode(bytes(payload), path)
     else:
-        batch = wire.batch_convert(payload, path)
+        batch = kv_vllm.batch_convert(payload, path)
     return index_events(batch, block_tokens, model, path)

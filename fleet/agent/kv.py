@@ -2,7 +2,8 @@
 
 Contract: :class:`KvStream` takes each published message (``topic, seq, payload``) as the
 engine's ZMQ PUB socket delivers it (:meth:`KvStream.frame_receive`), checks and decodes it with
-:mod:`scheduling.core.kv_events`, and hands the batches to the uplink in sequence order, with gaps filled
+:mod:`scheduling.core.kv_vllm` (into the engine-neutral events of :mod:`scheduling.core.kv_events`),
+and hands the batches to the uplink in sequence order, with gaps filled
 from the engine's replay buffer where it still holds them:
 
 - ``seq == last + 1``: forwarded;
@@ -15,8 +16,9 @@ from the engine's replay buffer where it still holds them:
   ``AllBlocksCleared`` batch at seq 0 is forwarded in its place (a restarted engine's cache is
   empty), so the control plane resets the instance instead of skipping its frames as repeats.
 
-Forwarded payloads are re-encoded without ``token_ids`` (checked here, not needed by the index:
-~10x less to send); everything else is as the engine published it. :class:`ZmqKvFeed` is the
+Forwarded payloads are the neutral events re-encoded in vLLM's format, the control plane's
+uplink format (:func:`compact`): without ``token_ids`` (checked here, not needed by the index:
+~10x less to send). :class:`ZmqKvFeed` is the
 socket side for a real engine: a SUB socket and a DEALER for replay (vLLM's ROUTER answers
 ``[b"", topic, seq, payload]`` per buffered batch, then ``[b"", b"", 0xff..ff, b""]``).
 """
@@ -29,11 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import msgspec
 import zmq
 
 from fleet.agent.metrics import AgentMetrics
-from scheduling.core import kv_events
+from scheduling.core import kv_events, kv_vllm
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class KvStream:
         if last is not None and seq <= last:
             return
         try:
-            batch = kv_events.batch_decode(payload, f"{self.instance} seq {seq}")
+            batch = kv_vllm.batch_decode(payload, f"{self.instance} seq {seq}")
         except kv_events.KvEventFormatError as exc:
             # Not forwarded: the control plane will see the hole and mark the instance degraded.
             self.metrics.kv_malformed.labels(self.instance).inc()
@@ -268,7 +269,7 @@ class KvStream:
         frames = [] if end == 0 else [f for f in self._fetch(0) if end is None or f[0] < end]
         replayed = self.state.replayed_from == 0
         if end != 0 and (not frames or frames[0][0] != 0):
-            cleared = kv_events.batch_encode([kv_events.AllBlocksCleared()], time.time())
+            cleared = kv_vllm.batch_encode([kv_events.CacheCleared()], time.time())
             if upto is None and replayed and not frames:
                 # Nothing published yet: its own frame 0, when it comes, resets the sequence.
                 self.forward(self.instance, None, cleared, 0)
@@ -283,16 +284,10 @@ class KvStream:
             self._deliver(*upto)
 
 
-_COMPACT = msgspec.msgpack.Encoder()
-
-
 def compact(batch: kv_events.EventBatch) -> bytes:
-    """The batch as vLLM encodes it, minus ``token_ids`` (already checked against the hashes)."""
-    events = [
-        msgspec.structs.replace(ev, token_ids=[]) if isinstance(ev, kv_events.BlockStored) else ev
-        for ev in batch.events
-    ]
-    return kv_events.batch_encode(events, batch.ts, batch.data_parallel_rank)
+    """The batch's neutral events in the uplink's format (vLLM's), without what the index does
+    not need: ``token_ids`` (checked against the hashes by the decoder), LoRA, extra keys."""
+    return kv_vllm.batch_encode(batch.events, batch.ts, batch.rank)
 
 
 class ZmqKvFeed:

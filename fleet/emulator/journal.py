@@ -11,7 +11,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from fleet.agent.kv import KvStream
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksRemoved, BlocksStored, KvEvent
 from scheduling.core.simulator.cache import HybridPrefixCache
 
 # Block hashes per published batch (a vLLM step publishes a few hundred at most).
@@ -56,31 +57,19 @@ class ReportingPrefixCache(HybridPrefixCache):
         return events
 
 
-def kv_batch_events(events: Sequence[tuple[bool, int]], block_tokens: int) -> list[wire.KvEvent]:
-    """A journal as vLLM 0.32 reports it: a ``BlockStored`` per run of stored blocks of one KV
-    group (full attention, group 0; linear-state checkpoints, key ``~h`` for the state ending at
-    block ``h``, group 1 of kind ``mamba``), and one ``BlockRemoved`` per evicted block naming
-    its group, in order. The emulator has no token ids, so ``token_ids`` is empty and the first
-    block's parent is not given."""
-    out: list[wire.KvEvent] = []
+def kv_batch_events(events: Sequence[tuple[bool, int]], block_tokens: int) -> list[KvEvent]:
+    """A journal as vLLM 0.32 reports it: a stored run per run of stored blocks of one KV group
+    (full attention, group 0; linear-state checkpoints, key ``~h`` for the state ending at
+    block ``h``, group 1), and one removal per evicted block naming its group, in order. The
+    emulator has no token ids, and the first block's parent is not given."""
+    out: list[KvEvent] = []
     for (stored, linear), run in itertools.groupby(events, key=lambda e: (e[0], e[1] < 0)):
         hashes: list[int | bytes] = [(~key if linear else key) % (1 << 64) for _, key in run]
         group = LINEAR_GROUP if linear else FULL_GROUP
         if stored:
-            out.append(
-                wire.BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=block_tokens,
-                    medium="GPU",
-                    extra_keys=[None] * len(hashes),
-                    group_idx=group,
-                    kv_cache_spec_kind="mamba" if linear else "full_attention",
-                )
-            )
+            out.append(BlocksStored(hashes, block_tokens, linear, medium="GPU", group=group))
         else:
-            out.extend(wire.BlockRemoved([h], medium="GPU", group_idx=group) for h in hashes)
+            out.extend(BlocksRemoved([h], medium="GPU", group=group) for h in hashes)
     return out
 
 
@@ -94,9 +83,9 @@ class EmulatedEngineEvents:
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=REPLAY_BUFFER)
         stream.replay = self.replay
 
-    def publish(self, events: Sequence[wire.KvEvent], ts: float) -> None:
+    def publish(self, events: Sequence[KvEvent], ts: float) -> None:
         self.seq += 1
-        payload = wire.batch_encode(events, ts)
+        payload = kv_vllm.batch_encode(events, ts)
         self.buffer.append((self.seq, payload))
         self.stream.frame_receive(b"kv-events", self.seq.to_bytes(8, "big"), payload)
 

@@ -32,6 +32,8 @@ HOLD_INFEASIBLE = "infeasible_bounds"
 # confirm the gain (or the bounded simulation could not finish): it is not proposed.
 HOLD_SIMULATION_REJECTED = "simulation_rejected"
 HOLD_SIMULATION_INCOMPLETE = "simulation_incomplete"
+# Holds that saw a real candidate: it stays pending, so persistence counts consecutive ticks.
+PENDING_REASONS = (HOLD_AWAITING_PERSISTENCE, HOLD_REVERSAL_LIMITED, HOLD_COOLDOWN)
 
 HOLD_REASONS = (
     HOLD_MISSING_METRICS,

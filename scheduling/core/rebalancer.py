@@ -57,6 +57,7 @@ from scheduling.core.rebalance_types import (
     HOLD_STALE_METRICS,
     HOLD_WARMING_UP,
     HOLD_WINDOW_TOO_SMALL,
+    PENDING_REASONS,
     Change,
     History,
     InstanceStateName,
@@ -91,6 +92,7 @@ __all__ = [
     "HOLD_STALE_METRICS",
     "HOLD_WARMING_UP",
     "HOLD_WINDOW_TOO_SMALL",
+    "PENDING_REASONS",
     "Change",
     "FleetPlanner",
     "History",
@@ -476,7 +478,7 @@ def history_after(
         return history_record_change(
             history, now, decision.split_direction, decision.threshold_direction
         )
-    if decision.reason in (HOLD_AWAITING_PERSISTENCE, HOLD_REVERSAL_LIMITED, HOLD_COOLDOWN):
+    if decision.reason in PENDING_REASONS:
         thr_move = threshold_move(decision.split_direction, decision.threshold_direction)
         seen = _persisted(history, decision.split_direction, thr_move)
         return replace(

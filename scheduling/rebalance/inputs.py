@@ -29,14 +29,6 @@ from scheduling.rebalance.simulation import inventory_fleet
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from scheduling.traffic import traffic_window_read
 
-# Hold reasons that keep a candidate pending, so persistence can count consecutive ticks.
-PENDING_REASONS = (
-    rebalancer.HOLD_AWAITING_PERSISTENCE,
-    rebalancer.HOLD_REVERSAL_LIMITED,
-    rebalancer.HOLD_COOLDOWN,
-)
-
-
 HOLD_PLAN_IN_PROGRESS = "plan_in_progress"
 # A proposal is being reviewed: a newer one waits until it is older than PLAN_REVIEW_STALE_S.
 HOLD_PLAN_UNDER_REVIEW = "plan_under_review"
@@ -156,7 +148,11 @@ def history_for(cluster: Cluster, period_start: datetime) -> rebalancer.History:
         .order_by("-period_start")
         .first()
     )
-    if previous is not None and previous.reason in PENDING_REASONS and previous.pending_count:
+    if (
+        previous is not None
+        and previous.reason in rebalancer.PENDING_REASONS
+        and previous.pending_count
+    ):
         history = replace(
             history,
             pending=rebalancer.Pending(

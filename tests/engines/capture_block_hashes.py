@@ -15,7 +15,8 @@ from pathlib import Path
 
 import zmq
 
-from scheduling.core import kv_events
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from tests.engines.vllm import low_free_ports, vllm_server
 from tests.engines.vllm_env import prepare
 
@@ -56,8 +57,8 @@ def capture(algorithm: str, prompts: list[str]) -> list[dict[str, object]]:
                 _, _, payload = sub.recv_multipart()
                 stored = [
                     e
-                    for e in kv_events.batch_decode(payload).events
-                    if isinstance(e, kv_events.BlockStored) and e.parent_block_hash is None
+                    for e in kv_vllm.batch_decode(payload).events
+                    if isinstance(e, BlocksStored) and e.parent is None
                 ]
                 if stored:
                     out.append(
@@ -66,7 +67,7 @@ def capture(algorithm: str, prompts: list[str]) -> list[dict[str, object]]:
                             "algorithm": algorithm,
                             "token_ids": tokens,
                             "block_size": stored[0].block_size,
-                            "published_block_hashes": stored[0].block_hashes,
+                            "published_block_hashes": list(stored[0].hashes),
                         }
                     )
                     break

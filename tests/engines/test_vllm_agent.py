@@ -27,7 +27,8 @@ import zmq
 
 from clusters.live import prefix_index, telemetry
 from fleet.blockhash import block_keys
-from scheduling.core import kv_events
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from tests.engines.vllm import VllmServer, low_free_ports, vllm_server
 from tests.engines.vllm_env import VllmEnv, prepare
 from tests.factories import api_token
@@ -86,9 +87,9 @@ class EngineListener:
                 continue
             _, _, payload = self.sub.recv_multipart()
             out: list[int] = []
-            for ev in kv_events.batch_decode(payload).events:
-                if isinstance(ev, kv_events.BlockStored):
-                    out += [h for h in ev.block_hashes if isinstance(h, int)]
+            for ev in kv_vllm.batch_decode(payload).events:
+                if isinstance(ev, BlocksStored):
+                    out += [h for h in ev.hashes if isinstance(h, int)]
             if out:
                 return out
         raise AssertionError("the engine published no BlockStored")

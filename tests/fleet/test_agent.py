@@ -18,7 +18,8 @@ import zmq
 from clusters.live import prefix_index
 from fleet.agent.agent import Agent
 from fleet.agent.config import AgentConfig, EngineConfig, KvEventsConfig
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from tests.factories import ClusterFactory, InstanceFactory, api_token
 from tests.fleet.test_agent_kv import VllmPublisher
 from tests.support.servers import control_plane_serve, free_port
@@ -113,8 +114,8 @@ def agent_config(base: str, page: MetricsPage, pub_port: int, replay_port: int) 
 
 
 def stored(*blocks: int) -> bytes:
-    event = wire.BlockStored(list(blocks), None, [], 32, None, "GPU", None)
-    return wire.batch_encode([event], time.time())
+    event = BlocksStored(list(blocks), 32, medium="GPU")
+    return kv_vllm.batch_encode([event], time.time())
 
 
 def held(*blocks: int) -> int:

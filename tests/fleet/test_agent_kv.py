@@ -19,7 +19,8 @@ from clusters.live import prefix_index
 from fleet.agent.kv import END_SEQ, KvStream, ZmqKvFeed
 from fleet.agent.metrics import AgentMetrics
 from fleet.agent.uplink import Uplink, UplinkLimits
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from tests.factories import ClusterFactory, InstanceFactory, api_token
 from tests.fleet.captured import CapturedFrame
 from tests.support.servers import control_plane_serve, free_port
@@ -39,8 +40,8 @@ class Engine:
 
     def _publish(self, block: int) -> tuple[int, bytes]:
         self.seq += 1
-        event = wire.BlockStored([block], None, [], 32, None, "GPU", None)
-        payload = wire.batch_encode([event], time.time())
+        event = BlocksStored([block], 32, medium="GPU")
+        payload = kv_vllm.batch_encode([event], time.time())
         self.buffer.append((self.seq, payload))
         return self.seq, payload
 
@@ -230,7 +231,7 @@ def test_the_zmq_feed_fills_a_gap_through_the_replay_socket(
 
 
 def stored(block: int) -> bytes:
-    return wire.batch_encode([wire.BlockStored([block], None, [], 32, None, "GPU", None)], 1.0)
+    return kv_vllm.batch_encode([BlocksStored([block], 32, medium="GPU")], 1.0)
 
 
 def wait_for(check: Any, timeout_s: float = 15.0) -> None:

@@ -15,7 +15,8 @@ import redis
 from clusters.live import prefix_index, telemetry
 from fleet.agent.metrics import AgentMetrics
 from fleet.agent.uplink import Uplink, UplinkLimits
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from tests.factories import ClusterFactory, InstanceFactory, api_token
 from tests.support.servers import control_plane_serve, free_port
 
@@ -45,7 +46,7 @@ def sample(instance: str, running: int) -> dict[str, Any]:
 
 
 def stored(block: int) -> bytes:
-    return wire.batch_encode([wire.BlockStored([block], None, [], 32, None, "GPU", None)], 1.0)
+    return kv_vllm.batch_encode([BlocksStored([block], 32, medium="GPU")], 1.0)
 
 
 def test_a_refused_instance_is_dropped_alone_and_the_others_go_on(

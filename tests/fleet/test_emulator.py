@@ -32,7 +32,8 @@ from fleet.emulator import (
     kv_batch_events,
     scenario_faults,
 )
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksRemoved
 from scheduling.core.scenario import LinkEvent, RateEvent, StateEvent
 from scheduling.core.simulator.workload import RequestSpec, Workload
 from tests.factories import InstanceFactory, LinkFactory
@@ -175,8 +176,8 @@ def test_the_cache_journals_stores_and_evictions_as_vllm_events() -> None:
     assert cache.take_events() == []
 
     # On the wire as vLLM 0.32 sends it, and back through the control plane's decoding.
-    payload = wire.batch_encode(kv_batch_events(events, 512), 1.0)
-    decoded = index_events(wire.batch_decode(payload), 512, "m")
+    payload = kv_vllm.batch_encode(kv_batch_events(events, 512), 1.0)
+    decoded = index_events(kv_vllm.batch_decode(payload), 512, "m")
 
     def keys(*blocks: int) -> bytes:  # the index's packed 8-byte keys
         return b"".join(b.to_bytes(8, "big") for b in blocks)
@@ -196,12 +197,12 @@ def test_emulated_engines_publish_vllm_frames_into_the_agents_stream() -> None:
     engine = EmulatedEngineEvents(stream)
     engine.publish(kv_batch_events([(True, 1), (True, 2)], 512), 1.0)
     engine.seq += 1  # a batch the stream never received (as if ZMQ had dropped it)
-    engine.buffer.append((engine.seq, wire.batch_encode(kv_batch_events([(True, 3)], 512), 2.0)))
+    engine.buffer.append((engine.seq, kv_vllm.batch_encode(kv_batch_events([(True, 3)], 512), 2.0)))
     engine.publish(kv_batch_events([(False, 1)], 512), 3.0)
     assert [seq for seq, _ in forwarded] == [0, 1, 2]
-    decoded = [wire.batch_decode(p).events for _, p in forwarded]
-    assert [e.block_hashes for e in decoded[0]] == [[1, 2]]  # type: ignore[union-attr]
-    assert isinstance(decoded[2][0], wire.BlockRemoved) and decoded[2][0].group_idx == 0
+    decoded = [kv_vllm.batch_decode(p).events for _, p in forwarded]
+    assert [list(e.hashes) for e in decoded[0]] == [[1, 2]]  # type: ignore[union-attr]
+    assert isinstance(decoded[2][0], BlocksRemoved) and decoded[2][0].group == 0
 
 
 # -- commands: bad input ---------------------------------------------------------------------

@@ -14,7 +14,8 @@ from django.test import Client
 
 from clusters.live import prefix_index, telemetry
 from clusters.models import InstanceRole
-from scheduling.core import kv_events as wire
+from scheduling.core import kv_vllm
+from scheduling.core.kv_events import BlocksStored
 from scheduling.core.service_levels import TTFT_BUCKETS_S, ttft_bucket
 from tests.factories import (
     ClusterFactory,
@@ -366,8 +367,8 @@ def largest_kv_frames(limit: int) -> tuple[bytes, int]:
     batches: list[tuple[int, bytes]] = []
     block = 0
     while True:
-        event = wire.BlockStored(list(range(block, block + 16)), None, [], 32, None, "GPU", None)
-        batches.append((len(batches), wire.batch_encode([event], time.time())))
+        event = BlocksStored(list(range(block, block + 16)), 32, medium="GPU")
+        batches.append((len(batches), kv_vllm.batch_encode([event], time.time())))
         body = msgspec.msgpack.encode({"instance": "pd-a-p0", "batches": batches})
         if len(body) > limit:
             batches.pop()
@@ -439,7 +440,7 @@ def test_a_sequence_number_beyond_2_53_is_refused_in_both_encodings_and_nothing_
     as_json = {"instance": "pd-a-p0", "batches": [{"seq": seq, "batch": [0, []]}]}
     refused = post("/kv-events", as_json, agent)
     assert refused.status_code == 422 and "seq" in refused.json()["detail"]
-    frames = {"instance": "pd-a-p0", "batches": [[seq, wire.batch_encode([], 0.0)]]}
+    frames = {"instance": "pd-a-p0", "batches": [[seq, kv_vllm.batch_encode([], 0.0)]]}
     refused = post_msgpack(frames, agent)
     assert refused.status_code == 422 and "seq" in refused.json()["detail"]
     state = prefix_index.prefix_index_states(["pd-a-p0"])[0]

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_load(args.config)
     except ConfigError as exc:
-        print(f"fleet.agent: {exc}", file=sys.stderr)
+        print(f"fleet.agent: {args.config}: {exc}", file=sys.stderr)
         return 2
     agent = Agent(config)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_load(args.config)
     except ConfigError as exc:
-        print(f"fleet.supervisor: {exc}", file=sys.stderr)
+        print(f"fleet.supervisor: {args.config}: {exc}", file=sys.stderr)
         return 2
     supervisor = Supervisor(config)
     server = server_make(supervisor)

@@ -1,8 +1,8 @@
 """The fleet programs' YAML files read into typed configurations, one way for all of them.
 
-Each program describes its file as msgspec Structs (:class:`ConfigStruct`: frozen, keyword
-fields; bounds as ``msgspec.Meta``) and reads it with :func:`config_convert`, strictly: no
-``"1"`` for 1, no ``true`` for 1. A wrong type, a missing or unknown key, a value out of its
+Each program describes its file as msgspec Structs (``frozen=True, kw_only=True``; bounds as
+``msgspec.Meta``; ``forbid_unknown_fields=True`` where an unknown key is an error) and reads
+it with :func:`config_convert`, strictly: no ``"1"`` for 1, no ``true`` for 1. A wrong type, a missing or unknown key, a value out of its
 bounds or not among its choices is a :class:`ConfigError` whose message starts with the key path
 (``engines[0].port: expected int, got str``), so that an operator can find the line. What no
 type can say (one key against another) is plain code in a Struct's ``__post_init__``: msgspec
@@ -47,11 +47,6 @@ _FIELD = re.compile(r"Object (missing required|contains unknown) field `([^`]*)`
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message starts with the key path."""
-
-
-class ConfigStruct(msgspec.Struct, frozen=True, kw_only=True):
-    """A mapping of a configuration file: keyword fields; a subclass says ``frozen=True`` again
-    (for mypy) and ``forbid_unknown_fields=True`` where an unknown key is an error."""
 
 
 def config_convert(raw: Any, type_: type[T], *, null_is_default: bool = False) -> T:

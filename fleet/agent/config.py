@@ -41,7 +41,6 @@ from msgspec import Meta
 from fleet.agent.register import RegistrationConfig
 from fleet.config_read import (
     ConfigError,
-    ConfigStruct,
     HttpUrl,
     Name,
     Port,
@@ -51,10 +50,19 @@ from fleet.config_read import (
     env_secret,
 )
 
-__all__ = ["AgentConfig", "ConfigError", "EngineConfig", "KvEventsConfig", "LinkConfig"]
+__all__ = [
+    "AgentConfig",
+    "BufferConfig",
+    "ConfigError",
+    "ControlPlaneConfig",
+    "EngineConfig",
+    "KvEventsConfig",
+    "LinkConfig",
+    "ListenConfig",
+]
 
 
-class ControlPlane(ConfigStruct, frozen=True):
+class ControlPlaneConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Where the agent posts, and its ``agent``-scope token: ``token`` or the variable."""
 
     url: HttpUrl
@@ -62,17 +70,17 @@ class ControlPlane(ConfigStruct, frozen=True):
     token_env: Name = "PRFAAS_AGENT_TOKEN"
 
 
-class Listen(ConfigStruct, frozen=True):
+class ListenConfig(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Port = 9464  # 0: /metrics not served
 
 
-class Buffer(ConfigStruct, frozen=True):
+class BufferConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_kv_batches: Annotated[int, Meta(gt=0, le=10**7)] = 50_000
     max_telemetry: Annotated[int, Meta(gt=0, le=10**6)] = 600
 
 
-class KvEventsConfig(ConfigStruct, frozen=True):
+class KvEventsConfig(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: ZmqEndpoint
     replay_endpoint: ZmqEndpoint | None = None
     topic: str = ""
@@ -80,7 +88,7 @@ class KvEventsConfig(ConfigStruct, frozen=True):
     max_seq_jump: Annotated[int, Meta(gt=0, le=10**12)] = 100_000
 
 
-class EngineConfig(ConfigStruct, frozen=True):
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     instance: Name
     metrics_url: HttpUrl | None = None
     kv_events: KvEventsConfig | None = None
@@ -91,7 +99,7 @@ class EngineConfig(ConfigStruct, frozen=True):
             raise ValueError("give metrics_url, kv_events or both")
 
 
-class LinkConfig(ConfigStruct, frozen=True):
+class LinkConfig(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     target: str
     measure: Literal["interface", "connector"]
@@ -105,12 +113,12 @@ class LinkConfig(ConfigStruct, frozen=True):
             raise ValueError(".engines: required when measure is connector")
 
 
-class AgentConfig(ConfigStruct, frozen=True):
-    control_plane: ControlPlane
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
+    control_plane: ControlPlaneConfig
     engines: Annotated[tuple[EngineConfig, ...], Meta(min_length=1)]
     links: tuple[LinkConfig, ...] = ()
-    listen: Listen = Listen()
-    buffer: Buffer = Buffer()
+    listen: ListenConfig = ListenConfig()
+    buffer: BufferConfig = BufferConfig()
     interval_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
     flush_s: Annotated[float, Meta(gt=0, le=60)] = 0.05
     register_every_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0

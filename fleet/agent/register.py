@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
-from fleet.config_read import ConfigStruct, HttpUrlOrEmpty
+from fleet.config_read import HttpUrlOrEmpty
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ Role = Literal["prefill", "decode"]
 KvConnector = Literal["nixl", "shared_storage"]
 
 
-class RegistrationConfig(ConfigStruct, frozen=True, forbid_unknown_fields=True):
+class RegistrationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the agent registers for one engine (a ``register`` block, read with the agent's
     file: :mod:`fleet.agent.config`)."""
 

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         Granian(
             "fleet.gateway.app:gateway_from_env",
             factory=True,
-            address=config.host,
-            port=config.port,
+            address=config.listen.host,
+            port=config.listen.port,
             interface=Interfaces.ASGI,
             workers=config.workers,
             loop=Loops.uvloop,
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         ).serve()
         return 0
     server: dict[str, Any] = {
-        "host": config.host,
-        "port": config.port,
+        "host": config.listen.host,
+        "port": config.listen.port,
         "loop": "uvloop",
         # httptools, with a deadline on request headers (fleet.gateway.http)
         "http": "fleet.gateway.http:HeaderDeadlineProtocol",

@@ -17,7 +17,13 @@ import zmq
 
 from clusters.live import prefix_index
 from fleet.agent.agent import Agent
-from fleet.agent.config import AgentConfig, ControlPlane, EngineConfig, KvEventsConfig, Listen
+from fleet.agent.config import (
+    AgentConfig,
+    ControlPlaneConfig,
+    EngineConfig,
+    KvEventsConfig,
+    ListenConfig,
+)
 from scheduling.core import kv_vllm
 from scheduling.core.kv_events import BlocksStored
 from tests.factories import ClusterFactory, InstanceFactory, api_token
@@ -106,9 +112,11 @@ def agent_config(base: str, page: MetricsPage, pub_port: int, replay_port: int) 
         topic="kv-events",
     )
     return AgentConfig(
-        control_plane=ControlPlane(url=base, token=api_token("agent", instances=(INSTANCE,))[1]),
+        control_plane=ControlPlaneConfig(
+            url=base, token=api_token("agent", instances=(INSTANCE,))[1]
+        ),
         engines=(EngineConfig(instance=INSTANCE, metrics_url=page.url, kv_events=kv),),
-        listen=Listen(port=0),
+        listen=ListenConfig(port=0),
         interval_s=0.2,
         flush_s=0.02,
     )

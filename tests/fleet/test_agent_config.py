@@ -3,6 +3,7 @@ and the command exits 2 with that message."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,17 @@ def test_a_good_file_loads_with_defaults(tmp_path: Path) -> None:
     assert config.engines[0].kv_events.max_seq_jump == 100_000
     left_empty = config_parse(with_(interval_s=None, links=None), env={"TOKEN": "t"})
     assert left_empty.interval_s == 1.0 and left_empty.links == ()
+
+
+def test_the_documented_configurations_load() -> None:
+    env = {"PRFAAS_AGENT_TOKEN": "t"}
+    full, register = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs/agent.md").read_text(), re.S)
+    assert config_parse(yaml.safe_load(full), env).links[1].engines == ("pd-a-p0",)
+    block = {"control_plane": {"url": "http://cp"}, **yaml.safe_load(register)}
+    assert config_parse(block, env).engines[0].register is not None
+    manifest = ROOT / "deploy/kubernetes/overlays/demo/engines-with-agent.yaml"
+    sidecar = next(yaml.safe_load_all(manifest.read_text()))["data"]["agent.yaml"]
+    assert config_parse(yaml.safe_load(sidecar), env).engines[0].kv_events is not None
 
 
 @pytest.mark.parametrize(

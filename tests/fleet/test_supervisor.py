@@ -6,6 +6,7 @@ supervisor; a bad config file is refused naming its key."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -216,7 +217,7 @@ def test_a_bad_config_is_refused_naming_the_key(change: dict[str, Any], message:
         "work_dir": "/tmp/w",
         "engines": [{**fake_engine(NAME, 8100, Path("/tmp")), **change}],
     }
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         config_parse(raw)
 
 

@@ -69,6 +69,11 @@ class ControlPlaneConfig(msgspec.Struct, frozen=True, kw_only=True):
     token: str = ""  # empty: read from the environment variable ``token_env``
     token_env: Name = "PRFAAS_AGENT_TOKEN"
 
+    def token_read(self, env: Mapping[str, str]) -> ControlPlaneConfig:
+        """This, with the token from the environment when the file does not hold it."""
+        token = env_secret(self.token, self.token_env, "control_plane.token_env", env)
+        return msgspec.structs.replace(self, token=token)
+
 
 class ListenConfig(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
@@ -141,11 +146,8 @@ def config_parse(raw: object, env: Mapping[str, str] | None = None) -> AgentConf
     """The file's document, checked (a key given as null counts as left out), with the token
     read from the environment when the file does not hold it."""
     config = config_convert(raw, AgentConfig, null_is_default=True)
-    cp = config.control_plane
-    token = env_secret(
-        cp.token, cp.token_env, "control_plane.token_env", os.environ if env is None else env
-    )
-    return msgspec.structs.replace(config, control_plane=msgspec.structs.replace(cp, token=token))
+    cp = config.control_plane.token_read(os.environ if env is None else env)
+    return msgspec.structs.replace(config, control_plane=cp)
 
 
 def config_load(path: Path, env: Mapping[str, str] | None = None) -> AgentConfig:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(__name__).info(
         "supervising %d engine(s); steps on http://%s:%d/v1/steps",
         len(config.engines),
-        config.listen_host,
+        config.listen.host,
         server.server_address[1],
     )
 

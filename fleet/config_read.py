@@ -2,13 +2,14 @@
 
 Each program describes its file as msgspec Structs (``frozen=True, kw_only=True``; bounds as
 ``msgspec.Meta``; ``forbid_unknown_fields=True`` where an unknown key is an error) and reads
-it with :func:`config_convert`, strictly: no ``"1"`` for 1, no ``true`` for 1. A wrong type, a missing or unknown key, a value out of its
-bounds or not among its choices is a :class:`ConfigError` whose message starts with the key path
-(``engines[0].port: expected int, got str``), so that an operator can find the line. What no
-type can say (one key against another) is plain code in a Struct's ``__post_init__``: msgspec
-puts the path of the Struct in front of its message (a message that starts with ``.`` names a
-key below that Struct: ``.endpoint: ...``). Secrets come from the environment
-(:func:`env_secret`), after the conversion.
+it with :func:`config_convert`, strictly: no ``"1"`` for 1, no ``true`` for 1. A wrong type,
+a missing or unknown key, a value out of its bounds or not among its choices is a
+:class:`ConfigError` whose message starts with the key path (``engines[0].port: expected int,
+got str``), so that an operator can find the line. What no type can say (one key against
+another) is plain code in a Struct's ``__post_init__``: msgspec puts the path of the Struct in
+front of its message (a message that starts with ``.`` names a key below that Struct:
+``.endpoint: ...``). Secrets come from the environment (:func:`env_secret`), after the
+conversion.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def _choices(type_: Any, path: str, in_key: bool) -> str | None:
     info = _bare(mi.type_info(type_))
     for name in re.findall(r"\.([^.\[]+)|\[[^\]]*\]", path):
         if name and isinstance(info, mi.StructType):
-            info = next(f.type for f in info.fields if f.encode_name == name)
+            found = [f.type for f in info.fields if f.encode_name == name]
+            if not found:
+                return None
+            info = found[0]
         elif isinstance(info, mi.DictType):
             info = info.value_type
         elif isinstance(info, mi.ListType | mi.VarTupleType):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast, get_args
 
 import msgspec
 from msgspec import Meta
@@ -46,7 +46,7 @@ from fleet.config_read import ConfigError, Name, Port, config_convert, config_fi
 
 __all__ = ["ConfigError", "ListenConfig", "SupervisedEngine", "SupervisorConfig"]
 
-ROLES = ("prefill", "decode")
+ROLES = get_args(Role)
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 DEFAULT_KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 

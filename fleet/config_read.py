@@ -15,7 +15,8 @@ conversion.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -70,6 +71,16 @@ def config_file_read(path: str | Path) -> Any:
         raise ConfigError(f"cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not YAML: {exc}") from None
+
+
+def config_or_exit(load: Callable[[Path], T], path: Path, program: str) -> T:
+    """``load(path)``; a :class:`ConfigError` is printed, with the program and the file, and
+    the program exits with status 2 (what every fleet program does with a bad file)."""
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print(f"{program}: {path}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def env_secret(given: str, variable: str, key: str, env: Mapping[str, str]) -> str:

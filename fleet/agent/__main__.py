@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from pathlib import Path
 
 from fleet.agent.agent import Agent
-from fleet.agent.config import ConfigError, config_load
+from fleet.agent.config import config_load
+from fleet.config_read import config_or_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,11 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        config = config_load(args.config)
-    except ConfigError as exc:
-        print(f"fleet.agent: {exc}", file=sys.stderr)
-        return 2
+    config = config_or_exit(config_load, args.config, "fleet.agent")
     agent = Agent(config)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     signal.signal(signal.SIGINT, lambda *_: agent.stop())

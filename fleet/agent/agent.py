@@ -42,18 +42,19 @@ class Agent:
     ) -> None:
         self.config = config
         self.metrics = metrics or AgentMetrics()
+        cp, buffer = config.control_plane, config.buffer
         self.uplink = uplink or Uplink(
-            config.url,
-            config.token,
+            cp.url,
+            cp.token,
             self.metrics,
-            UplinkLimits(max_kv_batches=config.max_kv_batches, max_telemetry=config.max_telemetry),
+            UplinkLimits(max_kv_batches=buffer.max_kv_batches, max_telemetry=buffer.max_telemetry),
         )
         self.sampler = TelemetrySampler(config.engines, config.links, self.metrics)
         registered = [(e.instance, e.register) for e in config.engines if e.register is not None]
         self.registrar = (
             Registrar(
-                config.url,
-                config.token,
+                cp.url,
+                cp.token,
                 registered,
                 every_s=config.register_every_s,
                 registry=self.metrics.registry,
@@ -108,8 +109,8 @@ class Agent:
             self.feeds.append(feed)
 
     def run(self) -> None:
-        if self.config.listen_port:
-            self._server = self.metrics.serve(self.config.listen_host, self.config.listen_port)
+        if self.config.listen.port:
+            self._server = self.metrics.serve(self.config.listen.host, self.config.listen.port)
         if self.registrar is not None:
             # Before the feeds: a stream asks where the index stands for its instance.
             self.registrar.tick()
@@ -120,7 +121,7 @@ class Agent:
             "agent: %d engine(s), %d link(s), posting to %s",
             len(self.config.engines),
             len(self.config.links),
-            self.config.url,
+            self.config.control_plane.url,
         )
         next_sample = time.monotonic()
         try:

@@ -35,37 +35,36 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+import msgspec
 from prometheus_client import CollectorRegistry, Counter
+
+from fleet.config_read import HttpUrlOrEmpty
 
 log = logging.getLogger(__name__)
 
 REGISTER_PATH = "/api/v1/registrations/{name}"
-ROLES = ("prefill", "decode")
-KV_CONNECTORS = ("nixl", "shared_storage")
 BACKOFF_MAX_S = 60.0
+Role = Literal["prefill", "decode"]
+KvConnector = Literal["nixl", "shared_storage"]
 
 
-class RegistrationConfigError(ValueError):
-    """A ``register`` block that cannot be used; the message names the key."""
-
-
-@dataclass(frozen=True)
-class RegistrationConfig:
-    """What the agent registers for one engine."""
+class RegistrationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the agent registers for one engine (a ``register`` block, read with the agent's
+    file: :mod:`fleet.agent.config`)."""
 
     cluster: str
-    role: str
+    role: Role
     accelerator: str
-    endpoint: str | None = None  # None: keep the inventory's
-    kv_connector: str = "nixl"
+    endpoint: HttpUrlOrEmpty | None = None  # None: keep the inventory's
+    kv_connector: KvConnector = "nixl"
     engine: str = "vllm"
     engine_version: str = ""
-    health_url: str | None = None
+    health_url: HttpUrlOrEmpty | None = None  # empty: no health check
 
     def body(self, engine_version: str) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -85,49 +84,6 @@ class RegistrationConfig:
         if self.health_url is not None:
             return self.health_url or None
         return f"{self.endpoint.rstrip('/')}/health" if self.endpoint else None
-
-
-def registration_parse(raw: Any, where: str) -> RegistrationConfig:
-    """A ``register`` block, checked (``where``: its key path, for messages)."""
-    if not isinstance(raw, Mapping):
-        raise RegistrationConfigError(f"{where}: expected a mapping")
-    known = {f for f in RegistrationConfig.__dataclass_fields__}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise RegistrationConfigError(f"{where}.{unknown[0]}: unknown key")
-
-    def text(key: str, default: str | None = None) -> str | None:
-        value = raw.get(key, default)
-        if value is None:
-            if default is None and key in ("cluster", "role", "accelerator"):
-                raise RegistrationConfigError(f"{where}.{key}: required")
-            return None
-        if not isinstance(value, str):
-            raise RegistrationConfigError(f"{where}.{key}: expected a string")
-        return value
-
-    role = text("role")
-    if role not in ROLES:
-        raise RegistrationConfigError(f"{where}.role: prefill or decode, not {role!r}")
-    connector = text("kv_connector", "nixl")
-    if connector not in KV_CONNECTORS:
-        raise RegistrationConfigError(
-            f"{where}.kv_connector: {' or '.join(KV_CONNECTORS)}, not {connector!r}"
-        )
-    for key in ("endpoint", "health_url"):
-        url = raw.get(key)
-        if url and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
-            raise RegistrationConfigError(f"{where}.{key}: an http(s) URL")
-    return RegistrationConfig(
-        cluster=text("cluster") or "",
-        role=role,
-        accelerator=text("accelerator") or "",
-        endpoint=text("endpoint"),
-        kv_connector=connector or "nixl",
-        engine=text("engine", "vllm") or "vllm",
-        engine_version=text("engine_version", "") or "",
-        health_url=text("health_url"),
-    )
 
 
 @dataclass

@@ -9,9 +9,9 @@ instance has a prefill and, in a PD cluster, a decode personality; the one not i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from fleet.agent.register import RegistrationConfig
+from fleet.agent.register import KvConnector, RegistrationConfig, Role
 from fleet.emulator.journal import ReportingPrefixCache
 from fleet.emulator.workload import RequestStream
 from scheduling.core import routing
@@ -53,9 +53,9 @@ def engines_to_register(
                 name,
                 RegistrationConfig(
                     cluster=cluster,
-                    role=inst.role if inst is not None else role,
+                    role=cast(Role, inst.role if inst is not None else role),
                     accelerator=spec_of.accelerator,
-                    kv_connector=spec_of.kv_connector,
+                    kv_connector=cast(KvConnector, spec_of.kv_connector),
                     engine=ENGINE,
                 ),
             )

@@ -19,8 +19,9 @@ from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 
+from fleet.config_read import config_or_exit
 from fleet.gateway.app import CONFIG_ENV, Gateway
-from fleet.gateway.config import ConfigError, config_load
+from fleet.gateway.config import config_load
 from fleet.gateway.http import header_timeout_set
 
 
@@ -29,19 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the gateway.yaml file")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    try:
-        config = config_load(args.config)
-    except ConfigError as exc:
-        print(f"gateway: {args.config}: {exc}", file=sys.stderr)
-        return 2
+    config = config_or_exit(config_load, Path(args.config), "gateway")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     if config.server == "granian":
         os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
         Granian(
             "fleet.gateway.app:gateway_from_env",
             factory=True,
-            address=config.host,
-            port=config.port,
+            address=config.listen.host,
+            port=config.listen.port,
             interface=Interfaces.ASGI,
             workers=config.workers,
             loop=Loops.uvloop,
@@ -51,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         ).serve()
         return 0
     server: dict[str, Any] = {
-        "host": config.host,
-        "port": config.port,
+        "host": config.listen.host,
+        "port": config.listen.port,
         "loop": "uvloop",
         # httptools, with a deadline on request headers (fleet.gateway.http)
         "http": "fleet.gateway.http:HeaderDeadlineProtocol",

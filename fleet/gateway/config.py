@@ -1,7 +1,8 @@
 """The gateway's configuration file (``gateway.yaml``), read strictly.
 
 Every key is named below with its default; an unknown key, a wrong type or an out-of-range
-value is a :class:`ConfigError` naming the key (the CLI prints it and exits 2). The control
+value is a :class:`ConfigError` naming the key (:mod:`fleet.config_read`; the CLI prints it
+and exits 2). The control
 plane's token comes from the environment variable named by ``control_plane.token_env``
 (default ``PRFAAS_GATEWAY_TOKEN``) so that the file holds no secret.
 
@@ -52,60 +53,86 @@ plane's token comes from the environment variable named by ``control_plane.token
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
-import yaml
+import msgspec
+from msgspec import Meta
+
+from fleet.config_read import (
+    ConfigError,
+    HttpUrl,
+    Name,
+    config_convert,
+    config_file_read,
+    env_secret,
+)
+
+__all__ = ["ConfigError", "ControlPlaneConfig", "GatewayConfig", "GatewayFile", "ListenConfig"]
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message starts with the key."""
+class ListenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: Name = "127.0.0.1"
+    port: Annotated[int, Meta(ge=1, le=65535)] = 8080
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    origin: str
-    control_plane_url: str
-    token: str
-    host: str = "127.0.0.1"
-    port: int = 8080
-    control_plane_timeout_s: float = 0.5
-    decide: str = "local"
-    live_refresh_s: float = 0.5
-    live_max_age_s: float = 2.0
-    policy_refresh_s: float = 5.0
-    endpoints: Mapping[str, str] = field(default_factory=dict)
+class ControlPlaneConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    url: HttpUrl
+    token_env: Name = "PRFAAS_GATEWAY_TOKEN"
+    timeout_s: Annotated[float, Meta(gt=0, le=60)] = 0.5
+    cooldown_s: Annotated[float, Meta(ge=0, le=600)] = 2.0
+
+
+class GatewayFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``gateway.yaml`` (the module docstring); :class:`GatewayConfig` adds the token."""
+
+    origin: Name
+    control_plane: ControlPlaneConfig
+    listen: ListenConfig = ListenConfig()
+    decide: Literal["local", "remote"] = "local"
+    live_refresh_s: Annotated[float, Meta(ge=0.01, le=60.0)] = 0.5
+    live_max_age_s: Annotated[float, Meta(ge=0.05, le=600.0)] = 2.0
+    policy_refresh_s: Annotated[float, Meta(ge=0.1, le=3600.0)] = 5.0
+    endpoints: dict[str, HttpUrl] = {}
     endpoint_template: str = ""
     model: str = ""
-    prefill_timeout_s: float = 60.0
-    decode_timeout_s: float = 600.0
-    connect_timeout_s: float = 2.0
-    first_byte_timeout_s: float = 10.0
-    first_byte_factor: float = 3.0
-    stream_idle_timeout_s: float = 60.0
-    eject_failures: int = 1
-    eject_base_s: float = 10.0
-    eject_max_s: float = 300.0
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    max_body_bytes: int = 16 << 20
-    body_buffer_bytes: int = 256 << 20
-    max_prompt_tokens: int = 2_000_000
-    control_plane_cooldown_s: float = 2.0
-    workers: int = 1
-    server: str = "uvicorn"
-    max_inflight: int = 256
-    max_waiting: int = 256
-    outcome_batch: int = 200
-    outcome_interval_s: float = 0.5
-    outcome_buffer: int = 20000
-    prefix_index_blocks: int = 200000
-    tokenizer: str = "engine"
-    chars_per_token: float = 4.0
+    prefill_timeout_s: Annotated[float, Meta(ge=0.01, le=3600.0)] = 60.0
+    decode_timeout_s: Annotated[float, Meta(ge=0.01, le=86400.0)] = 600.0
+    connect_timeout_s: Annotated[float, Meta(ge=0.01, le=60.0)] = 2.0
+    first_byte_timeout_s: Annotated[float, Meta(ge=0.01, le=3600.0)] = 10.0
+    first_byte_factor: Annotated[float, Meta(ge=1.0, le=100.0)] = 3.0
+    stream_idle_timeout_s: Annotated[float, Meta(ge=0.01, le=3600.0)] = 60.0
+    eject_failures: Annotated[int, Meta(ge=1, le=1000)] = 1
+    eject_base_s: Annotated[float, Meta(ge=0.1, le=3600.0)] = 10.0
+    eject_max_s: Annotated[float, Meta(ge=0.1, le=86400.0)] = 300.0
+    header_timeout_s: Annotated[float, Meta(ge=0.1, le=600.0)] = 10.0
+    body_timeout_s: Annotated[float, Meta(ge=0.1, le=3600.0)] = 30.0
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 << 20
+    body_buffer_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 256 << 20
+    max_prompt_tokens: Annotated[int, Meta(ge=1, le=10_000_000)] = 2_000_000
+    workers: Annotated[int, Meta(ge=1, le=256)] = 1
+    server: Literal["uvicorn", "granian"] = "uvicorn"
+    max_inflight: Annotated[int, Meta(ge=1, le=1_000_000)] = 256
+    max_waiting: Annotated[int, Meta(ge=0, le=10_000_000)] = 256
+    outcome_batch: Annotated[int, Meta(ge=1, le=1000)] = 200
+    outcome_interval_s: Annotated[float, Meta(ge=0.01, le=60.0)] = 0.5
+    outcome_buffer: Annotated[int, Meta(ge=1, le=10_000_000)] = 20000
+    prefix_index_blocks: Annotated[int, Meta(ge=0, le=100_000_000)] = 200000
+    tokenizer: Literal["engine", "estimate"] = "engine"
+    chars_per_token: Annotated[float, Meta(ge=0.5, le=64.0)] = 4.0
+
+    def __post_init__(self) -> None:
+        if self.endpoint_template and "{instance}" not in self.endpoint_template:
+            raise ValueError(".endpoint_template: must contain {instance}")
+        for low, high in (
+            ("live_refresh_s", "live_max_age_s"),
+            ("max_body_bytes", "body_buffer_bytes"),
+            ("eject_base_s", "eject_max_s"),
+        ):
+            if getattr(self, high) < getattr(self, low):
+                raise ValueError(f".{high}: must not be below {low}")
 
     def endpoint_of(self, instance: str, inventory_endpoint: str) -> str:
         """Where ``instance`` is reached: the override, the inventory's, or the template."""
@@ -115,150 +142,22 @@ class GatewayConfig:
         return url.rstrip("/")
 
 
-_NUMBERS = {  # key: (kind, low, high)
-    "port": (int, 1, 65535),
-    "live_refresh_s": (float, 0.01, 60.0),
-    "live_max_age_s": (float, 0.05, 600.0),
-    "policy_refresh_s": (float, 0.1, 3600.0),
-    "prefill_timeout_s": (float, 0.01, 3600.0),
-    "decode_timeout_s": (float, 0.01, 86400.0),
-    "connect_timeout_s": (float, 0.01, 60.0),
-    "first_byte_timeout_s": (float, 0.01, 3600.0),
-    "first_byte_factor": (float, 1.0, 100.0),
-    "stream_idle_timeout_s": (float, 0.01, 3600.0),
-    "eject_failures": (int, 1, 1000),
-    "eject_base_s": (float, 0.1, 3600.0),
-    "eject_max_s": (float, 0.1, 86400.0),
-    "header_timeout_s": (float, 0.1, 600.0),
-    "body_timeout_s": (float, 0.1, 3600.0),
-    "max_body_bytes": (int, 1024, 1 << 30),
-    "body_buffer_bytes": (int, 1024, 1 << 36),
-    "max_prompt_tokens": (int, 1, 10_000_000),
-    "workers": (int, 1, 256),
-    "max_inflight": (int, 1, 1_000_000),
-    "max_waiting": (int, 0, 10_000_000),
-    "outcome_batch": (int, 1, 1000),
-    "outcome_interval_s": (float, 0.01, 60.0),
-    "outcome_buffer": (int, 1, 10_000_000),
-    "prefix_index_blocks": (int, 0, 100_000_000),
-    "chars_per_token": (float, 0.5, 64.0),
-}
+class GatewayConfig(GatewayFile, frozen=True, kw_only=True):
+    """The file and the control plane's token, read from ``control_plane.token_env``."""
+
+    token: str
 
 
-def _number(key: str, value: Any) -> int | float:
-    kind, low, high = _NUMBERS[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if not math.isfinite(value) or not low <= value <= high:
-        raise ConfigError(f"{key}: must be between {low} and {high}, got {value!r}")
-    return kind(value)
-
-
-def _string(key: str, value: Any, *, required: bool = False) -> str:
-    if not isinstance(value, str) or (required and not value):
-        raise ConfigError(f"{key}: expected a {'non-empty ' if required else ''}string")
-    return value
-
-
-def config_from_dict(data: Any, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+def config_from_dict(data: object, environ: Mapping[str, str] | None = None) -> GatewayConfig:
     """Read the YAML document's mapping (see the module docstring)."""
-    env = os.environ if environ is None else environ
-    if not isinstance(data, Mapping):
-        raise ConfigError("<config>: expected a mapping at the top level")
-    allowed = {f.name for f in fields(GatewayConfig)} - {
-        "control_plane_url",
-        "token",
-        "host",
-        "port",
-        "control_plane_timeout_s",
-        "control_plane_cooldown_s",
-    } | {"listen", "control_plane"}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key (allowed: {', '.join(sorted(allowed))})")
-    kwargs: dict[str, Any] = {}
-    listen = data.get("listen", {})
-    if not isinstance(listen, Mapping) or set(listen) - {"host", "port"}:
-        raise ConfigError("listen: expected {host, port}")
-    kwargs["host"] = _string("listen.host", listen.get("host", "127.0.0.1"), required=True)
-    kwargs["port"] = _number("port", listen.get("port", 8080))
-    cp = data.get("control_plane")
-    if not isinstance(cp, Mapping):
-        raise ConfigError("control_plane: required, a mapping with url (and token_env)")
-    extra = sorted(set(cp) - {"url", "token_env", "timeout_s", "cooldown_s"})
-    if extra:
-        raise ConfigError(f"control_plane.{extra[0]}: unknown key")
-    url = _string("control_plane.url", cp.get("url"), required=True)
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError("control_plane.url: must start with http:// or https://")
-    kwargs["control_plane_url"] = url.rstrip("/")
-    token_env = _string(
-        "control_plane.token_env", cp.get("token_env", "PRFAAS_GATEWAY_TOKEN"), required=True
+    file = config_convert(data, GatewayFile)
+    variable = file.control_plane.token_env
+    token = env_secret(
+        "", variable, "control_plane.token_env", os.environ if environ is None else environ
     )
-    token = env.get(token_env, "")
-    if not token:
-        raise ConfigError(f"control_plane.token_env: the variable {token_env} is not set")
-    kwargs["token"] = token
-    timeout = cp.get("timeout_s", 0.5)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
-        raise ConfigError("control_plane.timeout_s: must be a number in (0, 60]")
-    kwargs["control_plane_timeout_s"] = float(timeout)
-    cooldown = cp.get("cooldown_s", 2.0)
-    if (
-        isinstance(cooldown, bool)
-        or not isinstance(cooldown, int | float)
-        or not 0 <= cooldown <= 600
-    ):
-        raise ConfigError("control_plane.cooldown_s: must be a number in [0, 600]")
-    kwargs["control_plane_cooldown_s"] = float(cooldown)
-    kwargs["origin"] = _string("origin", data.get("origin"), required=True)
-    decide = data.get("decide", "local")
-    if decide not in ("local", "remote"):
-        raise ConfigError(f"decide: must be local or remote, got {decide!r}")
-    kwargs["decide"] = decide
-    endpoints = data.get("endpoints", {})
-    if not isinstance(endpoints, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and v.startswith(("http://", "https://"))
-        for k, v in endpoints.items()
-    ):
-        raise ConfigError("endpoints: expected a mapping of instance name to http(s) URL")
-    kwargs["endpoints"] = dict(endpoints)
-    template = _string("endpoint_template", data.get("endpoint_template", ""))
-    if template and "{instance}" not in template:
-        raise ConfigError("endpoint_template: must contain {instance}")
-    kwargs["endpoint_template"] = template
-    kwargs["model"] = _string("model", data.get("model", ""))
-    tokenizer = data.get("tokenizer", "engine")
-    if tokenizer not in ("engine", "estimate"):
-        raise ConfigError(f"tokenizer: must be engine or estimate, got {tokenizer!r}")
-    kwargs["tokenizer"] = tokenizer
-    server = data.get("server", "uvicorn")
-    if server not in ("uvicorn", "granian"):
-        raise ConfigError(f"server: must be uvicorn or granian, got {server!r}")
-    kwargs["server"] = server
-    for key in _NUMBERS:
-        if key != "port" and key in data:
-            kwargs[key] = _number(key, data[key])
-    cfg = GatewayConfig(**kwargs)
-    if cfg.live_max_age_s < cfg.live_refresh_s:
-        raise ConfigError("live_max_age_s: must not be below live_refresh_s")
-    if cfg.body_buffer_bytes < cfg.max_body_bytes:
-        raise ConfigError("body_buffer_bytes: must not be below max_body_bytes")
-    if cfg.eject_max_s < cfg.eject_base_s:
-        raise ConfigError("eject_max_s: must not be below eject_base_s")
-    return cfg
+    return GatewayConfig(**msgspec.structs.asdict(file), token=token)
 
 
 def config_load(path: str | Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
     """Read ``path``; raises ConfigError (a missing file or bad YAML included)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"<config>: cannot read {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"<config>: not YAML: {exc}") from None
-    return config_from_dict(data, environ)
+    return config_from_dict(config_file_read(path), environ)

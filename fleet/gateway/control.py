@@ -327,11 +327,11 @@ class ControlPlane:
     def __init__(self, config: GatewayConfig, client: RouterClient | None = None) -> None:
         self.config = config
         self.client = client or RouterClient(
-            config.control_plane_url,
+            config.control_plane.url,
             config.token,
-            timeout_s=config.control_plane_timeout_s,
+            timeout_s=config.control_plane.timeout_s,
             retries=1,
-            cooldown_s=config.control_plane_cooldown_s,
+            cooldown_s=config.control_plane.cooldown_s,
         )
         self.prefixes = ServedPrefixIndex(config.prefix_index_blocks)
         self.dispatches = Dispatches()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 
+from fleet.config_read import config_or_exit
 from fleet.supervisor.api import server_make
-from fleet.supervisor.config import ConfigError, config_load
+from fleet.supervisor.config import config_load
 from fleet.supervisor.supervisor import Supervisor
 
 
@@ -23,11 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        config = config_load(args.config)
-    except ConfigError as exc:
-        print(f"fleet.supervisor: {exc}", file=sys.stderr)
-        return 2
+    config = config_or_exit(config_load, args.config, "fleet.supervisor")
     supervisor = Supervisor(config)
     server = server_make(supervisor)
     stop = threading.Event()
@@ -37,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger(__name__).info(
         "supervising %d engine(s); steps on http://%s:%d/v1/steps",
         len(config.engines),
-        config.listen_host,
+        config.listen.host,
         server.server_address[1],
     )
 

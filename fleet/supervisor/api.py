@@ -110,6 +110,6 @@ def server_make(supervisor: Supervisor) -> ThreadingHTTPServer:
             log.info("%s %s", self.address_string(), format % args)
 
     config = supervisor.config
-    server = ThreadingHTTPServer((config.listen_host, config.listen_port), Handler)
+    server = ThreadingHTTPServer((config.listen.host, config.listen.port), Handler)
     server.daemon_threads = True
     return server

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import msgspec
 import yaml
 
 from fleet.supervisor.config import SupervisedEngine, SupervisorConfig
@@ -27,7 +28,7 @@ STOP_GRACE_S = 20.0
 def engine_argv(engine: SupervisedEngine, role: str) -> list[str]:
     """The engine's command line as ``role``: placeholders filled, and vLLM's
     ``--kv-transfer-config`` with the role's ``kv_role`` when the engine has one."""
-    kv_role = engine.kv_roles[role]
+    kv_role = engine.kv_role(role)
     values = {"port": engine.port, "instance": engine.instance, "role": role, "kv_role": kv_role}
 
     def filled(arg: str) -> str:
@@ -75,7 +76,7 @@ class EngineProcess:
         self.engine = engine
         self.log_path = logs / f"{engine.instance}.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.role = engine.role
+        self.role: str = engine.role
         self._log: IO[bytes] | None = None
 
     def start(self, role: str) -> None:
@@ -158,12 +159,12 @@ class AgentProcess:
             },
         }
         if engine.kv_events is not None:
-            entry["kv_events"] = dict(engine.kv_events)
+            entry["kv_events"] = msgspec.to_builtins(engine.kv_events)
         return {
             "listen": {"port": 0},
             **self.config.agent,
             "control_plane": {
-                "url": self.config.control_plane_url,
+                "url": self.config.control_plane.url,
                 "token_env": "PRFAAS_AGENT_TOKEN",
             },
             "engines": [entry],
@@ -175,7 +176,7 @@ class AgentProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleet.agent", "--config", str(self.config_path)],
-            env={**os.environ, "PRFAAS_AGENT_TOKEN": self.config.token},
+            env={**os.environ, "PRFAAS_AGENT_TOKEN": self.config.control_plane.token},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from fleet.supervisor.config import ROLES, SupervisorConfig
@@ -47,7 +48,7 @@ class FlipResult:
 class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
         self.config = config
-        work = config.work_dir
+        work = Path(config.work_dir)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         self._roles_path = work / "roles.json"
         self.engines = {e.instance: EngineProcess(e, work / "logs") for e in config.engines}
@@ -85,7 +86,7 @@ class Supervisor:
             engine.stop()
             raise FlipError(str(exc)) from None
         self.agents[name].start(role)
-        log.info("%s: up as %s (%s) in %.0f s", name, role, engine.engine.kv_roles[role], seconds)
+        log.info("%s: up as %s (%s) in %.0f s", name, role, engine.engine.kv_role(role), seconds)
         return seconds
 
     def start(self) -> None:
@@ -174,7 +175,7 @@ class Supervisor:
                     "instance": name,
                     "cluster": engine.engine.cluster,
                     "role": role,
-                    "kv_role": engine.engine.kv_roles[role],
+                    "kv_role": engine.engine.kv_role(role),
                     "url": engine.engine.url,
                     "running": engine.running(),
                     "pid": engine.proc.pid if engine.proc is not None else None,

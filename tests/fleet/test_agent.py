@@ -17,7 +17,13 @@ import zmq
 
 from clusters.live import prefix_index
 from fleet.agent.agent import Agent
-from fleet.agent.config import AgentConfig, EngineConfig, KvEventsConfig
+from fleet.agent.config import (
+    AgentConfig,
+    ControlPlaneConfig,
+    EngineConfig,
+    KvEventsConfig,
+    ListenConfig,
+)
 from scheduling.core import kv_vllm
 from scheduling.core.kv_events import BlocksStored
 from tests.factories import ClusterFactory, InstanceFactory, api_token
@@ -101,13 +107,16 @@ class Running:
 
 def agent_config(base: str, page: MetricsPage, pub_port: int, replay_port: int) -> AgentConfig:
     kv = KvEventsConfig(
-        f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", topic="kv-events"
+        endpoint=f"tcp://127.0.0.1:{pub_port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        topic="kv-events",
     )
     return AgentConfig(
-        url=base,
-        token=api_token("agent", instances=(INSTANCE,))[1],
-        engines=(EngineConfig(INSTANCE, page.url, kv),),
-        listen_port=0,
+        control_plane=ControlPlaneConfig(
+            url=base, token=api_token("agent", instances=(INSTANCE,))[1]
+        ),
+        engines=(EngineConfig(instance=INSTANCE, metrics_url=page.url, kv_events=kv),),
+        listen=ListenConfig(port=0),
         interval_s=0.2,
         flush_s=0.02,
     )

@@ -100,17 +100,17 @@ def test_a_register_block_is_read_with_its_defaults() -> None:
         ({"role": "decode", "accelerator": "H20"}, "engines[0].register.cluster: required"),
         (
             {"cluster": "pd-a", "role": "decode", "accelerator": "H20", "kv_connector": "rdma"},
-            "engines[0].register.kv_connector: nixl or shared_storage",
+            "engines[0].register.kv_connector: must be nixl or shared_storage",
         ),
         (
             {"cluster": "pd-a", "role": "decode", "accelerator": "H20", "endpoint": "e:8000"},
-            "engines[0].register.endpoint: an http(s) URL",
+            "engines[0].register.endpoint: must start with http://",
         ),
         (
             {"cluster": "pd-a", "role": "decode", "accelerator": "H20", "colour": "red"},
             "engines[0].register.colour: unknown key",
         ),
-        ("pd-a", "engines[0].register: expected a mapping"),
+        ("pd-a", "engines[0].register: expected mapping"),
     ],
 )
 def test_a_bad_register_block_is_refused_naming_its_key(block: Any, message: str) -> None:

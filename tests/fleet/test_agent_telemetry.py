@@ -43,7 +43,7 @@ def test_interface_egress_is_a_rate_over_the_interval_and_a_reset_restarts_it() 
     tx = iter([1_000, 5_001_000, 9_001_000, 100, 2_100])
     retx = iter([10, 13, 13, 13, 20])
     now = iter([100.0, 102.0, 104.0, 106.0, 108.0])
-    link = LinkConfig("prfaas-x", "pd-a", "interface", interface="eth1")
+    link = LinkConfig(source="prfaas-x", target="pd-a", measure="interface", interface="eth1")
     sampler = TelemetrySampler(
         [],
         [link],
@@ -102,8 +102,11 @@ def test_engines_are_scraped_and_connector_bytes_become_link_egress(engine_url: 
     now = iter([10.0, 11.0])
     metrics = AgentMetrics()
     sampler = TelemetrySampler(
-        [EngineConfig("pd-a-p0", engine_url), EngineConfig("pd-a-p1", "http://127.0.0.1:1/m")],
-        [LinkConfig("prfaas-x", "pd-a", "connector", engines=("pd-a-p0",))],
+        [
+            EngineConfig(instance="pd-a-p0", metrics_url=engine_url),
+            EngineConfig(instance="pd-a-p1", metrics_url="http://127.0.0.1:1/m"),
+        ],
+        [LinkConfig(source="prfaas-x", target="pd-a", measure="connector", engines=("pd-a-p0",))],
         metrics,
         clock=lambda: next(now),
     )

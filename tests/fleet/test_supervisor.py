@@ -6,6 +6,7 @@ supervisor; a bad config file is refused naming its key."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -16,9 +17,10 @@ import httpx
 import pytest
 import yaml
 
+from fleet.agent.config import config_parse as agent_config_parse
 from fleet.supervisor.config import ConfigError, config_parse
-from fleet.supervisor.processes import engine_argv
-from tests.support.servers import free_port
+from fleet.supervisor.processes import AgentProcess, engine_argv
+from tests.support.servers import ROOT, free_port
 from tests.support.supervisor import SupervisorProcess, engines_of, step_post
 from tests.support.waiting import wait_for
 
@@ -198,15 +200,39 @@ def test_an_engine_command_gets_its_placeholders_and_the_roles_kv_transfer_confi
     assert engine_argv(engine, "decode")[-1].endswith('"kv_role": "kv_consumer"}')
 
 
+def test_the_agent_config_written_for_an_engine_is_one_the_agent_reads(tmp_path: Path) -> None:
+    config = config_parse(
+        {
+            "control_plane": {"url": "http://cp:8000", "token": "t"},
+            "secret": "s",
+            "work_dir": str(tmp_path),
+            "agent": {"interval_s": 0.5},
+            "engines": [
+                {**fake_engine(NAME, 8100, tmp_path), "kv_events": {"endpoint": "tcp://e:1"}}
+            ],
+        }
+    )
+    (engine,) = config.engines
+    written = AgentProcess(config, engine, tmp_path).agent_config("prefill")
+    agent = agent_config_parse(written, env={"PRFAAS_AGENT_TOKEN": "t"})
+    assert agent.interval_s == 0.5 and agent.engines[0].kv_events == engine.kv_events
+    assert agent.engines[0].register is not None and agent.engines[0].register.role == "prefill"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"role": "both"}, "engines[0].role: prefill or decode"),
-        ({"command": []}, "engines[0].command: a non-empty list"),
-        ({"kv_roles": {"prefill": "kv_sideways"}}, "engines[0].kv_roles: prefill: kv_sideways"),
-        ({"port": 70000}, "engines[0].port: a port"),
-        ({"kv_connector": "rdma"}, "engines[0].kv_connector: nixl or shared_storage"),
-        ({"env": {"A": 1}}, "engines[0].env: values are strings"),
+        ({"role": "both"}, "engines[0].role: must be decode or prefill, got 'both'"),
+        ({"command": []}, "engines[0].command: expected list of length >= 1"),
+        (
+            {"kv_roles": {"prefill": "kv_sideways"}},
+            "engines[0].kv_roles[...]: must be kv_both or kv_consumer or kv_producer, got",
+        ),
+        ({"port": 70000}, "engines[0].port: expected int <= 65535"),
+        ({"kv_connector": "rdma"}, "engines[0].kv_connector: must be nixl or shared_storage"),
+        ({"env": {"A": 1}}, "engines[0].env[...]: expected str or null, got int"),
+        ({"port": "8100"}, "engines[0].port: expected int, got str"),
+        ({"kv_roles": {"both": "kv_both"}}, "engines[0].kv_roles key: must be decode or prefill"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_key(change: dict[str, Any], message: str) -> None:
@@ -216,8 +242,21 @@ def test_a_bad_config_is_refused_naming_the_key(change: dict[str, Any], message:
         "work_dir": "/tmp/w",
         "engines": [{**fake_engine(NAME, 8100, Path("/tmp")), **change}],
     }
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         config_parse(raw)
+
+
+def test_the_documented_configuration_loads() -> None:
+    (block,) = (
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "docs/actuators.md").read_text(), re.S)
+        if "secret_env" in b
+    )
+    env = {"PRFAAS_AGENT_TOKEN": "t", "PRFAAS_SUPERVISOR_SECRET": "s"}
+    config = config_parse(yaml.safe_load(block), env=env)
+    (engine,) = config.engines
+    assert config.secret == "s" and config.control_plane.token == "t"
+    assert engine.kv_role("prefill") == "kv_producer" and engine.kv_events is not None
 
 
 def test_a_missing_secret_is_refused_naming_its_variable() -> None:

@@ -18,7 +18,7 @@ import redis
 from clusters.live import telemetry
 from controlplane.audit import CLI_ACTOR
 from fleet.gateway import metrics
-from fleet.gateway.config import GatewayConfig
+from fleet.gateway.config import ControlPlaneConfig, GatewayConfig
 from fleet.gateway.control import ControlPlane
 from scheduling.core import routing
 from scheduling.policies import policy_create
@@ -42,11 +42,11 @@ def plane(transactional_db: None, redis_client: redis.Redis, settings: Any) -> I
         yield base, proc
 
 
-def config(base: str, **extra: Any) -> GatewayConfig:
+def config(base: str, timeout_s: float = 0.5, **extra: Any) -> GatewayConfig:
     """(Made outside the event loop: it writes a token to the database.)"""
     return GatewayConfig(
         origin=PD,
-        control_plane_url=base,
+        control_plane=ControlPlaneConfig(url=base, timeout_s=timeout_s),
         token=api_token("router")[1],
         outcome_interval_s=0.1,
         **extra,
@@ -106,7 +106,7 @@ def test_outcomes_retried_past_a_stalled_control_plane_are_applied_once(plane: A
     # Issue 30, finding 2: stalled 4 s, the control plane later applied each of the gateway's
     # timed-out copies (30 outcomes for 10 requests).
     base, proc = plane
-    cfg = config(base, control_plane_timeout_s=0.5)
+    cfg = config(base, timeout_s=0.5)
 
     async def run() -> None:
         control = ControlPlane(cfg)

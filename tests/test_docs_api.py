@@ -65,7 +65,8 @@ NOT_RUN: dict[str, str] = {
     r"^kubectl ": "no Kubernetes cluster here",
     r"^vllm serve ": "a GPU engine (make test-engines runs vLLM's CPU build: tests/engines)",
     r"^pip ": "changes the environment this run uses (make setup installs it)",
-    r"^(\S+=\S* )*python -m (fleet\.agent|fleet\.gateway|controlplane\.serve)\b|^celery ": (
+    r"^(\S+=\S* )*python -m (fleet\.agent|fleet\.gateway|fleet\.supervisor|controlplane\.serve)\b"
+    r"|^celery ": (
         "long-running daemons (beside real engines, or the stack's own roles): tests/fleet, "
         "tests/engines and tests/controlplane/test_serve.py run them"
     ),

@@ -4,6 +4,7 @@ in front of them; all stopped when the test is done."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +38,18 @@ INSTANCES = (
 )
 
 
+def _port_closed_wait(url: str, timeout_s: float = 20.0) -> None:
+    parsed = httpx.URL(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((parsed.host, parsed.port or 80), timeout=1).close()
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{url} still accepts connections {timeout_s:.0f} s after its exit fault")
+
+
 @dataclass
 class Stack:
     control_plane: str
@@ -61,6 +74,10 @@ class Stack:
             f"{self.engines[instance]}/fake/fault", json={"mode": mode, "count": count}, timeout=5
         )
         assert got.status_code == 200, got.text
+        if mode == "exit":
+            # The engine stops at its server's next tick, after in-flight requests: under load
+            # that is not at once, and a request sent meanwhile is still served there.
+            _port_closed_wait(self.engines[instance])
 
     def telemetry_fresh(self, link_gbps: float = 1.0) -> None:
         """Agents' samples: every instance idle, the link lightly used (abundant)."""

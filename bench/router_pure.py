@@ -42,8 +42,8 @@ from scheduling.core.routing import (  # noqa: E402
     DecodeProfile,
     InstanceLoad,
     InstanceSpec,
+    Link,
     LinkLoad,
-    LinkSpec,
     LiveState,
     ModelSpec,
     PrefixMatch,
@@ -78,14 +78,14 @@ THRESHOLD = 19400
 def build_fleet(rng: random.Random) -> tuple[Topology, RoutingPolicy, LiveState]:
     clusters = [ClusterSpec(PD, "pd", H20, "H20", decode=DecodeProfile(20, 0.025))]
     instances: list[InstanceSpec] = []
-    links: list[LinkSpec] = []
+    links: list[Link] = []
     for name, (count, gbps) in PRFAAS.items():
         clusters.append(ClusterSpec(name, "prfaas", H200, "H200"))
         instances += [
             InstanceSpec(f"{name}-{i}", name, "prefill", endpoint=f"http://{name}-{i}:8000")
             for i in range(count)
         ]
-        links.append(LinkSpec(name, PD, gbps, 10.0))
+        links.append(Link(name, PD, gbps, 10.0))
     for i in range(64):
         # A few draining/down instances, as in a fleet that is being rebalanced.
         state = "draining" if i % 29 == 5 else "down" if i % 31 == 7 else "active"
@@ -109,7 +109,7 @@ def build_fleet(rng: random.Random) -> tuple[Topology, RoutingPolicy, LiveState]
         for inst in instances
     }
     link_loads = {
-        link.key: LinkLoad(egress_gbps=link.gbps * rng.uniform(0.1, 0.7), inflight_bytes=0)
+        link.pair: LinkLoad(egress_gbps=link.gbps * rng.uniform(0.1, 0.7), inflight_bytes=0)
         for link in links
     }
     live = LiveState(

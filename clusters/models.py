@@ -13,6 +13,8 @@ propagates the new kind in the same transaction, so the copies never go stale.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -22,37 +24,31 @@ from django.db.models import Q
 
 from scheduling.core import bounds
 from scheduling.core.bounds import Bound
+from scheduling.core.kinds import ClusterKind as ClusterKind
+from scheduling.core.kinds import InstanceRole as InstanceRole
+from scheduling.core.kinds import InstanceState as InstanceState
+from scheduling.core.kinds import KvConnector as KvConnector
+from scheduling.core.link import link_key
 from scheduling.core.scale_targets import ScaleTargetError, scale_targets_read
 
-
-class ClusterKind(models.TextChoices):
-    PRFAAS = "prfaas", "PrfaaS (prefill only)"
-    PD = "pd", "PD (prefill and decode)"
-
-
-class KvConnector(models.TextChoices):
-    """How a gateway hands a prefill's KVCache to decode on this cluster's engines (vLLM's
-    disaggregated protocols): ``nixl`` returns ``kv_transfer_params`` from prefill that go on
-    the decode request (NixlConnector, pull); ``shared_storage`` sends decode the same request
-    and it finds the KV by prompt tokens (ExampleConnector, LMCache)."""
-
-    NIXL = "nixl", "NixlConnector (kv_transfer_params)"
-    SHARED_STORAGE = "shared_storage", "shared storage (ExampleConnector, LMCache)"
+# The choices come from the core's enums (one definition of each value); the labels the pages
+# show are the models' own.
+CLUSTER_KIND_LABELS: dict[str, str] = {
+    ClusterKind.PRFAAS: "PrfaaS (prefill only)",
+    ClusterKind.PD: "PD (prefill and decode)",
+}
+KV_CONNECTOR_LABELS: dict[str, str] = {
+    KvConnector.NIXL: "NixlConnector (kv_transfer_params)",
+    KvConnector.SHARED_STORAGE: "shared storage (ExampleConnector, LMCache)",
+}
 
 
-class InstanceRole(models.TextChoices):
-    PREFILL = "prefill", "prefill"
-    DECODE = "decode", "decode"
+def _choices(enum: type[StrEnum], labels: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    return [(m.value, (labels or {}).get(m, m.value)) for m in enum]
 
 
-class InstanceState(models.TextChoices):
-    """``unreachable``: its heartbeats stopped for longer than the grace period
-    (:mod:`clusters.reachability`); routing leaves it alone until it heartbeats again."""
-
-    ACTIVE = "active", "active"
-    DRAINING = "draining", "draining"
-    DOWN = "down", "down"
-    UNREACHABLE = "unreachable", "unreachable"
+def _values(enum: type[StrEnum]) -> list[str]:
+    return [m.value for m in enum]
 
 
 class InstanceOrigin(models.TextChoices):
@@ -326,13 +322,13 @@ class Cluster(Versioned):
     ``kv_connector`` says which disaggregated protocol its engines speak."""
 
     name = models.CharField(max_length=100, unique=True)
-    kind = models.CharField(max_length=10, choices=ClusterKind.choices)
+    kind = models.CharField(max_length=10, choices=_choices(ClusterKind, CLUSTER_KIND_LABELS))
     site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="clusters")
     accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="clusters")
     model = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="clusters")
     kv_connector = models.CharField(
         max_length=20,
-        choices=KvConnector.choices,
+        choices=_choices(KvConnector, KV_CONNECTOR_LABELS),
         default=KvConnector.NIXL,
         help_text="the engines' KV-transfer protocol, as a gateway drives it",
     )
@@ -350,10 +346,11 @@ class Cluster(Versioned):
             _version_positive("cluster"),
             models.CheckConstraint(condition=~Q(name=""), name="cluster_name_not_empty"),
             models.CheckConstraint(
-                condition=Q(kind__in=ClusterKind.values), name="cluster_kind_valid"
+                condition=Q(kind__in=_values(ClusterKind)), name="cluster_kind_valid"
             ),
             models.CheckConstraint(
-                condition=Q(kv_connector__in=KvConnector.values), name="cluster_kv_connector_valid"
+                condition=Q(kv_connector__in=_values(KvConnector)),
+                name="cluster_kv_connector_valid",
             ),
         ]
 
@@ -377,11 +374,13 @@ class Instance(Versioned):
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="instances")
     # Copy of cluster.kind so that a CHECK constraint can refuse decode in a prfaas cluster.
-    cluster_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
+    cluster_kind = models.CharField(
+        max_length=10, choices=_choices(ClusterKind, CLUSTER_KIND_LABELS), editable=False
+    )
     name = models.CharField(max_length=150, unique=True)
-    role = models.CharField(max_length=10, choices=InstanceRole.choices)
+    role = models.CharField(max_length=10, choices=_choices(InstanceRole))
     state = models.CharField(
-        max_length=12, choices=InstanceState.choices, default=InstanceState.ACTIVE
+        max_length=12, choices=_choices(InstanceState), default=InstanceState.ACTIVE
     )
     endpoint = models.URLField(max_length=500, blank=True, default="")
     labels = models.JSONField(default=dict, blank=True)
@@ -397,10 +396,10 @@ class Instance(Versioned):
             _version_positive("instance"),
             models.CheckConstraint(condition=~Q(name=""), name="instance_name_not_empty"),
             models.CheckConstraint(
-                condition=Q(role__in=InstanceRole.values), name="instance_role_valid"
+                condition=Q(role__in=_values(InstanceRole)), name="instance_role_valid"
             ),
             models.CheckConstraint(
-                condition=Q(state__in=InstanceState.values), name="instance_state_valid"
+                condition=Q(state__in=_values(InstanceState)), name="instance_state_valid"
             ),
             models.CheckConstraint(
                 condition=Q(origin__in=InstanceOrigin.values), name="instance_origin_valid"
@@ -448,8 +447,12 @@ class Link(Versioned):
 
     source = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="outgoing_links")
     target = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="incoming_links")
-    source_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
-    target_kind = models.CharField(max_length=10, choices=ClusterKind.choices, editable=False)
+    source_kind = models.CharField(
+        max_length=10, choices=_choices(ClusterKind, CLUSTER_KIND_LABELS), editable=False
+    )
+    target_kind = models.CharField(
+        max_length=10, choices=_choices(ClusterKind, CLUSTER_KIND_LABELS), editable=False
+    )
     gbps = models.FloatField(
         help_text="capacity in Gbps (10^9 bit/s); 0 means down",
         validators=[_non_negative, *_at_most(bounds.LINK_GBPS)],
@@ -523,3 +526,8 @@ class Link(Versioned):
             errors["target"] = f"must be a pd cluster ({self.target.name} is {self.target.kind})"
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def key(self) -> str:
+        """The link's name in live state, plans and bindings (the core's one spelling)."""
+        return link_key(self.source.name, self.target.name)

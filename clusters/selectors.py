@@ -18,6 +18,7 @@ from clusters.models import (
     Versioned,
 )
 from controlplane.errors import NotFound
+from scheduling.core.link import link_key
 
 M = TypeVar("M", bound=Versioned)
 
@@ -109,5 +110,5 @@ def inventory_names_missing(
     )
     return (
         [name for name in instances if name not in known],
-        [f"{s}->{t}" for s, t in links if (s, t) not in pairs],
+        [link_key(s, t) for s, t in links if (s, t) not in pairs],
     )

@@ -50,7 +50,7 @@ from clusters.models import (
 )
 from controlplane.audit import Actor
 from controlplane.errors import ApiError, Conflict
-from scheduling.core.performance import MIB
+from scheduling.core.link import Link as CoreLink
 from scheduling.core.scale_targets import scale_targets_json, scale_targets_of
 from scheduling.core.scenario import (
     AcceleratorSpec,
@@ -59,7 +59,6 @@ from scheduling.core.scenario import (
     Scenario,
     ScenarioCluster,
     ScenarioError,
-    ScenarioLink,
     ScenarioModel,
     scenario_parse,
     scenario_to_dict,
@@ -326,8 +325,8 @@ class _Applier:
             source, target = clusters[spec.source], clusters[spec.target]
             keep.add((source.pk, target.pk))
             wanted: dict[str, Any] = {"gbps": spec.gbps, "rtt_ms": spec.rtt_ms}
-            if spec.kv_budget_mib is not None:
-                wanted["kv_budget_bytes"] = round(spec.kv_budget_mib * MIB)
+            if spec.kv_budget_bytes is not None:
+                wanted["kv_budget_bytes"] = spec.kv_budget_bytes
             if spec.target_utilisation is not None:
                 wanted["target_utilisation"] = spec.target_utilisation
             link = Link.objects.filter(source=source, target=target).first()
@@ -455,7 +454,7 @@ def topology_scenario(*, declared_only: bool = False) -> Scenario:
         clusters.append(
             ScenarioCluster(
                 name=cluster.name,
-                kind=cluster.kind,  # type: ignore[arg-type]
+                kind=ClusterKind(cluster.kind),
                 site=cluster.site.name,
                 accelerator=cluster.accelerator.name,
                 prefill_instances=roles.count(InstanceRole.PREFILL),
@@ -497,12 +496,12 @@ def topology_scenario(*, declared_only: bool = False) -> Scenario:
         ),
         clusters=tuple(clusters),
         links=tuple(
-            ScenarioLink(
+            CoreLink(
                 source=link.source.name,
                 target=link.target.name,
                 gbps=link.gbps,
                 rtt_ms=link.rtt_ms,
-                kv_budget_mib=None if link.kv_budget_bytes is None else link.kv_budget_bytes / MIB,
+                kv_budget_bytes=link.kv_budget_bytes,
                 target_utilisation=link.target_utilisation,
             )
             for link in Link.objects.select_related("source", "target").order_by(

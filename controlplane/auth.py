@@ -89,12 +89,6 @@ def binding_of(principal: Any) -> Binding | None:
     return principal.binding if isinstance(principal, Principal) else None
 
 
-def _link_live_key(name: str) -> str:
-    """A bound link as the live stores name it (``source>target``): bindings are written
-    ``source->target``; ones stored before that spelling are already in the live form."""
-    return name.replace("->", ">", 1)
-
-
 def binding_check(
     principal: Any,
     *,
@@ -116,8 +110,7 @@ def binding_check(
         raise Forbidden(f"this token is not bound to instance {name!r}", code="outside_binding")
     for key in links:
         if key not in binding.links:
-            shown = key.replace(">", "->", 1)
-            raise Forbidden(f"this token is not bound to link {shown!r}", code="outside_binding")
+            raise Forbidden(f"this token is not bound to link {key!r}", code="outside_binding")
 
 
 def cluster_binding_check(principal: Any, cluster: str) -> None:
@@ -242,7 +235,7 @@ def _token_fetch(digest: str) -> _CachedToken | None:
         if fleet_wide
         else Binding(
             instances=frozenset(row["instances"]),
-            links=frozenset(_link_live_key(name) for name in row["links"]),
+            links=frozenset(row["links"]),
             clusters=frozenset(row["clusters"]),
         ),
     )

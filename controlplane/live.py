@@ -80,7 +80,7 @@ FrameType = Literal[
 
 @dataclass(frozen=True)
 class LinkEgress:
-    """Egress of one prfaas->pd link (live-state key ``source>target``) at ``ts``, in Gbps.
+    """Egress of one prfaas->pd link (live-state key ``source->target``) at ``ts``, in Gbps.
 
     Capacity and budget are in the snapshot: a frame carries only what changes.
     """

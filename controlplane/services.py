@@ -16,6 +16,7 @@ from controlplane.audit import Actor, change_record_create, snapshot
 from controlplane.auth import token_cache_clear
 from controlplane.errors import Conflict, Invalid, NotFound
 from controlplane.models import ApiToken, TokenScope, token_hash
+from scheduling.core.link import link_key, link_parse
 
 TOKEN_PREFIX = "prfaas_"
 # Characters of the token kept in clear for display; the rest of the 256-bit secret stays hidden.
@@ -44,7 +45,6 @@ def scopes_validate(scopes: list[str] | tuple[str, ...]) -> list[str]:
 # Names of the inventory (instance names, links ``source->target``) as a binding holds them.
 MAX_BOUND_NAMES = 10_000
 MAX_NAME_CHARS = 301
-LINK_ARROW = "->"
 
 # What the inventory lacks of a binding's names: (instances, links) unknown. The inventory app
 # installs its lookup when it is ready (controlplane sits below it and cannot import it); until
@@ -57,16 +57,6 @@ def binding_inventory_register(lookup: InventoryLookup) -> None:
     """Install the inventory's lookup of unknown names (clusters.apps calls it)."""
     global _inventory_lookup
     _inventory_lookup = lookup
-
-
-def link_parse(name: str) -> tuple[str, str] | None:
-    """``source->target`` as (source, target); None for any other spelling."""
-    source, arrow, target = name.strip().partition(LINK_ARROW)
-    if not arrow or not source.strip() or not target.strip() or LINK_ARROW in target:
-        return None
-    if ">" in source or ">" in target:
-        return None
-    return source.strip(), target.strip()
 
 
 def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str]:
@@ -82,7 +72,7 @@ def _names_validate(field: str, names: Sequence[str], *, link: bool) -> list[str
             )
     if link:
         pairs = [link_parse(name) for name in names]
-        return sorted({f"{p[0]}{LINK_ARROW}{p[1]}" for p in pairs if p is not None})
+        return sorted({link_key(*p) for p in pairs if p is not None})
     return sorted({name.strip() for name in names})
 
 

@@ -56,6 +56,11 @@ def env_int(name: str, default: int, *, low: int = 0, high: int = 2**31 - 1) -> 
     return int(env_number(name, default, low=low, high=high, integer=True))
 
 
+def env_str(name: str, default: str = "") -> str:
+    """A text variable, stripped; unset or blank gives ``default``."""
+    return (os.environ.get(name) or "").strip() or default
+
+
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -65,13 +70,13 @@ VAR_DIR = var_dir()
 # Where scenario files are found by name: `extends:` in the topology API, the what-if page's
 # list, the demo's and the emulator's defaults. The repository's own `scenarios/` unless a
 # deployment names a directory of its own.
-SCENARIOS_DIR = Path(os.environ.get("SCENARIOS_DIR") or BASE_DIR / "scenarios")
+SCENARIOS_DIR = Path(env_str("SCENARIOS_DIR") or BASE_DIR / "scenarios")
 
 DEBUG = env_bool("DEBUG", default=False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
+SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG and env_bool("PRODUCTION"):
-        raise RuntimeError("SECRET_KEY must be set when PRODUCTION=true")
+        raise ImproperlyConfigured("SECRET_KEY must be set when PRODUCTION=true")
     # Development only: a fixed key so sessions survive restarts of the demo.
     SECRET_KEY = "dev-insecure-prfaas-controlplane-key-change-me-in-production-0123456789"
 
@@ -151,7 +156,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Redis: one server for cache, live state, Celery broker and the channel layer.
 # Unset: the embedded server's socket under VAR_DIR, which the supervising process (manage.py,
 # the demo, the test session) starts and stops; importing these settings never starts one.
-REDIS_URL = os.environ.get("REDIS_URL") or embedded_redis_url(VAR_DIR)
+REDIS_URL = env_str("REDIS_URL") or embedded_redis_url(VAR_DIR)
 if REDIS_URL.startswith("unix://"):
     # kombu spells unix sockets differently from redis-py and channels-redis.
     CELERY_BROKER_URL = "redis+socket://" + REDIS_URL.removeprefix("unix://")
@@ -236,34 +241,16 @@ if env_bool("PRODUCTION"):
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
-# Domain settings.
-# Fleet seconds per wall second of the fleet this plane controls: 1 for real engines. The demo's
-# emulator runs its fleet faster (`manage.py demo` passes its --speed on to the processes it
-# starts): rates counted over wall time (requests arriving at the router, served by the
-# engines) are divided by it, so that they read in the fleet's clock like its TTFTs, its link
-# bytes (the emulator reports them in fleet time) and the planner's capacities.
-FLEET_CLOCK_SPEED = env_number("FLEET_CLOCK_SPEED", 1.0, low=0.001, high=1000)
-# `manage.py demo`: the address it serves on, its PD gateway's port (0: the web port + 1) and
-# its emulator's clock speed (fleet seconds per wall second; also `manage.py emulate`'s default).
-DEMO_HOST = os.environ.get("DEMO_HOST", "127.0.0.1")
-DEMO_PORT = env_int("DEMO_PORT", 8000, low=1, high=65535)
-DEMO_GATEWAY_PORT = env_int("DEMO_GATEWAY_PORT", 0, low=0, high=65535)
-EMULATOR_SPEED = env_number("EMULATOR_SPEED", 4.0, low=0.001, high=1000)
-REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600, low=10, high=7 * 86400)
-# The traffic window a tick plans from; 0: the same as the interval.
-REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
+# ---------------------------------------------------------------------------------------------
+# The route path: what each /route, telemetry and KV-event call may cost and how stale what it
+# reads may be.
+# ---------------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024, low=1024, high=64 * 1024 * 1024)
-# Rebalancer ticks that held (no plan) are kept this long; plans are kept.
-REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
-# The TTFT objective the overview's fleet tiles judge each PD cluster's P50/P90/P99 against.
-TTFT_SLO_S = env_number("TTFT_SLO_S", 5.0, low=0.001, high=3600)
-# A proposed plan is under review this long: a newer proposal of its cluster holds (reason
-# plan_under_review) instead of superseding it while an operator reads it.
-PLAN_REVIEW_STALE_S = env_int("PLAN_REVIEW_STALE_S", 1800, low=0, high=7 * 86400)
-# The decision log (scheduling.decision_log): how long routing decisions stay searchable on the
-# decisions page, and the most rows it keeps whatever the traffic (bounded storage).
-DECISION_LOG_RETENTION_S = env_int("DECISION_LOG_RETENTION_S", 6 * 3600, low=60, high=30 * 86400)
-DECISION_LOG_MAX_ROWS = env_int("DECISION_LOG_MAX_ROWS", 500_000, low=1000, high=50_000_000)
+# Slow clients: a request's headers must arrive within HTTP_HEADER_TIMEOUT_S of the connection
+# opening (controlplane/http_protocol.py), its body within HTTP_BODY_TIMEOUT_S of the headers
+# (controlplane/request_limits.py); otherwise the connection is closed (408 for a late body).
+HTTP_HEADER_TIMEOUT_S = env_number("HTTP_HEADER_TIMEOUT_S", 10.0, low=0.1, high=600)
+HTTP_BODY_TIMEOUT_S = env_number("HTTP_BODY_TIMEOUT_S", 30.0, low=0.1, high=3600)
 # Seconds a validated API token is trusted in process before the database is asked again (a
 # revoked token keeps working in other processes at most this long).
 API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
@@ -271,41 +258,64 @@ API_TOKEN_CACHE_S = env_number("API_TOKEN_CACHE_S", 5.0, low=0, high=3600)
 # keeps answering with credentials it has seen for this long; a token revoked meanwhile keeps
 # working that long. At least 5 minutes so an outage of that length never stops routing.
 API_TOKEN_OUTAGE_S = env_number("API_TOKEN_OUTAGE_S", 900.0, low=0, high=7 * 86400)
+# Seconds between writes of a token's last_used_at (per token and process).
+API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
 # The routing snapshot (topology and policy) is rebuilt from the database at least this often;
 # a route answer decided from an older one (the database unreachable) says ``stale: true``.
 SNAPSHOT_MAX_AGE_S = env_number("SNAPSHOT_MAX_AGE_S", 60.0, low=0.1, high=86400)
 # Seconds between attempts to reach the database again after a failure (snapshot rebuilds
 # and token checks), so an outage costs no call a connection attempt.
 DB_RETRY_S = env_number("DB_RETRY_S", 10.0, low=0.1, high=3600)
-# Slow clients: a request's headers must arrive within HTTP_HEADER_TIMEOUT_S of the connection
-# opening (controlplane/http_protocol.py), its body within HTTP_BODY_TIMEOUT_S of the headers
-# (controlplane/request_limits.py); otherwise the connection is closed (408 for a late body).
-HTTP_HEADER_TIMEOUT_S = env_number("HTTP_HEADER_TIMEOUT_S", 10.0, low=0.1, high=600)
-HTTP_BODY_TIMEOUT_S = env_number("HTTP_BODY_TIMEOUT_S", 30.0, low=0.1, high=3600)
-# Seconds between writes of a token's last_used_at (per token and process).
-API_TOKEN_LAST_USED_WRITE_S = env_number("API_TOKEN_LAST_USED_WRITE_S", 60.0, low=0, high=86400)
+# The route path's in-process live state (scheduling.livestate): read again in the background
+# once older than LIVE_STATE_REFRESH_S, never used older than LIVE_STATE_MAX_AGE_S (then the
+# call reads itself; 0 reads on every call).
+LIVE_STATE_REFRESH_S = env_number("LIVE_STATE_REFRESH_S", 0.1, low=0.01, high=10)
+LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
+# The largest share of Redis's time a process's KV-event posts may hold together: their script
+# calls take turns and are spaced so that route lookups, which queue behind every script, keep
+# the rest (1: apply flat out; clusters.live.prefix_index.RedisPacer).
+INGEST_REDIS_SHARE = env_number("INGEST_REDIS_SHARE", 0.5, low=0.05, high=1)
+# Traffic counters, metrics and recent entries of route decisions that reserve nothing are
+# summed in process and written at most this many seconds later (one command per period).
+ROUTE_RECORD_FLUSH_S = env_number("ROUTE_RECORD_FLUSH_S", 0.1, low=0.001, high=5)
+
+# ---------------------------------------------------------------------------------------------
+# The rebalancer: ticks, proposals, plans and the actuators that apply them.
+# ---------------------------------------------------------------------------------------------
+REBALANCE_INTERVAL_S = env_int("REBALANCE_INTERVAL_S", 600, low=10, high=7 * 86400)
+# The traffic window a tick plans from; 0: the same as the interval.
+REBALANCE_WINDOW_S = env_int("REBALANCE_WINDOW_S", 0, low=0, high=7 * 86400)
+# Rebalancer ticks that held (no plan) are kept this long; plans are kept.
+REBALANCE_TICK_RETENTION_DAYS = env_int("REBALANCE_TICK_RETENTION_DAYS", 30, low=1, high=3650)
 # A proposal is simulated on the recent traffic before it is shown (scheduling.core.simulator.verify):
 # at most this many requests per simulated run, and this many seconds of wall clock in all (a
 # proposal is never shown unsimulated: a run that does not finish holds it).
 REBALANCE_SIMULATION_REQUESTS = env_int("REBALANCE_SIMULATION_REQUESTS", 2000, low=100, high=10**6)
 REBALANCE_SIMULATION_WALL_S = env_int("REBALANCE_SIMULATION_WALL_S", 30, low=1, high=3600)
-
+# A proposed plan is under review this long: a newer proposal of its cluster holds (reason
+# plan_under_review) instead of superseding it while an operator reads it.
+PLAN_REVIEW_STALE_S = env_int("PLAN_REVIEW_STALE_S", 1800, low=0, high=7 * 86400)
 # A plan applying with no progress for this long is re-driven by the stalled-plan sweep (every
 # 15 s): its worker died, e.g. holding a drain poll. Above a webhook step's worst case (4
 # attempts of at most 10 s, with back-off), so a slow actuator is not re-driven meanwhile.
 PLAN_STALLED_S = env_number("PLAN_STALLED_S", 60.0, low=1, high=86400)
-
 # The `kubernetes` actuator's credentials (docs/actuators.md): a kubeconfig file (a cluster's
 # scale targets may name one of its contexts each), or empty for the service account of the
 # pod the worker runs in. Each API request has KUBERNETES_TIMEOUT_S.
-KUBERNETES_KUBECONFIG = os.environ.get("KUBERNETES_KUBECONFIG", "").strip()
+KUBERNETES_KUBECONFIG = env_str("KUBERNETES_KUBECONFIG")
 KUBERNETES_TIMEOUT_S = env_number("KUBERNETES_TIMEOUT_S", 10.0, low=0.1, high=120)
-# Instances that join and leave by themselves (clusters.registration, clusters.reachability):
-# registrations one token may make per wall-clock minute (an agent re-registers each engine
+# The process actuator (scheduling.actuators.process) waits this long for a supervisor to
+# restart an engine in its new role and see it healthy.
+PROCESS_ACTUATOR_DEADLINE_S = env_number("PROCESS_ACTUATOR_DEADLINE_S", 600.0, low=1, high=3600)
+
+# ---------------------------------------------------------------------------------------------
+# The fleet: instances that join and leave by themselves, engines scraped, its clock.
+# ---------------------------------------------------------------------------------------------
+# Registrations one token may make per wall-clock minute (an agent re-registers each engine
 # every few seconds while it answers; beyond this, 429); an instance with no heartbeat for
 # INSTANCE_UNREACHABLE_AFTER_S is marked unreachable (routing avoids it at once), and a
 # registered one silent for INSTANCE_RETIRE_AFTER_S is retired (declared ones never are); the
-# sweep runs every INSTANCE_SWEEP_S.
+# sweep runs every INSTANCE_SWEEP_S (clusters.registration, clusters.reachability).
 REGISTRATIONS_PER_MINUTE = env_int("REGISTRATIONS_PER_MINUTE", 1200, low=1, high=10**6)
 INSTANCE_UNREACHABLE_AFTER_S = env_number("INSTANCE_UNREACHABLE_AFTER_S", 30.0, low=1, high=86400)
 INSTANCE_RETIRE_AFTER_S = env_number("INSTANCE_RETIRE_AFTER_S", 3600.0, low=2, high=90 * 86400)
@@ -315,12 +325,49 @@ if INSTANCE_RETIRE_AFTER_S <= INSTANCE_UNREACHABLE_AFTER_S:
         f"INSTANCE_UNREACHABLE_AFTER_S={INSTANCE_UNREACHABLE_AFTER_S:g}"
     )
 INSTANCE_SWEEP_S = env_number("INSTANCE_SWEEP_S", 5.0, low=0.5, high=3600)
-# The process actuator (scheduling.actuators.process) waits this long for a supervisor to
-# restart an engine in its new role and see it healthy.
-PROCESS_ACTUATOR_DEADLINE_S = env_number("PROCESS_ACTUATOR_DEADLINE_S", 600.0, low=1, high=3600)
+# Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off
+# (agents or the fleet emulator post telemetry instead).
+ENGINE_SCRAPE_INTERVAL_S = env_number("ENGINE_SCRAPE_INTERVAL_S", 0.0, low=0, high=3600)
+# Fleet seconds per wall second of the fleet this plane controls: 1 for real engines. The demo's
+# emulator runs its fleet faster (`manage.py demo` passes its --speed on to the processes it
+# starts): rates counted over wall time (requests arriving at the router, served by the
+# engines) are divided by it, so that they read in the fleet's clock like its TTFTs, its link
+# bytes (the emulator reports them in fleet time) and the planner's capacities.
+FLEET_CLOCK_SPEED = env_number("FLEET_CLOCK_SPEED", 1.0, low=0.001, high=1000)
 
+# ---------------------------------------------------------------------------------------------
+# Pages and records.
+# ---------------------------------------------------------------------------------------------
+# The TTFT objective the overview's fleet tiles judge each PD cluster's P50/P90/P99 against.
+TTFT_SLO_S = env_number("TTFT_SLO_S", 5.0, low=0.001, high=3600)
+# The decision log (scheduling.decision_log): how long routing decisions stay searchable on the
+# decisions page, and the most rows it keeps whatever the traffic (bounded storage).
+DECISION_LOG_RETENTION_S = env_int("DECISION_LOG_RETENTION_S", 6 * 3600, low=60, high=30 * 86400)
+DECISION_LOG_MAX_ROWS = env_int("DECISION_LOG_MAX_ROWS", 500_000, low=1000, high=50_000_000)
+
+# ---------------------------------------------------------------------------------------------
+# The demo and the fleet emulator (`manage.py demo`, `manage.py emulate`).
+# ---------------------------------------------------------------------------------------------
+# The address the demo serves on, its PD gateway's port (0: the web port + 1) and its
+# emulator's clock speed (fleet seconds per wall second; also `manage.py emulate`'s default).
+DEMO_HOST = env_str("DEMO_HOST", "127.0.0.1")
+DEMO_PORT = env_int("DEMO_PORT", 8000, low=1, high=65535)
+DEMO_GATEWAY_PORT = env_int("DEMO_GATEWAY_PORT", 0, low=0, high=65535)
+EMULATOR_SPEED = env_number("EMULATOR_SPEED", 4.0, low=0.001, high=1000)
+# `manage.py emulate`'s control plane and tokens: one for every role, or one per role (each
+# role's own wins); unset, the tokens the demo set-up stored under VAR_DIR.
+EMULATOR_BASE_URL = env_str("EMULATOR_BASE_URL", "http://127.0.0.1:8000")
+EMULATOR_TOKEN = env_str("EMULATOR_TOKEN")
+EMULATOR_ROLE_TOKENS = {
+    "EMULATOR_ROUTER_TOKEN": env_str("EMULATOR_ROUTER_TOKEN"),
+    "EMULATOR_AGENT_TOKEN": env_str("EMULATOR_AGENT_TOKEN"),
+    "EMULATOR_ADMIN_TOKEN": env_str("EMULATOR_ADMIN_TOKEN"),
+}
+
+# ---------------------------------------------------------------------------------------------
 # Celery beat, in code. ``rebalance`` expires just under its period: a tick that could not start
 # within its period is superseded by the next one.
+# ---------------------------------------------------------------------------------------------
 CELERY_BEAT_SCHEDULE = {
     "rebalance": {
         "task": "scheduling.rebalance",
@@ -348,21 +395,6 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": INSTANCE_SWEEP_S},
     },
 }
-# Engine scraping (vLLM/SGLang /metrics into live state) for fleets without agents; 0 = off
-# (agents or the fleet emulator post telemetry instead).
-ENGINE_SCRAPE_INTERVAL_S = env_number("ENGINE_SCRAPE_INTERVAL_S", 0.0, low=0, high=3600)
-# The route path's in-process live state (scheduling.livestate): read again in the background
-# once older than LIVE_STATE_REFRESH_S, never used older than LIVE_STATE_MAX_AGE_S (then the
-# call reads itself; 0 reads on every call).
-LIVE_STATE_REFRESH_S = env_number("LIVE_STATE_REFRESH_S", 0.1, low=0.01, high=10)
-LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
-# The largest share of Redis's time a process's KV-event posts may hold together: their script
-# calls take turns and are spaced so that route lookups, which queue behind every script, keep
-# the rest (1: apply flat out; clusters.live.prefix_index.RedisPacer).
-INGEST_REDIS_SHARE = env_number("INGEST_REDIS_SHARE", 0.5, low=0.05, high=1)
-# Traffic counters, metrics and recent entries of route decisions that reserve nothing are
-# summed in process and written at most this many seconds later (one command per period).
-ROUTE_RECORD_FLUSH_S = env_number("ROUTE_RECORD_FLUSH_S", 0.1, low=0.001, high=5)
 if ENGINE_SCRAPE_INTERVAL_S > 0:
     CELERY_BEAT_SCHEDULE["engines-scrape"] = {
         "task": "scheduling.engines_scrape",
@@ -370,7 +402,10 @@ if ENGINE_SCRAPE_INTERVAL_S > 0:
         "options": {"expires": ENGINE_SCRAPE_INTERVAL_S},
     }
 
-LOG_LEVEL = (os.environ.get("LOG_LEVEL") or "INFO").strip().upper()
+# ---------------------------------------------------------------------------------------------
+# Logging.
+# ---------------------------------------------------------------------------------------------
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
     raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r}: expected DEBUG, INFO, WARNING or ERROR")
 LOGGING = {

@@ -126,7 +126,7 @@ def _words(kinds: str) -> str:
 
 
 def _choices(type_: Any, path: str, in_key: bool) -> str | None:
-    """The values a Literal at ``path`` of ``type_`` allows, as text."""
+    """The values a Literal or an enum at ``path`` of ``type_`` allows, as text."""
     info = _bare(mi.type_info(type_))
     for name in re.findall(r"\.([^.\[]+)|\[[^\]]*\]", path):
         if name and isinstance(info, mi.StructType):
@@ -143,6 +143,8 @@ def _choices(type_: Any, path: str, in_key: bool) -> str | None:
         info = _bare(info)
     if in_key and isinstance(info, mi.DictType):
         info = _bare(info.key_type)
+    if isinstance(info, mi.EnumType):
+        return " or ".join(sorted(str(m.value) for m in info.cls))
     return " or ".join(map(str, info.values)) if isinstance(info, mi.LiteralType) else None
 
 

@@ -51,9 +51,9 @@ from controlplane.redis_scripts import script_call_async
 from scheduling import livestate, metrics, traffic
 from scheduling.coalesce import Coalesced
 from scheduling.core import routing
+from scheduling.core.link import link_key
 from scheduling.snapshot import (
     Snapshot,
-    link_key,
     snapshot_age_s,
     snapshot_get_async,
     snapshot_needs_refresh,
@@ -568,7 +568,7 @@ async def _reserve(
                 reservation_id=reservation_ids[i],
                 nbytes=rv.bytes,
                 end_ts=_transfer_end(snap, d, now),
-                budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget_bytes,
+                budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget,
                 outcome=outcome,
             )
         )

@@ -23,10 +23,11 @@ from clusters.live import kv_events, prefix_index, telemetry
 from clusters.live.telemetry import InstanceSample, LinkSample
 from controlplane.errors import ApiError, Invalid, NotFound
 from controlplane.redis_connection import redis_async_ingest
+from scheduling.core.link import link_key
 from scheduling.core.service_levels import ServiceCounters
 from scheduling.decisions import control_tick_async
 from scheduling.overview import telemetry_frames_apublish
-from scheduling.snapshot import Snapshot, link_key, snapshot_current_async, snapshot_refresh_async
+from scheduling.snapshot import Snapshot, snapshot_current_async, snapshot_refresh_async
 
 log = logging.getLogger(__name__)
 

@@ -170,7 +170,7 @@ class LiveCollector:
                 util.add_metric([source, target], gbps / spec.gbps if spec.gbps > 0 else 0.0)
                 egress.add_metric([source, target], gbps)
                 inflight.add_metric([source, target], float(state.reserved_bytes if state else 0))
-                budget.add_metric([source, target], float(spec.budget_bytes))
+                budget.add_metric([source, target], float(spec.budget))
         yield util
         yield egress
         yield inflight

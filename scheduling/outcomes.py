@@ -59,10 +59,10 @@ from controlplane.redis_connection import redis_async, redis_sync
 from controlplane.redis_scripts import pipeline_run_async
 from scheduling import metrics, traffic
 from scheduling.core import routing
+from scheduling.core.link import link_key
 from scheduling.core.routing.reasons import REASONS
 from scheduling.snapshot import (
     Snapshot,
-    link_key,
     snapshot_cached,
     snapshot_get_async,
     snapshot_refresh_async,
@@ -130,9 +130,9 @@ async def reservation_take_async(
     now = time.time()
     async with asyncio.timeout(REDIS_DEADLINE_S):
         admitted = await telemetry.link_reserve_async(
-            link_key(source, target), rid, nbytes, now + hold, spec.budget_bytes, now
+            link_key(source, target), rid, nbytes, now + hold, spec.budget, now
         )
-    return ReservationResult(admitted, rid if admitted else None, spec.budget_bytes)
+    return ReservationResult(admitted, rid if admitted else None, spec.budget)
 
 
 # --- outcomes ----------------------------------------------------------------------------------

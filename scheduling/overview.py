@@ -42,11 +42,6 @@ def link_label(link: Link) -> str:
     return f"{link.source.name} → {link.target.name}"
 
 
-def link_live_key(link: Link) -> str:
-    """The id of a link in the live stores: ``source>target`` (cluster names)."""
-    return f"{link.source.name}>{link.target.name}"
-
-
 def guards_current() -> tuple[int | None, dict[str, Any], RouteGuards]:
     """The current policy's version, thresholds and guards (defaults before any policy)."""
     policy = policy_current()
@@ -62,7 +57,7 @@ def links_overview(
     budget, latest egress and 1 s history."""
     now = time.time() if now is None else now
     links = list(Link.objects.select_related("source", "target"))
-    keys = {link.pk: link_live_key(link) for link in links}
+    keys = {link.pk: link.key for link in links}
     states = telemetry.link_states_read(list(keys.values())) if links else {}
     out = []
     for link in links:
@@ -420,7 +415,7 @@ def link_history(
     prediction of that share."""
     now = time.time()
     _, _, guards = guards_current()
-    key = link_live_key(link)
+    key = link.key
     series = telemetry.link_bandwidth_series(key, now - window_s, now)
     budget = link.gbps * guards.scarce_utilisation
     state = telemetry.link_states_read([key]).get(key)

@@ -66,11 +66,6 @@ class SnapshotUnavailable(ApiError):
     code = "unavailable"
 
 
-def link_key(source: str, target: str) -> str:
-    """The id of a link in live state: ``source>target`` (cluster names)."""
-    return f"{source}>{target}"
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the request path needs that changes only with inventory or policy."""
@@ -222,25 +217,25 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
         for i in all_instances
         if i.cluster.name in kept
     )
-    links: list[routing.LinkSpec] = []
+    links: list[routing.Link] = []
     all_links = list(Link.objects.select_related("source", "target"))
     for lk in all_links:
         if lk.source.name not in kept or lk.target.name not in kept:
             continue
         problem = _link_problem(lk)
         if problem is not None:
-            _leave_out(skipped, f"link {lk.source.name}->{lk.target.name}: {problem}")
+            _leave_out(skipped, f"link {lk.key}: {problem}")
             continue
         if lk.gbps <= 0:
-            skipped.append(f"link {lk.source.name}->{lk.target.name}: 0 Gbps (down)")
+            skipped.append(f"link {lk.key}: 0 Gbps (down)")
             continue
         links.append(
-            routing.LinkSpec(
+            routing.Link(
                 source=lk.source.name,
                 target=lk.target.name,
                 gbps=lk.gbps,
                 rtt_ms=lk.rtt_ms,
-                inflight_budget_bytes=lk.kv_budget_bytes,
+                kv_budget_bytes=lk.kv_budget_bytes,
                 target_utilisation=lk.target_utilisation,
             )
         )
@@ -279,15 +274,15 @@ def snapshot_build(redis_version: int | None = None) -> Snapshot:
         etag='"' + hashlib.sha256(body).hexdigest()[:32] + '"',
         cluster_of={i.name: i.cluster for i in instances},
         instance_names=tuple(i.name for i in instances),
-        link_pairs=tuple(lk.key for lk in links),
-        link_keys=tuple(link_key(*lk.key) for lk in links),
+        link_pairs=tuple(lk.pair for lk in links),
+        link_keys=tuple(lk.key for lk in links),
         pd_clusters=pd_clusters,
         hybrid=topology.linear_state_bytes > 0,
         block_tokens=model_spec.block_tokens,
         skipped=tuple(skipped),
         known_instances=frozenset(i.name for i in all_instances),
         known_cluster_of={i.name: i.cluster.name for i in all_instances},
-        known_links=frozenset(link_key(lk.source.name, lk.target.name) for lk in all_links),
+        known_links=frozenset(lk.key for lk in all_links),
     )
 
 

@@ -15,7 +15,7 @@ Key layout:
                                        incremental lengths, bins ``BIN_EDGES``),
                                        ``r:{reason}`` (decisions per reason code),
                                        ``o:{link}`` (offloads admitted over a link, keyed
-                                       ``source>target``), ``g:{link}:{cause}`` (offloads
+                                       ``source->target``), ``g:{link}:{cause}`` (offloads
                                        its guard kept local: ``budget`` or ``saturation``).
                                        Expires after ``RETENTION_S``.
 ``traffic:recent``               LIST  the latest decisions with their inputs (JSON, newest
@@ -77,7 +77,7 @@ class TrafficRecord:
     incremental_tokens: int
     cached_tokens: int
     output_tokens: int | None = None
-    # The link of an offload (``source>target``), and ``source>target:cause`` when the link's
+    # The link of an offload (``source->target``), and ``source->target:cause`` when the link's
     # guard kept one local.
     link: str = ""
     refusal: str = ""
@@ -260,9 +260,9 @@ class TrafficWindow:
     bin_edges: tuple[int, ...]
     histogram: tuple[int, ...]
     reasons: Mapping[str, int] = field(default_factory=dict)
-    # link (source>target) -> offloads admitted over it
+    # link (source->target) -> offloads admitted over it
     link_offloads: Mapping[str, int] = field(default_factory=dict)
-    # link (source>target) -> cause -> offloads its guard kept local
+    # link (source->target) -> cause -> offloads its guard kept local
     link_refusals: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property

@@ -12,6 +12,7 @@ import redis
 from django.conf import settings
 
 from tests.support.paths import SCENARIOS
+from tests.support.processes import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +82,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         own = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
         item._id = type(item._id).parse(own)  # pytest 9's structured node id
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (never the session's), started; the test may stop it,
+    start it again on the same port, restart it empty or flush its script cache."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

@@ -43,7 +43,7 @@ def settings_variables() -> set[str]:
     source = (ROOT / "controlplane" / "settings.py").read_text()
     source += (ROOT / "controlplane" / "embedded_redis.py").read_text()
     names = set(re.findall(r"os\.environ(?:\.get)?[\(\[]\s*\"([A-Z][A-Z0-9_]*)\"", source))
-    names |= set(re.findall(r"env_(?:bool|int|number|list)\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
+    names |= set(re.findall(r"env_(?:bool|int|number|list|str)\(\s*\"([A-Z][A-Z0-9_]*)\"", source))
     if "dj_database_url.config(" in source:
         names.add("DATABASE_URL")  # dj_database_url reads it
     return names

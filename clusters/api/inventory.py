@@ -35,12 +35,14 @@ from clusters.api.schemas import (
     AcceleratorOut,
     AcceleratorPatch,
     ClusterIn,
+    ClusterKind,
     ClusterOut,
     ClusterPatch,
     InstanceIn,
     InstanceOut,
     InstancePatch,
-    Kind,
+    InstanceRole,
+    InstanceState,
     LinkIn,
     LinkOut,
     LinkPatch,
@@ -50,11 +52,9 @@ from clusters.api.schemas import (
     PerformanceProfileIn,
     PerformanceProfileOut,
     PerformanceProfilePatch,
-    Role,
     SiteIn,
     SiteOut,
     SitePatch,
-    State,
     payload_fields,
 )
 from clusters.models import (
@@ -92,7 +92,7 @@ class PerformanceProfileFilter(Schema):
 
 class ClusterFilter(Schema):
     name: str | None = None
-    kind: Kind | None = None
+    kind: ClusterKind | None = None
     site_id: int | None = None
     accelerator_id: int | None = None
     model_id: int | None = None
@@ -101,8 +101,8 @@ class ClusterFilter(Schema):
 class InstanceFilter(Schema):
     name: str | None = None
     cluster_id: int | None = None
-    role: Role | None = None
-    state: State | None = None
+    role: InstanceRole | None = None
+    state: InstanceState | None = None
 
 
 class LinkFilter(Schema):

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from ninja import Router, Schema, Status
 from pydantic import ConfigDict, Field, StringConstraints
 
-from clusters.api.schemas import InstanceOut, KvConnectorName, Role
+from clusters.api.schemas import InstanceOut, InstanceRole, KvConnector
 from clusters.registration import Registration, instance_register
 from controlplane.audit import actor_from_request
 from controlplane.auth import TokenAuth
@@ -30,7 +30,7 @@ class RegistrationIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
     cluster: str = Field(min_length=1, max_length=100)
-    role: Role
+    role: InstanceRole
     endpoint: str | None = Field(
         None,
         max_length=500,
@@ -42,7 +42,7 @@ class RegistrationIn(Schema):
         description="the hardware profile: the cluster's accelerator, which must have a "
         "performance profile for the cluster's model",
     )
-    kv_connector: KvConnectorName
+    kv_connector: KvConnector
     engine: Annotated[str, StringConstraints(min_length=1, max_length=40)] = Field(
         description="e.g. vllm, sglang, emulated"
     )

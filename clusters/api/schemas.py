@@ -14,6 +14,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import Invalid
 from scheduling.core import bounds
+from scheduling.core.kinds import ClusterKind, InstanceRole, InstanceState, KvConnector
 
 # A table as read back: [[tokens, value], ...]. Pairs are fixed-length arrays rather than tuples
 # because some OpenAPI tools (schemathesis among them) mis-read ``prefixItems`` in responses.
@@ -84,10 +85,6 @@ MAX_BIGINT = 2**63 - 1
 # A reference to another row: a 64-bit integer, as JSON parsers and the database read it (an
 # unknown one is a 404 naming it).
 RefId = Annotated[int, Field(ge=-MAX_BIGINT - 1, le=MAX_BIGINT)]
-Kind = Literal["prfaas", "pd"]
-KvConnectorName = Literal["nixl", "shared_storage"]
-Role = Literal["prefill", "decode"]
-State = Literal["active", "draining", "down", "unreachable"]
 
 
 # Fields that may be set to null explicitly in a PATCH; any other field may be left out, not null.
@@ -255,21 +252,21 @@ class ScaleTargetsIn(StrictIn):
 
 class ClusterIn(StrictIn):
     name: str = Field(min_length=1, max_length=100)
-    kind: Kind
+    kind: ClusterKind
     site_id: RefId
     accelerator_id: RefId
     model_id: RefId
-    kv_connector: KvConnectorName = "nixl"
+    kv_connector: KvConnector = KvConnector.NIXL
     scale_targets: ScaleTargetsIn | Omitted = None
 
 
 class ClusterPatch(PatchIn):
     name: Annotated[str, Field(min_length=1, max_length=100)] | Omitted = None
-    kind: Kind | Omitted = None
+    kind: ClusterKind | Omitted = None
     site_id: RefId | Omitted = None
     accelerator_id: RefId | Omitted = None
     model_id: RefId | Omitted = None
-    kv_connector: KvConnectorName | Omitted = None
+    kv_connector: KvConnector | Omitted = None
     scale_targets: ScaleTargetsIn | Omitted = None
 
 
@@ -301,8 +298,8 @@ class ClusterOut(VersionedOut):
 class InstanceIn(StrictIn):
     cluster_id: RefId
     name: str = Field(min_length=1, max_length=150)
-    role: Role
-    state: State = "active"
+    role: InstanceRole
+    state: InstanceState = InstanceState.ACTIVE
     endpoint: str = Field("", max_length=500)
     labels: dict[str, str] = {}
 
@@ -310,8 +307,8 @@ class InstanceIn(StrictIn):
 class InstancePatch(PatchIn):
     cluster_id: RefId | Omitted = None
     name: Annotated[str, Field(min_length=1, max_length=150)] | Omitted = None
-    role: Role | Omitted = None
-    state: State | Omitted = None
+    role: InstanceRole | Omitted = None
+    state: InstanceState | Omitted = None
     endpoint: Annotated[str, Field(max_length=500)] | Omitted = None
     labels: dict[str, str] | Omitted = None
 

@@ -37,20 +37,19 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
 from fleet.config_read import HttpUrlOrEmpty
+from scheduling.core.kinds import InstanceRole, KvConnector
 
 log = logging.getLogger(__name__)
 
 REGISTER_PATH = "/api/v1/registrations/{name}"
 BACKOFF_MAX_S = 60.0
-Role = Literal["prefill", "decode"]
-KvConnector = Literal["nixl", "shared_storage"]
 
 
 class RegistrationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,10 +57,10 @@ class RegistrationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     file: :mod:`fleet.agent.config`)."""
 
     cluster: str
-    role: Role
+    role: InstanceRole
     accelerator: str
     endpoint: HttpUrlOrEmpty | None = None  # None: keep the inventory's
-    kv_connector: KvConnector = "nixl"
+    kv_connector: KvConnector = KvConnector.NIXL
     engine: str = "vllm"
     engine_version: str = ""
     health_url: HttpUrlOrEmpty | None = None  # empty: no health check

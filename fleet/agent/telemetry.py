@@ -30,6 +30,7 @@ import httpx
 from fleet.agent.config import EngineConfig, LinkConfig
 from fleet.agent.metrics import AgentMetrics
 from scheduling.core.engine_metrics import EngineLoad, EngineMetricsError, engine_load
+from scheduling.core.link import link_key
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class TelemetrySampler:
         now: float,
         interval: float | None,
     ) -> dict[str, Any] | None:
-        key = f"{link.source}->{link.target}"
+        key = link_key(link.source, link.target)
         sent: float | None
         retx: float | None
         if link.measure == "interface":

@@ -40,6 +40,7 @@ import httpx
 import msgspec
 
 from fleet.agent.metrics import AgentMetrics
+from scheduling.core.link import link_key
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class Uplink:
         self._telemetry_n = 0
         self._backoff_s = 0.0
         self._retry_at = 0.0
-        # name (instance, or link as source>target) -> (code, monotonic time of the next try)
+        # name (instance, or link as source->target) -> (code, monotonic time of the next try)
         self._refused: dict[str, tuple[str, float]] = {}
         self.wake = threading.Event()
 
@@ -134,7 +135,9 @@ class Uplink:
         of a refused instance or link are left out (counted)."""
         with self._lock:
             kept_instances = [s for s in instances if not self._refused_now(s["instance"])]
-            kept_links = [s for s in links if not self._refused_now(f"{s['source']}>{s['target']}")]
+            kept_links = [
+                s for s in links if not self._refused_now(link_key(s["source"], s["target"]))
+            ]
             left_out = len(instances) - len(kept_instances) + len(links) - len(kept_links)
             if left_out:
                 self.metrics.dropped.labels("telemetry_sample", "refused_name").inc(left_out)
@@ -368,7 +371,7 @@ class Uplink:
 def _names(body: dict[str, Any]) -> list[str]:
     """The instances and links a telemetry batch has samples of."""
     out = [str(s["instance"]) for s in body["instances"]]
-    return out + [f"{s['source']}>{s['target']}" for s in body["links"]]
+    return out + [link_key(s["source"], s["target"]) for s in body["links"]]
 
 
 def _single_name(body: dict[str, Any]) -> str | None:
@@ -378,7 +381,7 @@ def _single_name(body: dict[str, Any]) -> str | None:
         return None
     if instances:
         return str(instances[0]["instance"])
-    return f"{links[0]['source']}>{links[0]['target']}"
+    return link_key(links[0]["source"], links[0]["target"])
 
 
 def _error_of(response: httpx.Response) -> tuple[str, str]:

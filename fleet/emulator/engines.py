@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from fleet.agent.register import KvConnector, RegistrationConfig, Role
+from fleet.agent.register import RegistrationConfig
 from fleet.emulator.journal import ReportingPrefixCache
 from fleet.emulator.workload import RequestStream
 from scheduling.core import routing
+from scheduling.core.kinds import InstanceRole, KvConnector
 from scheduling.core.scenario import Scenario
 from scheduling.core.simulator.cache import HybridPrefixCache
 from scheduling.core.simulator.engine import OFF, Simulation
@@ -53,7 +54,7 @@ def engines_to_register(
                 name,
                 RegistrationConfig(
                     cluster=cluster,
-                    role=cast(Role, inst.role if inst is not None else role),
+                    role=InstanceRole(inst.role if inst is not None else role),
                     accelerator=spec_of.accelerator,
                     kv_connector=cast(KvConnector, spec_of.kv_connector),
                     engine=ENGINE,
@@ -122,7 +123,7 @@ def fleet_build(
                         state=OFF if is_prefill else state,
                     )
                 )
-    links = {f"{link.source}->{link.target}": _fluid_link(link) for link in topo.links}
+    links = {link.key: _fluid_link(link) for link in topo.links}
     return Simulation(
         requests=stream,
         prefill_instances=prefill,
@@ -213,7 +214,7 @@ def caches(sim: Simulation) -> dict[str, ReportingPrefixCache]:
     return out
 
 
-def _fluid_link(link: routing.LinkSpec) -> FluidLink:
+def _fluid_link(link: routing.Link) -> FluidLink:
     return FluidLink(link.source, link.target, link.gbps * 1e9 / 8, link.rtt_ms / 1000.0)
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from scheduling.core.link import link_key
 from scheduling.core.scenario import LinkEvent, RateEvent, StateEvent
 from scheduling.core.simulator.fleet import ACTIVE, DOWN
 
@@ -121,7 +122,7 @@ def scenario_faults(
     out: list[tuple[float, dict[str, Any]]] = []
     for event in events:
         if isinstance(event, LinkEvent):
-            link = f"{event.source}->{event.target}"
+            link = link_key(event.source, event.target)
             out.append((event.at_s, {"kind": "link", "link": link, "gbps": event.gbps}))
         elif isinstance(event, StateEvent):
             names = (

@@ -35,18 +35,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast, get_args
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 from msgspec import Meta
 
 from fleet.agent.config import ControlPlaneConfig, KvEventsConfig
-from fleet.agent.register import KvConnector, Role
 from fleet.config_read import ConfigError, Name, Port, config_convert, config_file_read, env_secret
+from scheduling.core.kinds import InstanceRole, KvConnector
 
 __all__ = ["ConfigError", "ListenConfig", "SupervisedEngine", "SupervisorConfig"]
 
-ROLES = get_args(Role)
+ROLES = tuple(r.value for r in InstanceRole)
 KvRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 DEFAULT_KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
@@ -59,15 +59,15 @@ class ListenConfig(msgspec.Struct, frozen=True, kw_only=True):
 class SupervisedEngine(msgspec.Struct, frozen=True, kw_only=True):
     instance: Name
     cluster: Name
-    role: Role
+    role: InstanceRole
     accelerator: Name
     port: Port
     command: Annotated[tuple[str, ...], Meta(min_length=1)]
-    kv_connector: KvConnector = "nixl"
+    kv_connector: KvConnector = KvConnector.NIXL
     engine: Name = "vllm"
     host: Name = "127.0.0.1"
     kv_transfer_config: dict[str, Any] | None = None
-    kv_roles: dict[Role, KvRole] = {}  # over DEFAULT_KV_ROLES
+    kv_roles: dict[InstanceRole, KvRole] = {}  # over DEFAULT_KV_ROLES
     kv_events: KvEventsConfig | None = None  # the agent's (fleet.agent.config)
     env: dict[str, str | None] = {}
     cpus: tuple[Annotated[int, Meta(ge=0)], ...] = ()

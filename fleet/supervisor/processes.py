@@ -172,7 +172,9 @@ class AgentProcess:
 
     def start(self, role: str) -> None:
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.agent_config(role), sort_keys=False))
+        self.config_path.write_text(
+            yaml.safe_dump(msgspec.to_builtins(self.agent_config(role)), sort_keys=False)
+        )
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleet.agent", "--config", str(self.config_path)],

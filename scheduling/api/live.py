@@ -21,9 +21,9 @@ from controlplane.auth import binding_check, binding_of, require_scope
 from controlplane.errors import ApiError, ErrorOut, Invalid, NotFound
 from scheduling import ingest
 from scheduling.core import kv_events as kv_wire
+from scheduling.core.link import link_key
 from scheduling.core.service_levels import TTFT_BUCKETS_S, ServiceCounters
 from scheduling.snapshot import (
-    link_key,
     snapshot_current_async,
     snapshot_refresh,
     snapshot_refresh_async,

@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+MIB = 2**20
+
 
 @dataclass(frozen=True)
 class Bound:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduling.core.link import link_budget_bytes, link_target_utilisation
+from scheduling.core.link import Link
 from scheduling.core.performance import LengthDistribution, Table
 
 
@@ -42,42 +42,13 @@ class PdPool:
 
 
 @dataclass(frozen=True)
-class FleetLink:
-    """The path from a PrfaaS cluster to a PD cluster (0 Gbps = down) and what the router
-    admits on it: ``budget_bytes`` of KV in flight (``None``: the router's default, seconds of
-    line rate) and a mean egress share planned at most (``None``: the router's scarce guard)."""
-
-    source: str
-    target: str
-    gbps: float
-    rtt_ms: float = 0.0
-    budget_bytes: int | None = None
-    target_utilisation: float | None = None
-
-    @property
-    def budget(self) -> int:
-        """The in-flight budget in bytes, defaults applied."""
-        return link_budget_bytes(self.gbps, self.budget_bytes)
-
-    @property
-    def planned_utilisation(self) -> float:
-        """The planned egress share, default applied."""
-        return link_target_utilisation(self.target_utilisation)
-
-    @property
-    def usable_gbps(self) -> float:
-        """What the planner may plan onto the link on average."""
-        return max(0.0, self.gbps) * self.planned_utilisation
-
-
-@dataclass(frozen=True)
 class FleetSpec:
     """Everything about the hardware the model needs, wherever it was read from."""
 
     kv_mib: Table
     prfaas: tuple[PrfaasPool, ...]
     pd: tuple[PdPool, ...]
-    links: tuple[FleetLink, ...] = ()
+    links: tuple[Link, ...] = ()
 
     def link_gbps(self, source: str, target: str) -> float:
         return sum(
@@ -93,7 +64,7 @@ class FleetSpec:
             if link.source == source and link.target == target
         )
 
-    def link(self, source: str, target: str) -> FleetLink | None:
+    def link(self, source: str, target: str) -> Link | None:
         """The link ``source -> target`` (the first listed, if several), or None."""
         for link in self.links:
             if link.source == source and link.target == target:

@@ -377,9 +377,9 @@ def sizing_advice(
             links[i] = replace(link, gbps=link.gbps * factor)
             out.append(
                 _advice(
-                    f"{link.source}->{link.target}: +{more:g} Gbps ({link.gbps * factor:g} Gbps)",
+                    f"{link.key}: +{more:g} Gbps ({link.gbps * factor:g} Gbps)",
                     "link_gbps",
-                    f"{link.source}->{link.target}",
+                    link.key,
                     more,
                     base,
                     rate_of(replace(fleet, links=tuple(links))),

@@ -81,6 +81,67 @@ def link_target_utilisation(target: float | None = None) -> float:
     return float(target)
 
 
+#: How a link is named wherever it is named (live state, plans, scenarios, logs, bindings).
+LINK_ARROW = "->"
+
+
+def link_key(source: str, target: str) -> str:
+    """A link's one name: ``source->target`` (cluster names)."""
+    return f"{source}{LINK_ARROW}{target}"
+
+
+def link_parse(name: str) -> tuple[str, str] | None:
+    """``source->target`` as (source, target); None for any other spelling."""
+    source, arrow, target = name.strip().partition(LINK_ARROW)
+    if not arrow or not source.strip() or not target.strip() or LINK_ARROW in target:
+        return None
+    if ">" in source or ">" in target:
+        return None
+    return source.strip(), target.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The Ethernet path from a PrfaaS cluster (``source``) to a PD cluster (``target``), one
+    type for the router, the planner, the simulator and scenarios (0 Gbps = down).
+
+    ``kv_budget_bytes``: the most KV bytes in flight on it at once (reserved when a decision is
+    taken, released when the transfer ends); ``target_utilisation``: the mean egress share the
+    planner may plan onto it, and the router's scarce threshold for it. ``None``: the
+    defaults above (:attr:`budget`, :attr:`planned_utilisation` apply them).
+    """
+
+    source: str
+    target: str
+    gbps: float
+    rtt_ms: float = 0.0
+    kv_budget_bytes: int | None = None
+    target_utilisation: float | None = None
+
+    @property
+    def key(self) -> str:
+        return link_key(self.source, self.target)
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.source, self.target)
+
+    @property
+    def budget(self) -> int:
+        """The in-flight budget in bytes, defaults applied."""
+        return link_budget_bytes(self.gbps, self.kv_budget_bytes)
+
+    @property
+    def planned_utilisation(self) -> float:
+        """The planned egress share, default applied."""
+        return link_target_utilisation(self.target_utilisation)
+
+    @property
+    def usable_gbps(self) -> float:
+        """What the planner may plan onto the link on average."""
+        return max(0.0, self.gbps) * self.planned_utilisation
+
+
 def link_admits(utilisation: float, inflight_bytes: float, nbytes: float, budget: float) -> bool:
     """The router's admission rule for one reservation of ``nbytes`` on a link now carrying
     ``inflight_bytes`` reserved bytes at egress ``utilisation`` (0..1)."""

@@ -28,10 +28,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from scheduling.core.fleet import FleetLink, FleetSpec, PdPool, PrfaasPool
+from scheduling.core.fleet import FleetSpec, PdPool, PrfaasPool
 from scheduling.core.link import (
     DEFAULT_REFUSAL_TARGET,
     MAX_OFFLOAD_REFUSAL,
+    Link,
     OffloadMix,
     PoolCrowd,
     link_admissible_rate,
@@ -66,7 +67,7 @@ class OffloadSplit:
     admit_rate: FloatArray  # arrivals at the cluster (req/s) the links admit, see the module
 
 
-def linked_pools(fleet: FleetSpec, cluster: str) -> list[tuple[FleetLink, PrfaasPool]]:
+def linked_pools(fleet: FleetSpec, cluster: str) -> list[tuple[Link, PrfaasPool]]:
     """The live links into ``cluster`` with the PrfaaS pool behind each (links down, or to a
     pool without instances, carry nothing)."""
     pools = {p.name: p for p in fleet.prfaas}
@@ -200,7 +201,7 @@ def prfaas_at(
 
 def _admission(
     fleet: FleetSpec,
-    links: list[tuple[FleetLink, PrfaasPool]],
+    links: list[tuple[Link, PrfaasPool]],
     lengths: LengthDistribution,
     t: FloatArray,
     offload: FloatArray,

@@ -33,8 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from scheduling.core.fleet import FleetLink, FleetSpec, Lengths, PrfaasPool, lengths_of
-from scheduling.core.link import OffloadMix, PoolCrowd, link_refusal, transfer_excess_s
+from scheduling.core.fleet import FleetSpec, Lengths, PrfaasPool, lengths_of
+from scheduling.core.link import (
+    Link,
+    OffloadMix,
+    PoolCrowd,
+    link_key,
+    link_refusal,
+    transfer_excess_s,
+)
 from scheduling.core.offload import coarse_nodes, linked_pools
 from scheduling.core.performance import FloatArray, kv_bytes, prefill_seconds
 from scheduling.core.queueing import (
@@ -84,7 +91,7 @@ class LinkAt:
 
     @property
     def key(self) -> str:
-        return f"{self.source}->{self.target}"
+        return link_key(self.source, self.target)
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ class OperatingPoint:
 class _Route:
     """Offloads of one PD cluster over one link (mutable scratch of the fixed point)."""
 
-    link: FleetLink
+    link: Link
     pool: PrfaasPool
     share: FloatArray  # per node: share of the cluster's wanting requests sent this way
     fits: FloatArray  # per node: 1 where the KV fits this link's budget

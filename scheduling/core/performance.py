@@ -20,9 +20,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr, ndtri
 
+from scheduling.core.bounds import MIB as MIB
 from scheduling.core.scenario import Distribution, EmpiricalDist, FixedDist, LognormalDist
 
-MIB = 2**20
 GBPS = 1e9  # bit/s
 
 FloatArray = NDArray[np.float64]

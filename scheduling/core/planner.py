@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from scheduling.core.fleet import (
-    FleetLink,
     FleetSpec,
     Lengths,
+    Link,
     PdPool,
     PrfaasPool,
     lengths_of,
@@ -83,9 +83,9 @@ __all__ = [
     "DEFAULT_LOAD",
     "ClusterResult",
     "Evaluation",
-    "FleetLink",
     "FleetSpec",
     "Lengths",
+    "Link",
     "PdPool",
     "PlanResult",
     "PrfaasPool",

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-Role = Literal["prefill", "decode"]
+from scheduling.core.kinds import InstanceRole
+
 InstanceStateName = Literal["active", "draining", "down", "unreachable"]
 
 # Hold reasons, stable codes shown to operators and stored with each tick.
@@ -110,7 +111,7 @@ class InstanceView:
     """One PD instance as the rebalancer sees it: role, state, load and telemetry age."""
 
     name: str
-    role: Role
+    role: InstanceRole
     state: InstanceStateName
     warming_up: bool = False
     load: float | None = None
@@ -236,8 +237,8 @@ class RoleChange:
     """Flip one instance's role (through drain-then-flip when applied)."""
 
     instance: str
-    from_role: Role
-    to_role: Role
+    from_role: InstanceRole
+    to_role: InstanceRole
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from scheduling.core.kinds import InstanceRole
 from scheduling.core.operating import operating_point
 from scheduling.core.performance import DiscreteLengths
 from scheduling.core.planner import Evaluation, FleetSpec, plan_fleet
@@ -68,7 +69,6 @@ from scheduling.core.rebalance_types import (
     RebalanceDecision,
     RebalanceGuards,
     RebalanceInput,
-    Role,
     RoleChange,
     Setting,
     TrafficSummary,
@@ -104,7 +104,6 @@ __all__ = [
     "RebalanceDecision",
     "RebalanceGuards",
     "RebalanceInput",
-    "Role",
     "RoleChange",
     "Setting",
     "TrafficSummary",
@@ -228,7 +227,7 @@ def split_bounds(n_total: int, guards: RebalanceGuards) -> tuple[int, int]:
 
 
 def choose_role_changes(
-    instances: Sequence[InstanceView], from_role: Role, to_role: Role, count: int
+    instances: Sequence[InstanceView], from_role: InstanceRole, to_role: InstanceRole, count: int
 ) -> tuple[RoleChange, ...]:
     """Pick ``count`` active instances of ``from_role`` to flip, idle and least loaded first.
 
@@ -369,11 +368,17 @@ def rebalance_decide(inp: RebalanceInput, planner: PlannerPort) -> RebalanceDeci
     changes: tuple[RoleChange, ...] = ()
     if split_dir > 0:
         changes = choose_role_changes(
-            inp.instances, "decode", "prefill", proposed.setting.n_p - current.n_p
+            inp.instances,
+            InstanceRole.DECODE,
+            InstanceRole.PREFILL,
+            proposed.setting.n_p - current.n_p,
         )
     elif split_dir < 0:
         changes = choose_role_changes(
-            inp.instances, "prefill", "decode", current.n_p - proposed.setting.n_p
+            inp.instances,
+            InstanceRole.PREFILL,
+            InstanceRole.DECODE,
+            current.n_p - proposed.setting.n_p,
         )
     if len(changes) != abs(proposed.setting.n_p - current.n_p):
         return _hold(HOLD_NO_ELIGIBLE_INSTANCE, "not enough active instances to flip", **common)

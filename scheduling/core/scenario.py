@@ -26,6 +26,9 @@ from typing import Any
 import yaml
 
 from scheduling.core import bounds
+from scheduling.core.bounds import MIB
+from scheduling.core.kinds import ClusterKind
+from scheduling.core.link import Link, link_parse
 from scheduling.core.routing import KV_CONNECTORS
 from scheduling.core.scale_targets import ScaleTarget, ScaleTargetError, scale_targets_read
 from scheduling.core.scenario_fields import (
@@ -53,7 +56,6 @@ from scheduling.core.scenario_types import (
     AcceleratorSpec,
     ArrivalSpec,
     CacheSpec,
-    ClusterKindName,
     DecodeSpec,
     Distribution,
     EmpiricalDist,
@@ -67,7 +69,6 @@ from scheduling.core.scenario_types import (
     Scenario,
     ScenarioCluster,
     ScenarioError,
-    ScenarioLink,
     ScenarioModel,
     SloSpec,
     StateEvent,
@@ -89,7 +90,6 @@ __all__ = [
     "AcceleratorSpec",
     "ArrivalSpec",
     "CacheSpec",
-    "ClusterKindName",
     "DecodeSpec",
     "Distribution",
     "EmpiricalDist",
@@ -104,7 +104,6 @@ __all__ = [
     "Scenario",
     "ScenarioCluster",
     "ScenarioError",
-    "ScenarioLink",
     "ScenarioModel",
     "SloSpec",
     "StateEvent",
@@ -331,7 +330,7 @@ def _clusters(
         body = mapping_read(item, loc, optional=(*keys, "decode_instances", *extra))
         if "kind" not in body:
             raise error_at((*loc, "kind"), "required key is missing")
-        kind = str_read(body["kind"], (*loc, "kind"), choices=("prfaas", "pd"))
+        kind = str_read(body["kind"], (*loc, "kind"), choices=tuple(k.value for k in ClusterKind))
         if kind == "prfaas" and "decode_instances" in body:
             raise error_at(
                 (*loc, "decode_instances"),
@@ -355,7 +354,7 @@ def _clusters(
         out.append(
             ScenarioCluster(
                 name=str_read(body["name"], (*loc, "name")),
-                kind=kind,  # type: ignore[arg-type]
+                kind=ClusterKind(kind),
                 site=str_read(body["site"], (*loc, "site")),
                 accelerator=acc,
                 prefill_instances=int_within(
@@ -393,7 +392,7 @@ def _scale_targets(value: Any, loc: Loc, kind: str) -> tuple[ScaleTarget, ...]:
         raise error_at((*loc, *exc.loc), exc.message) from None
 
 
-def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[ScenarioLink, ...]:
+def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Link, ...]:
     out = []
     for i, item in enumerate(list_read(value, ("links",))):
         loc: Loc = ("links", i)
@@ -416,16 +415,22 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Scenari
                 )
             ends[end] = name
         out.append(
-            ScenarioLink(
+            Link(
                 source=ends["source"],
                 target=ends["target"],
                 gbps=number_within(body["gbps"], (*loc, "gbps"), bounds.LINK_GBPS),
                 rtt_ms=number_within(body.get("rtt_ms", 0.0), (*loc, "rtt_ms"), bounds.LINK_RTT_MS),
-                kv_budget_mib=(
+                # Files give the budget in MiB; the one link type holds bytes.
+                kv_budget_bytes=(
                     None
                     if body.get("kv_budget_mib") is None
-                    else number_within(
-                        body["kv_budget_mib"], (*loc, "kv_budget_mib"), bounds.LINK_KV_BUDGET_MIB
+                    else round(
+                        number_within(
+                            body["kv_budget_mib"],
+                            (*loc, "kv_budget_mib"),
+                            bounds.LINK_KV_BUDGET_MIB,
+                        )
+                        * MIB
                     )
                 ),
                 target_utilisation=(
@@ -572,7 +577,7 @@ def _workload(value: Any, clusters: tuple[ScenarioCluster, ...]) -> WorkloadSpec
 
 
 def _events(
-    value: Any, clusters: Mapping[str, ScenarioCluster], links: tuple[ScenarioLink, ...]
+    value: Any, clusters: Mapping[str, ScenarioCluster], links: tuple[Link, ...]
 ) -> tuple[Event, ...]:
     link_keys = {link.key for link in links}
     out: list[Event] = []
@@ -587,7 +592,7 @@ def _events(
                 raise error_at(
                     (*loc, "link"), f"unknown link {key!r} (links: {', '.join(sorted(link_keys))})"
                 )
-            source, target = key.split("->")
+            source, target = link_parse(key) or ("", "")
             out.append(
                 LinkEvent(
                     at_s=number_read(body["at_s"], (*loc, "at_s")),

@@ -5,8 +5,8 @@ Pure Python: no Django import here.
 
 from __future__ import annotations
 
-from scheduling.core.fleet import FleetLink, FleetSpec, PdPool, PrfaasPool
-from scheduling.core.performance import MIB, LengthDistribution, Table, length_distribution
+from scheduling.core.fleet import FleetSpec, PdPool, PrfaasPool
+from scheduling.core.performance import LengthDistribution, Table, length_distribution
 from scheduling.core.queueing import moments
 from scheduling.core.scenario import Scenario, ScenarioError, workload_length_distributions
 
@@ -44,19 +44,8 @@ def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
                     cost(c.accelerator),
                 )
             )
-    links = tuple(
-        FleetLink(
-            link.source,
-            link.target,
-            link.gbps,
-            link.rtt_ms,
-            None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
-            link.target_utilisation,
-        )
-        for link in scenario.links
-    )
     return FleetSpec(
-        Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), links
+        Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), scenario.links
     )
 
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from scheduling.core.kinds import ClusterKind
+from scheduling.core.link import Link
 from scheduling.core.scale_targets import ScaleTarget
 
 ROOT = "<scenario>"
 
-ClusterKindName = Literal["prfaas", "pd"]
 TableT = tuple[tuple[float, float], ...]
 
 
@@ -87,7 +88,7 @@ class ScenarioCluster:
     """One kind of hardware at one site; ``prfaas`` clusters only prefill."""
 
     name: str
-    kind: ClusterKindName
+    kind: ClusterKind
     site: str
     accelerator: str
     prefill_instances: int
@@ -109,27 +110,6 @@ class ScenarioCluster:
             f"{self.name}-{k}": "prefill" if k < self.prefill_instances else "decode"
             for k in range(self.instances)
         }
-
-
-@dataclass(frozen=True)
-class ScenarioLink:
-    """The Ethernet path from a PrfaaS cluster to a PD cluster (0 Gbps = link down).
-
-    ``kv_budget_mib``: the most KVCache in flight on it (reserved from the routing decision to
-    the transfer's end); ``target_utilisation``: the mean egress share the planner may plan
-    onto it. ``None``: the router's defaults (:mod:`scheduling.core.link`).
-    """
-
-    source: str
-    target: str
-    gbps: float
-    rtt_ms: float = 0.0
-    kv_budget_mib: float | None = None
-    target_utilisation: float | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.source}->{self.target}"
 
 
 @dataclass(frozen=True)
@@ -259,7 +239,7 @@ class Scenario:
     accelerators: tuple[AcceleratorSpec, ...]
     profiles: tuple[ProfileSpec, ...]
     clusters: tuple[ScenarioCluster, ...]
-    links: tuple[ScenarioLink, ...]
+    links: tuple[Link, ...]
     workload: WorkloadSpec | None
     events: tuple[Event, ...] = ()
     caches: Mapping[str, CacheSpec] = field(default_factory=dict)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from scheduling.core.bounds import MIB
+from scheduling.core.link import Link, link_key
 from scheduling.core.scenario_types import (
     ArrivalSpec,
     Distribution,
@@ -16,7 +18,6 @@ from scheduling.core.scenario_types import (
     LinkEvent,
     LognormalDist,
     Scenario,
-    ScenarioLink,
     StateEvent,
     TableT,
 )
@@ -56,7 +57,7 @@ def _arrival_out(a: ArrivalSpec) -> dict[str, Any]:
 
 def _event_out(e: Event) -> dict[str, Any]:
     if isinstance(e, LinkEvent):
-        return {"at_s": e.at_s, "link": f"{e.source}->{e.target}", "gbps": e.gbps}
+        return {"at_s": e.at_s, "link": link_key(e.source, e.target), "gbps": e.gbps}
     if isinstance(e, StateEvent):
         out: dict[str, Any] = {"at_s": e.at_s, "state": e.state}
         if e.instance is not None:
@@ -67,15 +68,15 @@ def _event_out(e: Event) -> dict[str, Any]:
     return {"at_s": e.at_s, "cluster": e.cluster, "rate_scale": e.rate_scale}
 
 
-def _link_out(link: ScenarioLink) -> dict[str, Any]:
+def _link_out(link: Link) -> dict[str, Any]:
     out: dict[str, Any] = {
         "source": link.source,
         "target": link.target,
         "gbps": link.gbps,
         "rtt_ms": link.rtt_ms,
     }
-    if link.kv_budget_mib is not None:
-        out["kv_budget_mib"] = link.kv_budget_mib
+    if link.kv_budget_bytes is not None:
+        out["kv_budget_mib"] = link.kv_budget_bytes / MIB
     if link.target_utilisation is not None:
         out["target_utilisation"] = link.target_utilisation
     return out
@@ -108,7 +109,7 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     for c in s.clusters:
         cl: dict[str, Any] = {
             "name": c.name,
-            "kind": c.kind,
+            "kind": c.kind.value,
             "site": c.site,
             "accelerator": c.accelerator,
             "prefill_instances": c.prefill_instances,

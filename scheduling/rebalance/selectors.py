@@ -167,7 +167,7 @@ def plan_observed(plan: Plan, now: float | None = None) -> dict[str, Any] | None
     held_from = max(start, end - BANDWIDTH_RETENTION_S)
     sent = carried = refused = 0.0
     for link in links:
-        key = f"{link.source.name}>{link.target.name}"
+        key = link.key
         sent += sum(g for _, g in link_bandwidth_series(key, held_from, end))
         carried += window.link_offloads.get(key, 0)
         refused += sum(window.link_refusals.get(key, {}).values())

@@ -146,7 +146,7 @@ def test_every_page_reads_cleanly_at_desktop_and_phone_widths(
     # as the router counted them.
     page.set_viewport_size(DESKTOP)
     page.goto(f"{live_url}/")
-    key = f"{link.source.name}>{link.target.name}"
+    key = link.key
     row = page.locator(f'[data-link-guard="{key}"]')
     window = traffic_window_read(link.target.name, time.time() - 300, time.time())
     refused = sum(window.link_refusals.get(key, {}).values())

@@ -5,8 +5,6 @@ every way a script is sent, without running anything twice."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,18 +19,15 @@ from controlplane.redis_scripts import (
     pipeline_run_async,
     script_call_async,
 )
-from tests.support.servers import free_port, redis_server_start, redis_server_stop
+from tests.support.processes import RedisServer
 
 INCR = lua_script("return redis.call('INCRBY', KEYS[1], ARGV[1])", "test incr")
 
 
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[str]:
+def private_redis(own_redis: RedisServer) -> str:
     """A redis-server of the test's own: its script cache is flushed here, server-wide."""
-    port = free_port()
-    proc = redis_server_start(port, tmp_path)
-    yield f"redis://127.0.0.1:{port}/0"
-    redis_server_stop(proc)
+    return own_redis.url
 
 
 def test_a_declared_script_is_listed_once_by_name() -> None:

@@ -97,7 +97,7 @@ def test_bad_token_commands_are_refused_with_a_clear_message(args: list[str], wo
 
 def test_bind_takes_an_existing_link_as_source_arrow_target_and_refuses_the_rest() -> None:
     link = LinkFactory()
-    written = f"{link.source.name}->{link.target.name}"
+    written = link.key
     token_command("create", "--name", "agent-l", "--scope", "agent", "--link", written)
     for args, words in (
         (["--link", f"{link.source.name}>{link.target.name}"], "must be source->target"),

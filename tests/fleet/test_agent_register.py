@@ -15,6 +15,7 @@ from clusters.live.heartbeats import heartbeats_read
 from clusters.models import Instance
 from fleet.agent.config import ConfigError, config_parse
 from fleet.agent.register import Registrar, RegistrationConfig
+from scheduling.core.kinds import InstanceRole
 from tests.factories import api_token
 from tests.support.fleets import pd_prfaas_fleet
 from tests.support.servers import control_plane_serve, free_port
@@ -47,9 +48,9 @@ def test_the_registrar_registers_healthy_engines_and_reports_refusals(plane: str
         plane,
         token,
         [
-            (f"{PD}-0", RegistrationConfig(cluster=PD, role="decode", accelerator="H20", health_url="")),
-            (f"{PD}-1", RegistrationConfig(cluster=PD, role="decode", accelerator="H200", health_url="")),
-            (f"{PD}-2", RegistrationConfig(cluster=PD, role="prefill", accelerator="H20", endpoint=dead)),
+            (f"{PD}-0", RegistrationConfig(cluster=PD, role=InstanceRole.DECODE, accelerator="H20", health_url="")),
+            (f"{PD}-1", RegistrationConfig(cluster=PD, role=InstanceRole.DECODE, accelerator="H200", health_url="")),
+            (f"{PD}-2", RegistrationConfig(cluster=PD, role=InstanceRole.PREFILL, accelerator="H20", endpoint=dead)),
         ],
         every_s=10.0,
         registry=registry,
@@ -89,7 +90,9 @@ def agent_yaml(register: Any) -> dict[str, Any]:
 def test_a_register_block_is_read_with_its_defaults() -> None:
     config = config_parse(agent_yaml({"cluster": "pd-a", "role": "prefill", "accelerator": "H20"}))
     (engine,) = config.engines
-    assert engine.register == RegistrationConfig(cluster="pd-a", role="prefill", accelerator="H20")
+    assert engine.register == RegistrationConfig(
+        cluster="pd-a", role=InstanceRole.PREFILL, accelerator="H20"
+    )
     assert config.register_every_s == 10.0
 
 

@@ -36,7 +36,7 @@ from scheduling.core.routing import (
     ClusterSpec,
     DecodeProfile,
     InstanceSpec,
-    LinkSpec,
+    Link,
     LiveState,
     ModelSpec,
     PolicySnapshot,
@@ -73,7 +73,7 @@ def make_snapshot(version: int = 3, stale_mode: str = "static") -> PolicySnapsho
             ClusterSpec(PD, "pd", ((1024, 0.6), (131072, 22.5)), decode=DecodeProfile(20, 0.025)),
         ),
         tuple(instances),
-        (LinkSpec(PF, PD, 100.0, 10.0),),
+        (Link(PF, PD, 100.0, 10.0),),
     )
     return PolicySnapshot(
         RoutingPolicy(version, {PD: T}, RouteGuards(stale_mode=stale_mode)), topology

@@ -273,9 +273,7 @@ def test_emulate_fault_without_a_running_emulator_exits_non_zero_and_queues_noth
     if status is not None:
         _emulator_status(redis_client, **status)
     with pytest.raises(CommandError) as exc:
-        call_command(
-            "emulate_fault", "link", f"{link.source.name}->{link.target.name}", "--gbps", "3"
-        )
+        call_command("emulate_fault", "link", link.key, "--gbps", "3")
     assert exc.value.returncode == 2
     assert "no fleet emulator is running" in str(exc.value) and words in str(exc.value)
     assert redis_client.llen(FAULTS_KEY) == 0
@@ -290,7 +288,7 @@ def test_emulate_fault_queues_a_known_link_and_instance(redis_client: redis.Redi
     call_command(
         "emulate_fault",
         "link",
-        f"{link.source.name}->{link.target.name}",
+        link.key,
         "--gbps",
         "3",
         stdout=out,
@@ -298,7 +296,7 @@ def test_emulate_fault_queues_a_known_link_and_instance(redis_client: redis.Redi
     call_command("emulate_fault", "instance", instance.name, "down", stdout=out)
     queued = [json.loads(raw) for raw in redis_client.lrange(FAULTS_KEY, 0, -1)]
     assert queued == [
-        {"kind": "link", "link": f"{link.source.name}->{link.target.name}", "gbps": 3.0},
+        {"kind": "link", "link": link.key, "gbps": 3.0},
         {"kind": "instance", "instance": instance.name, "state": "down"},
     ]
     assert "queued for the emulator" in out.getvalue()

@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -38,7 +35,7 @@ from tests.factories import (
     UserFactory,
     api_token,
 )
-from tests.support.servers import free_port, redis_server_start, redis_server_stop
+from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_client")]
 
@@ -253,36 +250,25 @@ async def test_a_lost_last_frame_is_noticed_by_the_heartbeat() -> None:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path, settings: Any) -> Iterator[Callable[[], None]]:
-    """A private redis-server (never the shared one) and a way to restart it, empty."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    port = free_port()
-    procs = [redis_server_start(port, tmp_path)]
-    url = f"redis://127.0.0.1:{port}/0"
-    settings.REDIS_URL = url
+def layer_on_own_redis(own_redis: RedisServer, settings: Any) -> RedisServer:
+    """The channel layer and live state on the test's own redis-server, which it restarts."""
+    settings.REDIS_URL = own_redis.url
     settings.CHANNEL_LAYERS = {
-        "default": {**settings.CHANNEL_LAYERS["default"], "CONFIG": {"hosts": [url]}}
+        "default": {**settings.CHANNEL_LAYERS["default"], "CONFIG": {"hosts": [own_redis.url]}}
     }
-
-    def restart() -> None:
-        procs[-1].terminate()
-        procs[-1].wait(timeout=10)
-        procs.append(redis_server_start(port, tmp_path))
-
-    yield restart
-    for proc in procs:
-        redis_server_stop(proc)
+    return own_redis
 
 
 async def test_the_socket_keeps_streaming_after_redis_restarts(
-    own_redis: Callable[[], None],
+    layer_on_own_redis: RedisServer,
 ) -> None:
     comm, snapshot = await _connected()
     await live.live_apublish(live.PLANS, _event(1))
     assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == snapshot["seq"] + 1
 
-    await sync_to_async(own_redis)()  # all data gone: counters, epoch, group membership
+    await sync_to_async(
+        layer_on_own_redis.restart
+    )()  # all data gone: counters, epoch, group membership
 
     # Frames published while the consumer is still reconnecting may be lost; the snapshot that
     # follows covers them. Once it has resynced, frames flow again in sequence.
@@ -344,7 +330,7 @@ async def test_telemetry_posted_through_the_api_reaches_the_overview_socket() ->
 def _link_with_agent_token() -> dict[str, str]:
     link = cast(Link, LinkFactory())
     _, secret = api_token("agent")
-    key = f"{link.source.name}>{link.target.name}"
+    key = link.key
     return {"key": key, "source": link.source.name, "target": link.target.name, "secret": secret}
 
 

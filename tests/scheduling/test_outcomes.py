@@ -15,7 +15,8 @@ from django.test import AsyncClient
 from clusters.live import telemetry
 from clusters.models import Link
 from scheduling.core import routing
-from scheduling.snapshot import link_key, snapshot_reset
+from scheduling.core.link import link_key
+from scheduling.snapshot import snapshot_reset
 from scheduling.traffic import traffic_window_read
 from tests.factories import api_token, bearer
 from tests.support.fleets import pd_prfaas_fleet

@@ -116,7 +116,7 @@ def test_draining_needs_a_post(client_as) -> None:
 
 def test_the_link_page_shows_history_and_congestion_events(client_as) -> None:
     link = cast(Link, LinkFactory(gbps=10.0))
-    key = f"{link.source.name}>{link.target.name}"
+    key = link.key
     now = int(time.time()) - 5
     samples = [
         telemetry.LinkSample(link=key, ts=now + i, bytes_sent=int(gbps * 1e9 / 8), interval_s=1.0)
@@ -140,7 +140,7 @@ def test_the_link_list_shows_capacity_and_budget(client_as) -> None:
 
 def _guard_decisions(link: Link, carried: int, budget: int, saturation: int) -> None:
     """Decisions at the link's PD cluster as the route path records them."""
-    key = f"{link.source.name}>{link.target.name}"
+    key = link.key
     now = time.time()
     records = [
         traffic.TrafficRecord(

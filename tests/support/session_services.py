@@ -28,10 +28,9 @@ import psutil
 import pytest
 
 from tests.support.processes import (
+    RedisServer,
     free_port,
     postgres_bin_dir,
-    redis_executable,
-    redis_ping,
 )
 
 START_TIMEOUT_S = 60.0
@@ -125,49 +124,6 @@ class ThrowawayPostgres:
                 self.proc.wait(timeout=10)
 
 
-class ThrowawayRedis:
-    """One redis-server on 127.0.0.1 with no persistence."""
-
-    def __init__(self, root: Path) -> None:
-        self.port = free_port()
-        self.root = root
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                redis_executable(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.root),
-            ],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if redis_ping(self.port):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not answer in {START_TIMEOUT_S:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
 class SessionServices:
     """The services this session started (none when the environment names its own)."""
 
@@ -189,7 +145,7 @@ class SessionServices:
                 self.started.append(pg)
                 os.environ["DATABASE_URL"] = pg.url
             if need_redis:
-                rd = ThrowawayRedis(self.root)
+                rd = RedisServer(self.root)
                 rd.start()
                 self.started.append(rd)
                 os.environ["REDIS_URL"] = rd.url

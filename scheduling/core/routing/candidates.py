@@ -22,8 +22,8 @@ from scheduling.core.routing.live import (
 from scheduling.core.routing.reasons import Reason
 from scheduling.core.routing.types import (
     InstanceSpec,
+    Link,
     LinkReservation,
-    LinkSpec,
     Placement,
     PrefixMatch,
     RouteGuards,
@@ -31,6 +31,8 @@ from scheduling.core.routing.types import (
     RouteUnavailable,
     RoutingPolicy,
     Topology,
+    link_abundant_at,
+    link_scarce_at,
 )
 
 # Used when a link is fully busy: the transfer estimate then assumes this share of the line
@@ -193,10 +195,10 @@ class DecisionContext:
             self.pool_index[cluster] = got
         return got
 
-    def link_inflight(self, link: LinkSpec) -> int:
-        load = self.live.links.get(link.key)
+    def link_inflight(self, link: Link) -> int:
+        load = self.live.links.get(link.pair)
         base = load.inflight_bytes if load is not None else 0
-        return base + self.extra_inflight.get(link.key, 0)
+        return base + self.extra_inflight.get(link.pair, 0)
 
 
 class PrefixHits:
@@ -402,7 +404,7 @@ class PrfaasOption:
     )
 
     cluster: str
-    link: LinkSpec
+    link: Link
     util: float
     backlog: float
     scarce: bool
@@ -425,18 +427,16 @@ def placement_of(topology: Topology, inst: InstanceSpec) -> Placement:
     return topology.placement_by_name[inst.name]
 
 
-def link_headroom(ctx: DecisionContext, link: LinkSpec) -> int:
-    return link.budget_bytes - ctx.link_inflight(link)
+def link_headroom(ctx: DecisionContext, link: Link) -> int:
+    return link.budget - ctx.link_inflight(link)
 
 
 def link_admits_option(ctx: DecisionContext, opt: PrfaasOption) -> bool:
     """The link admits this offload (scheduling.core.link: not saturated, budget has room)."""
-    return link_admits(
-        opt.util, ctx.link_inflight(opt.link), opt.reserve_bytes, opt.link.budget_bytes
-    )
+    return link_admits(opt.util, ctx.link_inflight(opt.link), opt.reserve_bytes, opt.link.budget)
 
 
-def transfer_seconds(nbytes: float, link: LinkSpec, util: float) -> float:
+def transfer_seconds(nbytes: float, link: Link, util: float) -> float:
     share = max(_MIN_BANDWIDTH_SHARE, 1.0 - util)
     return nbytes * 8.0 / (link.gbps * 1e9 * share)
 
@@ -445,7 +445,7 @@ def prfaas_evaluate(
     ctx: DecisionContext,
     request: RouteRequest,
     hits: PrefixHits,
-    link: LinkSpec,
+    link: Link,
     l_pd: int,
     pd_holder: str | None,
     pd_exact: bool,
@@ -467,12 +467,12 @@ def prfaas_evaluate(
         # The static rule: local cache only, no transfers, no load.
         util, backlog, scarce = 0.0, 0.0, True
     else:
-        load = ctx.live.links.get(link.key)
+        load = ctx.live.links.get(link.pair)
         util = (load.egress_gbps / link.gbps) if load is not None else 0.0
         backlog = ctx.mean_backlog(cluster)
-        if util >= link.scarce_at(guards) or backlog >= guards.prfaas_backlog_s:
+        if util >= link_scarce_at(link, guards) or backlog >= guards.prfaas_backlog_s:
             scarce = True
-        elif util <= link.abundant_at(guards) and backlog <= guards.prfaas_backlog_clear_s:
+        elif util <= link_abundant_at(link, guards) and backlog <= guards.prfaas_backlog_clear_s:
             scarce = False
         else:
             control = ctx.live.control.get(request.origin)

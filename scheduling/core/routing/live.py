@@ -216,7 +216,7 @@ def control_signals(pd_cluster: str, topology: Topology, live: LiveState) -> Con
     util = 0.0
     backlog = 0.0
     for link in topology.links_into.get(pd_cluster, ()):
-        load = live.links.get(link.key)
+        load = live.links.get(link.pair)
         if load is not None:
             util = max(util, load.egress_gbps / link.gbps)
         pool = prefill_pool(topology, live, link.source)
@@ -238,6 +238,6 @@ def reservation_fits(reservation: LinkReservation, topology: Topology, live: Liv
     link = topology.link_by_pair.get((reservation.source, reservation.target))
     if link is None:
         return False
-    load = live.links.get(link.key)
+    load = live.links.get(link.pair)
     inflight = load.inflight_bytes if load is not None else 0
-    return link_admits(0.0, inflight, reservation.bytes, link.budget_bytes)
+    return link_admits(0.0, inflight, reservation.bytes, link.budget)

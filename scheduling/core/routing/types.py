@@ -15,18 +15,19 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduling.core.kinds import ClusterKind, InstanceRole, InstanceState, KvConnector
 from scheduling.core.link import (
-    link_budget_bytes,
+    Link,
     link_target_utilisation,
 )
 from scheduling.core.routing.reasons import Reason
 
-CLUSTER_KINDS = ("prfaas", "pd")
-INSTANCE_ROLES = ("prefill", "decode")
-INSTANCE_STATES = ("active", "draining", "down", "unreachable")
+CLUSTER_KINDS = tuple(k.value for k in ClusterKind)
+INSTANCE_ROLES = tuple(r.value for r in InstanceRole)
+INSTANCE_STATES = tuple(s.value for s in InstanceState)
 STALE_MODES = ("static", "local")
-#: The engines' disaggregated KV protocols a gateway drives (``clusters.models.KvConnector``).
-KV_CONNECTORS = ("nixl", "shared_storage")
+#: The engines' disaggregated KV protocols a gateway drives (:class:`~scheduling.core.kinds.KvConnector`).
+KV_CONNECTORS = tuple(c.value for c in KvConnector)
 SNAPSHOT_FORMAT = 1
 
 
@@ -188,42 +189,17 @@ class InstanceSpec:
     endpoint: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class LinkSpec:
-    """The Ethernet path from a PrfaaS cluster (``source``) to a PD cluster (``target``).
+def link_scarce_at(link: Link, guards: RouteGuards) -> float:
+    """Egress utilisation at or above which ``link``'s bandwidth is scarce: its target
+    utilisation, else the guards' scarce share."""
+    if link.target_utilisation is None:
+        return guards.scarce_utilisation
+    return link_target_utilisation(link.target_utilisation)
 
-    ``inflight_budget_bytes``: the most KV bytes that may be in flight on it at once (reserved
-    when a decision is taken, released when the transfer ends); ``None`` means
-    ``gbps * 1e9 / 8 * DEFAULT_LINK_BUDGET_SECONDS``. ``target_utilisation``: the egress
-    share at which this link's bandwidth is scarce (``None``: ``guards.scarce_utilisation``);
-    the planner plans its mean egress to at most that share. One model for all three:
-    :mod:`scheduling.core.link`.
-    """
 
-    source: str
-    target: str
-    gbps: float
-    rtt_ms: float = 0.0
-    inflight_budget_bytes: int | None = None
-    target_utilisation: float | None = None
-
-    @property
-    def budget_bytes(self) -> int:
-        return link_budget_bytes(self.gbps, self.inflight_budget_bytes)
-
-    def scarce_at(self, guards: RouteGuards) -> float:
-        """Egress utilisation at or above which this link's bandwidth is scarce."""
-        if self.target_utilisation is None:
-            return guards.scarce_utilisation
-        return link_target_utilisation(self.target_utilisation)
-
-    def abundant_at(self, guards: RouteGuards) -> float:
-        """Egress utilisation at or below which it is abundant again (never above scarce)."""
-        return min(guards.abundant_utilisation, self.scarce_at(guards))
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.source, self.target)
+def link_abundant_at(link: Link, guards: RouteGuards) -> float:
+    """Egress utilisation at or below which it is abundant again (never above scarce)."""
+    return min(guards.abundant_utilisation, link_scarce_at(link, guards))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +214,7 @@ class Topology:
     model: ModelSpec
     clusters: tuple[ClusterSpec, ...]
     instances: tuple[InstanceSpec, ...]
-    links: tuple[LinkSpec, ...]
+    links: tuple[Link, ...]
 
     cluster_by_name: dict[str, ClusterSpec] = field(init=False, repr=False, compare=False)
     instance_by_name: dict[str, InstanceSpec] = field(init=False, repr=False, compare=False)
@@ -248,8 +224,8 @@ class Topology:
     decode_by_cluster: dict[str, tuple[InstanceSpec, ...]] = field(
         init=False, repr=False, compare=False
     )
-    link_by_pair: dict[tuple[str, str], LinkSpec] = field(init=False, repr=False, compare=False)
-    links_into: dict[str, tuple[LinkSpec, ...]] = field(init=False, repr=False, compare=False)
+    link_by_pair: dict[tuple[str, str], Link] = field(init=False, repr=False, compare=False)
+    links_into: dict[str, tuple[Link, ...]] = field(init=False, repr=False, compare=False)
     prefill_rows: dict[str, tuple[tuple[str, InstanceSpec, bool], ...]] = field(
         init=False, repr=False, compare=False
     )
@@ -311,31 +287,25 @@ class Topology:
                 raise ValueError(f"instance {inst.name!r}: a prfaas cluster has no decode role")
             instances[inst.name] = inst
             (prefill if inst.role == "prefill" else decode)[inst.cluster].append(inst)
-        pairs: dict[tuple[str, str], LinkSpec] = {}
-        into: dict[str, list[LinkSpec]] = {name: [] for name in clusters}
+        pairs: dict[tuple[str, str], Link] = {}
+        into: dict[str, list[Link]] = {name: [] for name in clusters}
         for link in self.links:
             src, tgt = clusters.get(link.source), clusters.get(link.target)
             if src is None or tgt is None:
-                raise ValueError(f"link {link.source}->{link.target}: unknown cluster")
+                raise ValueError(f"link {link.key}: unknown cluster")
             if src.kind != "prfaas" or tgt.kind != "pd":
-                raise ValueError(
-                    f"link {link.source}->{link.target}: must go from a prfaas to a pd cluster"
-                )
+                raise ValueError(f"link {link.key}: must go from a prfaas to a pd cluster")
             if not link.gbps > 0:
-                raise ValueError(f"link {link.source}->{link.target}: gbps must be positive")
+                raise ValueError(f"link {link.key}: gbps must be positive")
             if link.rtt_ms < 0:
-                raise ValueError(f"link {link.source}->{link.target}: rtt_ms must not be negative")
-            if link.inflight_budget_bytes is not None and link.inflight_budget_bytes < 0:
-                raise ValueError(
-                    f"link {link.source}->{link.target}: inflight_budget_bytes must not be negative"
-                )
+                raise ValueError(f"link {link.key}: rtt_ms must not be negative")
+            if link.kv_budget_bytes is not None and link.kv_budget_bytes < 0:
+                raise ValueError(f"link {link.key}: kv_budget_bytes must not be negative")
             if link.target_utilisation is not None and not (0.0 < link.target_utilisation <= 1.0):
-                raise ValueError(
-                    f"link {link.source}->{link.target}: target_utilisation must be within (0, 1]"
-                )
-            if link.key in pairs:
-                raise ValueError(f"link {link.source}->{link.target} is listed twice")
-            pairs[link.key] = link
+                raise ValueError(f"link {link.key}: target_utilisation must be within (0, 1]")
+            if link.pair in pairs:
+                raise ValueError(f"link {link.key} is listed twice")
+            pairs[link.pair] = link
             into[link.target].append(link)
         set_(self, "cluster_by_name", clusters)
         set_(self, "instance_by_name", instances)

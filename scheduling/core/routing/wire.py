@@ -19,9 +19,9 @@ from scheduling.core.routing.types import (
     ClusterSpec,
     DecodeProfile,
     InstanceSpec,
+    Link,
     LinkRefusal,
     LinkReservation,
-    LinkSpec,
     ModelSpec,
     Placement,
     PolicySnapshot,
@@ -43,13 +43,16 @@ def _num(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def _link_dict(lk: LinkSpec) -> dict[str, Any]:
+LINK_FIELDS = ("source", "target", "gbps", "rtt_ms", "kv_budget_bytes", "target_utilisation")
+
+
+def _link_dict(lk: Link) -> dict[str, Any]:
     out: dict[str, Any] = {
         "source": lk.source,
         "target": lk.target,
         "gbps": lk.gbps,
         "rtt_ms": lk.rtt_ms,
-        "inflight_budget_bytes": lk.budget_bytes,
+        "kv_budget_bytes": lk.budget,
     }
     if lk.target_utilisation is not None:
         out["target_utilisation"] = lk.target_utilisation
@@ -289,15 +292,19 @@ def policy_snapshot_from_dict(data: Any) -> PolicySnapshot:
         r.only(
             lk,
             path,
-            ("source", "target", "gbps", "rtt_ms", "inflight_budget_bytes", "target_utilisation"),
+            # ``inflight_budget_bytes``: the name earlier releases wrote (policies routers cached).
+            (*LINK_FIELDS, "inflight_budget_bytes"),
+        )
+        budget_field = (
+            "inflight_budget_bytes" if "inflight_budget_bytes" in lk else "kv_budget_bytes"
         )
         links.append(
-            LinkSpec(
+            Link(
                 source=r.get(lk, "source", path, str),
                 target=r.get(lk, "target", path, str),
                 gbps=r.get(lk, "gbps", path, float),
                 rtt_ms=r.get(lk, "rtt_ms", path, float, 0.0),
-                inflight_budget_bytes=r.get(lk, "inflight_budget_bytes", path, int, None),
+                kv_budget_bytes=r.get(lk, budget_field, path, int, None),
                 target_utilisation=r.get(lk, "target_utilisation", path, float, None),
             )
         )

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scheduling.core.link import link_key
+
 _EPS_BYTES = 1e-3
 
 
@@ -49,7 +51,7 @@ class FluidLink:
 
     @property
     def key(self) -> str:
-        return f"{self.source}->{self.target}"
+        return link_key(self.source, self.target)
 
     def utilisation(self) -> float:
         if self.capacity_bps <= 0:

@@ -14,10 +14,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from scheduling.core.performance import MIB
 from scheduling.core.planner import Evaluation, PlanResult
-from scheduling.core.scenario import Scenario, ScenarioLink
-from scheduling.core.simulator.routing import ClusterPlan, FleetPlan, LinkPlan
+from scheduling.core.scenario import Scenario
+from scheduling.core.simulator.routing import ClusterPlan, FleetPlan
 
 POLICIES = ("homogeneous", "naive", "prfaas", "prfaas-dual")
 HOMOGENEOUS_CLUSTER = "homogeneous"
@@ -108,20 +107,8 @@ def fleet_plan(
         clusters.append(_pd_cluster_plan(scenario, c.name, c.accelerator, n_p, n_d, c.name, c.site))
         chosen = threshold if threshold is not None and policy != "naive" else planned
         thresholds[c.name] = max(0, round(chosen))
-    links = tuple(link_plan(link) for link in scenario.links)
+    links = scenario.links
     return FleetPlan(policy, tuple(clusters), links, thresholds, ev.throughput_rps)
-
-
-def link_plan(link: ScenarioLink) -> LinkPlan:
-    """A scenario's link as the simulator runs it (budget and target utilisation included)."""
-    return LinkPlan(
-        link.source,
-        link.target,
-        link.gbps,
-        link.rtt_ms,
-        None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
-        link.target_utilisation,
-    )
 
 
 def origin_map(plan: FleetPlan, origins: Mapping[str, float]) -> dict[str, str]:
@@ -187,5 +174,5 @@ def fleet_as_configured(scenario: Scenario, *, threshold: float | None = None) -
             )
             if threshold is not None:
                 thresholds[c.name] = max(0, round(threshold))
-    links = tuple(link_plan(link) for link in scenario.links)
+    links = scenario.links
     return FleetPlan("prfaas", tuple(clusters), links, thresholds, None)

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from scheduling.core import rebalancer
+from scheduling.core.kinds import InstanceRole
 from scheduling.core.planner import fleet_from_scenario
 from scheduling.core.scenario import Scenario, empirical_from_lengths
 from scheduling.core.simulator.routing import Replan, ReplanInput
@@ -64,12 +65,12 @@ class PlannerReplanner:
     def replan(self, inp: ReplanInput) -> Replan | None:
         instances = tuple(
             rebalancer.InstanceView(
-                name, "prefill", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
+                name, InstanceRole.PREFILL, "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
             )
             for name in inp.prefill
         ) + tuple(
             rebalancer.InstanceView(
-                name, "decode", "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
+                name, InstanceRole.DECODE, "active", load=inp.loads.get(name, 0.0), seen_at=inp.now
             )
             for name in inp.decode
         )

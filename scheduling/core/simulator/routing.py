@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from scheduling.core import routing
+from scheduling.core.link import Link
 from scheduling.core.simulator.engine import OFF, Assignment, Simulation
 from scheduling.core.simulator.fleet import DOWN, SimRequest
 
@@ -48,25 +49,12 @@ class ClusterPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class LinkPlan:
-    """One link as a simulation runs it, with the admission limits the router applies
-    (``None``: the router's defaults, :mod:`scheduling.core.link`)."""
-
-    source: str
-    target: str
-    gbps: float
-    rtt_ms: float
-    budget_bytes: int | None = None
-    target_utilisation: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class FleetPlan:
     """A whole configuration to simulate: clusters, links, thresholds per PD cluster."""
 
     policy: str
     clusters: tuple[ClusterPlan, ...]
-    links: tuple[LinkPlan, ...]
+    links: tuple[Link, ...]
     thresholds: Mapping[str, int]
     planned_capacity_rps: float | None = None
 
@@ -116,16 +104,9 @@ def topology_build(
         routing.InstanceSpec(name, name.rsplit("-", 1)[0], role) for name, role in roles.items()
     ]
     links = [
-        routing.LinkSpec(
-            link.source,
-            link.target,
-            # The router needs a positive capacity; a cut link reads as saturated.
-            max(link_gbps.get(f"{link.source}->{link.target}", link.gbps), 1e-9),
-            link.rtt_ms,
-            # None: the router's default, from the capacity now (as the server's snapshot).
-            link.budget_bytes,
-            link.target_utilisation,
-        )
+        # The router needs a positive capacity; a cut link reads as saturated. A budget of
+        # None is the router's default, from the capacity now (as the server's snapshot).
+        replace(link, gbps=max(link_gbps.get(link.key, link.gbps), 1e-9))
         for link in plan.links
     ]
     return routing.Topology(model, tuple(clusters), tuple(instances), tuple(links))

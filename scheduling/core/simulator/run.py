@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from scheduling.core import routing
+from scheduling.core.link import link_key
 from scheduling.core.performance import length_distribution
 from scheduling.core.planner import DEFAULT_LOAD, PlanResult, fleet_from_scenario, plan_scenario
 from scheduling.core.planner import plan as planner_plan
@@ -310,7 +311,7 @@ def simulation_build(
                     )
                 )
     links = {
-        f"{link.source}->{link.target}": FluidLink(
+        link_key(link.source, link.target): FluidLink(
             link.source, link.target, link.gbps * 1e9 / 8, link.rtt_ms / 1000.0
         )
         for link in fleet.links
@@ -320,7 +321,7 @@ def simulation_build(
     events: list[FleetEvent] = []
     for event in scenario.events:
         if isinstance(event, LinkEvent):
-            key = f"{event.source}->{event.target}"
+            key = link_key(event.source, event.target)
             if key in links:
                 events.append(FleetEvent(event.at_s, link=key, gbps=event.gbps))
         elif isinstance(event, StateEvent) and (
@@ -458,9 +459,7 @@ def result_build(
         reports.append(
             LinkReport(
                 key=key,
-                capacity_gbps=next(
-                    (lp.gbps for lp in fleet.links if f"{lp.source}->{lp.target}" == key), 0.0
-                ),
+                capacity_gbps=next((lp.gbps for lp in fleet.links if lp.key == key), 0.0),
                 mean_gbps=link.sent_bytes * 8 / 1e9 / span,
                 p99_gbps=float(np.percentile(series, 99)) if series.size else 0.0,
                 peak_gbps=float(series.max()) if series.size else 0.0,

@@ -212,7 +212,7 @@ class Command(BaseCommand):
         if link is None:
             return ""
         argv = ["python", "manage.py", "emulate_fault", "link"]
-        argv += [f"{link.source.name}->{link.target.name}", "--gbps", "2"]
+        argv += [link.key, "--gbps", "2"]
         return f"  inject a fault (in the activated venv): {shlex.join(argv)}\n"
 
     def _gateway_commands(self, python: str, options: dict[str, Any]) -> dict[str, list[str]]:

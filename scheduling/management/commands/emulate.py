@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--base-url",
-            default=os.environ.get("EMULATOR_BASE_URL", "http://127.0.0.1:8000"),
+            default=settings.EMULATOR_BASE_URL,
             help="the control plane (env EMULATOR_BASE_URL)",
         )
         parser.add_argument(
             "--token",
-            default=os.environ.get("EMULATOR_TOKEN", ""),
+            default=settings.EMULATOR_TOKEN,
             help="one token for every role it has (else EMULATOR_ROUTER_TOKEN, "
             "EMULATOR_AGENT_TOKEN, EMULATOR_ADMIN_TOKEN)",
         )
@@ -80,7 +79,7 @@ class Command(BaseCommand):
                 stored = json.loads(credentials.read_text()).get("tokens", {})
             except (ValueError, OSError):
                 stored = {}
-        return emulator_tokens(token, os.environ, stored)
+        return emulator_tokens(token, settings.EMULATOR_ROLE_TOKENS, stored)
 
     def _say(self, line: str) -> None:
         self.stdout.write(line)

@@ -31,6 +31,7 @@ from fleet.emulator import (
     emulator_status_read,
     fault_validate,
 )
+from scheduling.core.link import link_parse
 
 
 class Command(BaseCommand):
@@ -75,7 +76,7 @@ class Command(BaseCommand):
             return
         if kind == "link":
             fault: dict[str, Any] = {"kind": kind, "link": options["link"], "gbps": options["gbps"]}
-            source, _, target = options["link"].partition("->")
+            source, target = link_parse(options["link"]) or ("", "")
             if not Link.objects.filter(source__name=source, target__name=target).exists():
                 raise CommandError(
                     f"link: no link {options['link']} in the inventory", returncode=2

@@ -21,8 +21,8 @@ from fleet.gateway import metrics
 from fleet.gateway.config import ControlPlaneConfig, GatewayConfig
 from fleet.gateway.control import ControlPlane
 from scheduling.core import routing
+from scheduling.core.link import link_key
 from scheduling.policies import policy_create
-from scheduling.snapshot import link_key
 from tests.factories import api_token
 from tests.support.fleets import pd_prfaas_fleet
 from tests.support.servers import control_plane_serve

@@ -67,7 +67,9 @@ def test_a_telemetry_batch_sent_twice_is_stored_once(agent: dict[str, str]) -> N
     r2 = post("/telemetry", again, agent)
     assert r2.status_code == 200 and r2.json()["stored"] is False
     assert telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].queue_depth == 3
-    assert telemetry.link_states_read(["prfaas-x>pd-a"])["prfaas-x>pd-a"].gbps == pytest.approx(4.0)
+    assert telemetry.link_states_read(["prfaas-x->pd-a"])["prfaas-x->pd-a"].gbps == pytest.approx(
+        4.0
+    )
 
 
 def test_service_counters_in_telemetry_are_kept_per_pd_cluster_and_exported(
@@ -390,7 +392,7 @@ def test_the_largest_telemetry_body_allowed_is_applied_and_one_byte_more_is_413(
     assert telemetry.instance_states_read(["pd-a-p0"])["pd-a-p0"].queue_depth == 7
     # the newest sample's hour is there, at 1 Gbps (450 GB over 3600 s)
     now = time.time()
-    series = telemetry.link_bandwidth_series("prfaas-x>pd-a", now - 600, now)
+    series = telemetry.link_bandwidth_series("prfaas-x->pd-a", now - 600, now)
     assert series and all(g == pytest.approx(1.0) for _, g in series)
 
     too_big = body[:-1] + b" " * (limit - len(body) + 1) + b"}"
@@ -410,7 +412,7 @@ def test_more_samples_or_a_longer_interval_than_the_limits_is_a_422(agent: dict[
         "/telemetry", {"idempotency_key": "l", "links": [{**link, "interval_s": 3601}]}, agent
     )
     assert long.status_code == 422 and "interval_s" in long.json()["detail"]
-    assert telemetry.link_states_read(["prfaas-x>pd-a"]) == {}
+    assert telemetry.link_states_read(["prfaas-x->pd-a"]) == {}
 
 
 def test_the_largest_kv_events_body_allowed_is_applied_and_one_byte_more_is_413(

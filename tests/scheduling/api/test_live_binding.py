@@ -28,12 +28,8 @@ from tests.factories import (
 )
 
 OWN, OTHER, PRFAAS = "pd-a-p0", "pd-b-p0", "prfaas-x-p0"
-# Links as bindings and pages write them; the live stores key them source>target.
+# Links as bindings, pages and the live stores name them (one spelling).
 OWN_LINK, OTHER_LINK = "prfaas-x->pd-a", "prfaas-x->pd-b"
-
-
-def live_key(link: str) -> str:
-    return link.replace("->", ">")
 
 
 @pytest.fixture
@@ -98,7 +94,7 @@ def test_a_bound_agent_reports_for_its_own_instance_and_link(bound: dict[str, st
     response = post("/telemetry", telemetry_body(OWN, OWN_LINK, queue_depth=4), bound)
     assert response.status_code == 200, response.content
     assert telemetry.instance_states_read([OWN])[OWN].queue_depth == 4
-    key = live_key(OWN_LINK)
+    key = OWN_LINK
     assert telemetry.link_states_read([key])[key].gbps == pytest.approx(8000.0)
 
 
@@ -112,7 +108,7 @@ def test_a_huge_prfaas_queue_reported_for_another_instance_is_refused(
 
 def test_a_saturated_link_reported_outside_the_binding_is_refused(bound: dict[str, str]) -> None:
     assert_refused(post("/telemetry", telemetry_body(link=OTHER_LINK), bound), OTHER_LINK)
-    assert telemetry.link_states_read([live_key(OTHER_LINK)]) == {}
+    assert telemetry.link_states_read([OTHER_LINK]) == {}
 
 
 def test_one_foreign_sample_refuses_the_whole_batch(bound: dict[str, str]) -> None:

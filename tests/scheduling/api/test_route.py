@@ -15,7 +15,6 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,15 +31,14 @@ from controlplane.audit import CLI_ACTOR
 from controlplane.errors import Invalid
 from scheduling import decisions, traffic
 from scheduling.api.route import route_body_decode
+from scheduling.core.link import link_key
 from scheduling.policies import policy_create
-from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS, link_key
+from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from tests.factories import PREFILL_SECONDS, api_token, bearer
 from tests.support.fleets import BLOCK_TOKENS, LINK_GBPS, pd_prfaas_fleet
+from tests.support.processes import RedisServer
 from tests.support.servers import (
     control_plane_serve,
-    free_port,
-    redis_server_start,
-    redis_server_stop,
 )
 from tests.support.waiting import wait_for
 
@@ -533,7 +531,7 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
     reserved = sum(d["reservation"]["bytes"] for d in offloaded)
     assert offloaded, "some long requests must be offloaded"
     assert reserved <= fleet.budget_bytes
-    assert int(redis_client.get("live:resv:prfaas-x>pd-a:sum") or 0) <= fleet.budget_bytes
+    assert int(redis_client.get("live:resv:prfaas-x->pd-a:sum") or 0) <= fleet.budget_bytes
     assert kept and all(d["reason"] == "link_congested" for d in kept)
     assert len(offloaded) + len(kept) == 200
     # Refused when decided or when reserved, each says which link's budget kept it local; the
@@ -547,48 +545,27 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
 
     wait_for("the route records", lambda: counted().arrivals >= 216, timeout_s=10)
     window = counted()
-    assert window.link_offloads == {"prfaas-x>pd-a": len(offloaded)}
-    assert window.link_refusals == {"prfaas-x>pd-a": {"budget": len(kept)}}
+    assert window.link_offloads == {"prfaas-x->pd-a": len(offloaded)}
+    assert window.link_refusals == {"prfaas-x->pd-a": {"budget": len(kept)}}
 
 
 # --- Redis stopped and restarted mid-run ----------------------------------------------------------
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A private redis-server (never the shared one) that the test may stop and start."""
-    port = free_port()
-    handle: dict[str, Any] = {"port": port, "proc": None}
-
-    def start() -> None:
-        handle["proc"] = redis_server_start(port, tmp_path)
-
-    def stop() -> None:
-        proc = handle["proc"]
-        if proc is not None:
-            redis_server_stop(proc)
-            handle["proc"] = None
-
-    handle["start"], handle["stop"] = start, stop
-    start()
-    yield handle
-    stop()
-
-
 async def test_route_survives_redis_going_away_and_recovers(
-    client: AsyncClient, fleet: Fleet, own_redis: dict[str, Any], settings: Any
+    client: AsyncClient, fleet: Fleet, own_redis: RedisServer, settings: Any
 ) -> None:
-    settings.REDIS_URL = f"redis://127.0.0.1:{own_redis['port']}/0"
+    settings.REDIS_URL = own_redis.url
     await telemetry(client, fleet)
     assert (await route(client, fleet, prompt_tokens=60_000))["reason"] == "above_threshold"
 
-    own_redis["stop"]()
+    own_redis.stop()
     for _ in range(3):
         # A hang would trip wait_for; the answer itself must be the snapshot's static rule.
         d = await asyncio.wait_for(route(client, fleet, prompt_tokens=60_000), timeout=10)
         assert d["reason"] == "telemetry_stale" and d["stale"] is True
 
-    own_redis["start"]()
+    own_redis.start()
     await asyncio.sleep(decisions.REDIS_BACKOFF_S + 0.1)
     await telemetry(client, fleet)
     d = await route(client, fleet, prompt_tokens=60_000)
@@ -596,14 +573,14 @@ async def test_route_survives_redis_going_away_and_recovers(
 
 
 async def test_route_and_ingest_carry_on_when_redis_loses_its_scripts_mid_run(
-    client: AsyncClient, fleet: Fleet, own_redis: dict[str, Any], settings: Any
+    client: AsyncClient, fleet: Fleet, own_redis: RedisServer, settings: Any
 ) -> None:
-    settings.REDIS_URL = f"redis://127.0.0.1:{own_redis['port']}/0"
+    settings.REDIS_URL = own_redis.url
     hashes = chain(40)
     await telemetry(client, fleet)
     await kv_stored(client, fleet, "pd-a-p1", hashes[:10])
     assert (await route(client, fleet, prompt_tokens=60_000))["reason"] == "above_threshold"
-    server = redis.Redis(port=own_redis["port"])
+    server = redis.Redis(port=own_redis.port)
 
     # A failover or SCRIPT FLUSH: the same server, its script cache empty, before each step.
     server.script_flush()

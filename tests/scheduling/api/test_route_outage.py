@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,11 +21,9 @@ from django.db import connection
 
 from tests.factories import api_token, bearer
 from tests.support.fleets import pd_prfaas_fleet
+from tests.support.processes import RedisServer
 from tests.support.servers import (
     control_plane_serve,
-    free_port,
-    redis_server_start,
-    redis_server_stop,
 )
 
 SHORT_BOUNDS = {
@@ -175,27 +172,16 @@ def test_route_answers_from_its_snapshot_through_a_database_outage_and_recovers(
         )
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A private redis-server the test may stop and start again on the same port."""
-    port = free_port()
-    handle: dict[str, Any] = {"port": port, "proc": redis_server_start(port, tmp_path)}
-    handle["start"] = lambda: handle.update(proc=redis_server_start(port, tmp_path))
-    handle["stop"] = lambda: redis_server_stop(handle["proc"])
-    yield handle
-    redis_server_stop(handle["proc"])
-
-
 def test_route_answers_through_a_redis_outage_and_readiness_says_so(
-    tokens: dict[str, str], own_redis: dict[str, Any]
+    tokens: dict[str, str], own_redis: RedisServer
 ) -> None:
-    redis_url = f"redis://127.0.0.1:{own_redis['port']}/0"
+    redis_url = own_redis.url
     served = control_plane_serve(connection.settings_dict, redis_url, extra_env=SHORT_BOUNDS)
     with served as (base, _), httpx.Client(base_url=base, timeout=10) as http:
         assert telemetry_post(http, tokens["agent"]).status_code == 200
         assert both_doors(http, tokens["router"])[0].json()["reason"] == "above_threshold"
 
-        own_redis["stop"]()
+        own_redis.stop()
         started = time.monotonic()
         while time.monotonic() - started < 3.0:
             for r in both_doors(http, tokens["router"]):
@@ -211,7 +197,7 @@ def test_route_answers_through_a_redis_outage_and_readiness_says_so(
             True,
         )
 
-        own_redis["start"]()
+        own_redis.start()
         assert wait_until(lambda: http.get("/api/v1/health").status_code == 200, 20)
         assert wait_until(lambda: telemetry_post(http, tokens["agent"]).status_code == 200, 10)
         got = wait_until(

@@ -52,8 +52,8 @@ def test_the_defaults_are_the_routers() -> None:
     with pytest.raises(ValueError, match="within"):
         link_target_utilisation(1.5)
     # The router reads its budget from the same place.
-    assert routing.LinkSpec("a", "b", 10.0).budget_bytes == link_budget_bytes(10.0)
-    assert routing.LinkSpec("a", "b", 10.0, inflight_budget_bytes=7).budget_bytes == 7
+    assert routing.Link("a", "b", 10.0).budget == link_budget_bytes(10.0)
+    assert routing.Link("a", "b", 10.0, kv_budget_bytes=7).budget == 7
 
 
 def test_admission_needs_room_in_the_budget_and_a_link_below_saturation() -> None:

@@ -23,8 +23,8 @@ from scheduling.core.plan_report import (
 )
 from scheduling.core.planner import (
     Evaluation,
-    FleetLink,
     FleetSpec,
+    Link,
     PdPool,
     PlanResult,
     PrfaasPool,
@@ -182,9 +182,7 @@ def test_several_prfaas_clusters_share_the_offloaded_work(scenarios_dir: Path) -
         replace(big, name="prfaas-a", instances=3),
         replace(big, name="prfaas-b", instances=3),
     )
-    links = tuple(
-        FleetLink(j.name, link.target, link.gbps / 2) for j in halves for link in fleet.links
-    )
+    links = tuple(Link(j.name, link.target, link.gbps / 2) for j in halves for link in fleet.links)
     split = replace(fleet, prfaas=halves, links=links)
     result = plan_fleet(split, lengths, out)
     assert result.n_prfaas == 6
@@ -208,7 +206,7 @@ def _case_fleet() -> FleetSpec:
         kv_mib=kv,
         prfaas=(PrfaasPool("prfaas", 4, h200),),
         pd=(PdPool("pd", 8, h20, max_batch=20, step_seconds=0.025),),
-        links=(FleetLink("prfaas", "pd", 100.0),),
+        links=(Link("prfaas", "pd", 100.0),),
     )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from scheduling.core import rebalancer as rb
+from scheduling.core.kinds import InstanceRole
 from scheduling.core.performance import TruncatedLognormal
 from scheduling.core.planner import FleetSpec, fleet_from_scenario, plan_fleet
 from scheduling.core.scenario import scenario_load
@@ -56,7 +57,7 @@ def fleet_view(
     return tuple(
         rb.InstanceView(
             name=f"{CLUSTER}-{i}",
-            role="prefill" if i < n_p else "decode",
+            role=InstanceRole.PREFILL if i < n_p else InstanceRole.DECODE,
             state="active",
             load=loads.get(f"{CLUSTER}-{i}", 1.0),
             seen_at=now,
@@ -119,9 +120,9 @@ def test_draining_down_and_warming_instances_are_never_flipped():
     views[4] = replace(views[4], state="down")
     views[5] = replace(views[5], warming_up=True)
     views[7] = replace(views[7], load=None)  # unknown load goes last
-    chosen = rb.choose_role_changes(views, "decode", "prefill", 3)
+    chosen = rb.choose_role_changes(views, InstanceRole.DECODE, InstanceRole.PREFILL, 3)
     assert [c.instance for c in chosen] == ["pd-h20-2", "pd-h20-6", "pd-h20-7"]
-    assert len(rb.choose_role_changes(views, "decode", "prefill", 10)) == 3
+    assert len(rb.choose_role_changes(views, InstanceRole.DECODE, InstanceRole.PREFILL, 10)) == 3
 
 
 def test_a_big_move_is_made_in_steps_of_at_most_ten_percent_of_the_cluster(fleet):
@@ -421,20 +422,23 @@ def test_threshold_and_split_follow_drift_within_two_ticks_after_it_settles(flee
 
 def test_where_the_controller_removes_the_highest_ordinal_only_those_instances_are_chosen():
     views = [
-        rb.InstanceView(f"decode-{k}", "decode", "active", load=float(10 - k), ordinal=k)
+        rb.InstanceView(f"decode-{k}", InstanceRole.DECODE, "active", load=float(10 - k), ordinal=k)
         for k in range(4)
     ]
     # decode-0 is the idlest, but shrinking the role would remove decode-3 and then decode-2.
-    views[0] = rb.InstanceView("decode-0", "decode", "active", load=0.0, ordinal=0)
-    chosen = rb.choose_role_changes(views, "decode", "prefill", 2)
+    views[0] = rb.InstanceView("decode-0", InstanceRole.DECODE, "active", load=0.0, ordinal=0)
+    chosen = rb.choose_role_changes(views, InstanceRole.DECODE, InstanceRole.PREFILL, 2)
     assert [c.instance for c in chosen] == ["decode-3", "decode-2"]
 
 
 def test_a_draining_highest_ordinal_blocks_the_choice_and_a_down_one_is_skipped():
-    views = [rb.InstanceView(f"decode-{k}", "decode", "active", ordinal=k) for k in range(3)]
-    draining = [*views[:2], rb.InstanceView("decode-2", "decode", "draining", ordinal=2)]
-    assert rb.choose_role_changes(draining, "decode", "prefill", 1) == ()
-    down = [*views[:2], rb.InstanceView("decode-2", "decode", "down", ordinal=2)]
-    assert [c.instance for c in rb.choose_role_changes(down, "decode", "prefill", 1)] == [
-        "decode-1"
+    views = [
+        rb.InstanceView(f"decode-{k}", InstanceRole.DECODE, "active", ordinal=k) for k in range(3)
     ]
+    draining = [*views[:2], rb.InstanceView("decode-2", InstanceRole.DECODE, "draining", ordinal=2)]
+    assert rb.choose_role_changes(draining, InstanceRole.DECODE, InstanceRole.PREFILL, 1) == ()
+    down = [*views[:2], rb.InstanceView("decode-2", InstanceRole.DECODE, "down", ordinal=2)]
+    assert [
+        c.instance
+        for c in rb.choose_role_changes(down, InstanceRole.DECODE, InstanceRole.PREFILL, 1)
+    ] == ["decode-1"]

@@ -460,7 +460,7 @@ def test_a_link_may_set_its_kv_budget_and_target_utilisation(
     data["links"][0].update(kv_budget_mib=12000, target_utilisation=0.7)
     scenario = scenario_load(write(tmp_path, data, "ok.yaml"))
     (link,) = scenario.links
-    assert (link.kv_budget_mib, link.target_utilisation) == (12000, 0.7)
+    assert (link.kv_budget_bytes, link.target_utilisation) == (12000 * 2**20, 0.7)
     again = scenario_parse(scenario_to_dict(scenario), base_dir=tmp_path)
     assert again.links == scenario.links
     assert scenario_to_dict(scenario)["links"][0]["kv_budget_mib"] == 12000

@@ -118,7 +118,7 @@ def test_a_candidate_the_analytical_model_likes_but_the_simulation_rejects_is_he
     def fluid(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.PlannerPort:
         fleet = rebalance_simulation.inventory_fleet()
         unlimited = tuple(
-            replace(link, budget_bytes=10**15, target_utilisation=1.0) for link in fleet.links
+            replace(link, kv_budget_bytes=10**15, target_utilisation=1.0) for link in fleet.links
         )
         return rebalancer.FleetPlanner(replace(fleet, links=unlimited), cluster.name)
 

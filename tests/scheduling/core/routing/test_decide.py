@@ -23,10 +23,10 @@ from scheduling.core.routing import (
     DecodeProfile,
     InstanceLoad,
     InstanceSpec,
+    Link,
     LinkLoad,
     LinkRefusal,
     LinkReservation,
-    LinkSpec,
     LiveState,
     ModelSpec,
     PiecewiseLinear,
@@ -46,6 +46,8 @@ from scheduling.core.routing import (
     control_update,
     decision_from_dict,
     decision_to_dict,
+    link_abundant_at,
+    link_scarce_at,
     live_is_stale,
     policy_snapshot_from_dict,
     policy_snapshot_to_dict,
@@ -96,7 +98,7 @@ def make_topology(
                 InstanceSpec(name, c, "prefill", states.get(name, "active"), f"http://{name}")
             )
         if links:
-            link_specs.append(LinkSpec(c, PD, 100.0, 10.0, budget))
+            link_specs.append(Link(c, PD, 100.0, 10.0, budget))
     for i in range(n_prefill):
         name = f"pd-p{i}"
         instances.append(
@@ -560,8 +562,8 @@ def test_reservation_fits_checks_the_live_in_flight_bytes() -> None:
 
 
 def test_the_default_link_budget_is_a_few_seconds_of_line_rate() -> None:
-    assert LinkSpec(PF, PD, 100.0).budget_bytes == int(100e9 / 8 * 2.0)
-    assert LinkSpec(PF, PD, 100.0, inflight_budget_bytes=5).budget_bytes == 5
+    assert Link(PF, PD, 100.0).budget == int(100e9 / 8 * 2.0)
+    assert Link(PF, PD, 100.0, kv_budget_bytes=5).budget == 5
 
 
 def test_the_local_fallback_keeps_the_prfaas_estimate_and_says_link_congested() -> None:
@@ -827,7 +829,7 @@ def test_inconsistent_guards_are_refused(kwargs: dict[str, object], message: str
 def test_an_inconsistent_topology_is_refused_with_the_problem_named() -> None:
     base = make_topology()
     with pytest.raises(ValueError, match="must go from a prfaas to a pd cluster"):
-        Topology(base.model, base.clusters, base.instances, (LinkSpec(PD, PF, 10.0),))
+        Topology(base.model, base.clusters, base.instances, (Link(PD, PF, 10.0),))
     with pytest.raises(ValueError, match="unknown cluster"):
         Topology(base.model, base.clusters, (InstanceSpec("x", "nowhere", "prefill"),), ())
     with pytest.raises(ValueError, match="no decode role"):
@@ -1037,9 +1039,9 @@ def test_a_link_with_its_own_target_is_scarce_at_that_target() -> None:
     pol = make_policy()
     assert route_decide(req(30000, hit), pol, _with_target(None), live).route == "local"
     assert route_decide(req(30000, hit), pol, _with_target(0.5), live).route == "prfaas"
-    assert _with_target(0.5).links[0].scarce_at(pol.guards) == 0.5
-    assert _with_target(0.5).links[0].abundant_at(pol.guards) == 0.5
-    assert _with_target(None).links[0].scarce_at(pol.guards) == pol.guards.scarce_utilisation
+    assert link_scarce_at(_with_target(0.5).links[0], pol.guards) == 0.5
+    assert link_abundant_at(_with_target(0.5).links[0], pol.guards) == 0.5
+    assert link_scarce_at(_with_target(None).links[0], pol.guards) == pol.guards.scarce_utilisation
 
 
 def test_a_target_utilisation_outside_zero_one_is_refused() -> None:

@@ -19,7 +19,7 @@ from scheduling.traffic import TrafficRecord, traffic_record_queue
 from tests.factories import PlanFactory
 from tests.scheduling.plan_pages_support import proposed_plan
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("route_state_clean")]
 
 
 @pytest.fixture

@@ -167,7 +167,7 @@ CELERY_RESULT_EXPIRES = 3600
 
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "controlplane.cache.FailSoftRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "cache",
     }

@@ -43,8 +43,10 @@ class LuaScript:
 
     def queue(self, pipe: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
         """Queue the script on ``pipe`` (a pipeline run by :func:`pipeline_run` or
-        :func:`pipeline_run_async`, or the one command of :func:`script_call_async`)."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+        :func:`pipeline_run_async`, or the one command of :func:`script_call_async`).
+        Spelled as a raw command: redis-py's cluster pipelines refuse ``pipe.evalsha``, and
+        route the command by its keys like any other."""
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def run(self, client: redis.Redis, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         try:
@@ -79,6 +81,11 @@ def lua_scripts() -> tuple[LuaScript, ...]:
 
 
 def scripts_load(client: redis.Redis) -> None:
+    if isinstance(client, redis.RedisCluster):
+        # SCRIPT LOAD goes to every master (a cluster pipeline would send it to one node).
+        for script in _REGISTRY.values():
+            client.script_load(script.source)
+        return
     pipe = client.pipeline(transaction=False)
     for script in _REGISTRY.values():
         pipe.script_load(script.source)
@@ -86,6 +93,10 @@ def scripts_load(client: redis.Redis) -> None:
 
 
 async def scripts_load_async(client: aioredis.Redis) -> None:
+    if isinstance(client, aioredis.RedisCluster):
+        for script in _REGISTRY.values():
+            await client.script_load(script.source)
+        return
     pipe = client.pipeline(transaction=False)
     for script in _REGISTRY.values():
         pipe.script_load(script.source)
@@ -98,10 +109,10 @@ class _OneCommand:
     def __init__(self) -> None:
         self.args: tuple[Any, ...] = ()
 
-    def evalsha(self, *args: Any) -> None:
+    def execute_command(self, *args: Any) -> None:
         if self.args:
             raise RuntimeError("script_call_async sends one command; this helper queued two")
-        self.args = ("EVALSHA", *args)
+        self.args = args
 
 
 async def script_call_async(client: aioredis.Redis, queue: Queue) -> Any:

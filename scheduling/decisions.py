@@ -109,10 +109,7 @@ def _redis_failed(exc: BaseException) -> None:
 async def _matches_run(
     hybrid: bool, block_tokens: int, chains: list[bytes]
 ) -> list[prefix_index.IndexMatch]:
-    raw = await script_call_async(
-        redis_async(), lambda pipe: prefix_index.prefix_matches_queue(pipe, chains, hybrid)
-    )
-    return prefix_index.prefix_matches_parse(raw, len(chains), block_tokens)
+    return await prefix_index.prefix_matches_async(redis_async(), chains, hybrid, block_tokens)
 
 
 # One group-committed script per model shape (it changes only with the snapshot).

@@ -23,12 +23,19 @@ def scenarios_dir() -> Path:
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:
-    """The real Redis the app uses, emptied before and after each test that asks for it."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
+    """The real Redis the app's live state is on, emptied before and after each test that asks
+    for it: the session's Redis, or its Redis Cluster (``make test-cluster``), whose client
+    speaks the same commands (the plain Redis, holding the cache, is emptied too)."""
+    from controlplane.redis_connection import redis_cluster_sync
+
+    plain = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_cluster_sync(settings.REDIS_CLUSTER_URL) if settings.REDIS_CLUSTER_URL else plain
+    for c in {id(plain): plain, id(client): client}.values():
+        c.flushdb()
     yield client
-    client.flushdb()
-    client.close()
+    for c in {id(plain): plain, id(client): client}.values():
+        c.flushdb()
+        c.close()
 
 
 @pytest.fixture

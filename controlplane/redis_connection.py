@@ -45,6 +45,11 @@ _ingest_clients: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+def live_store_is_cluster() -> bool:
+    """Whether live state is on a Redis Cluster (scripts then go one per hash slot)."""
+    return bool(settings.REDIS_CLUSTER_URL)
+
+
 def _live_url() -> str:
     return str(settings.REDIS_CLUSTER_URL or settings.REDIS_URL)
 

@@ -12,6 +12,8 @@ Three ways in, one rule:
 * :meth:`LuaScript.run` / :meth:`LuaScript.run_async`: one script, one command;
 * :func:`script_call_async`: the one scripted command a ``*_queue(pipe, ...)`` helper queues,
   sent alone (a one-command redis-py pipeline costs more client CPU than the command);
+  :func:`scripts_call_async`: the same for a helper that queues one command per hash slot on
+  a cluster (alone when it queued one, a pipeline otherwise);
 * :func:`pipeline_run` / :func:`pipeline_run_async`: several commands in one pipeline. A
   refused script ran nothing, but the pipeline's plain commands did; the whole pipeline is sent
   again, so pipelines given here hold scripts and reads only, never a plain write.
@@ -113,6 +115,31 @@ class _OneCommand:
         if self.args:
             raise RuntimeError("script_call_async sends one command; this helper queued two")
         self.args = args
+
+
+class _Commands:
+    """What a ``*_queue(pipe, ...)`` helper queues, kept to send alone or pipelined."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any) -> None:
+        self.commands.append(args)
+
+
+async def scripts_call_async(client: aioredis.Redis, queue: Queue) -> list[Any]:
+    """The replies of the scripted commands ``queue(pipe)`` queues: one command is sent alone
+    (as :func:`script_call_async`), several in one pipeline (:func:`pipeline_run_async`)."""
+    got = _Commands()
+    queue(got)
+    if len(got.commands) == 1:
+        return [await script_call_async(client, queue)]
+
+    def again(pipe: Any) -> None:
+        for args in got.commands:
+            pipe.execute_command(*args)
+
+    return await pipeline_run_async(client, again)
 
 
 async def script_call_async(client: aioredis.Redis, queue: Queue) -> Any:

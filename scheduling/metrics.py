@@ -58,11 +58,6 @@ def latency_key(mode: str) -> str:
     return f"metrics:latency:{mode}"
 
 
-def decision_increment(route: str, reason: str) -> tuple[str, str, int, int]:
-    """The decision counter of one branch of a link reservation (see ReservationOutcome)."""
-    return (DECISIONS_KEY, f"{route}|{reason}", 1, 0)
-
-
 def latency_increments(
     mode: str, seconds: float
 ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, float, int]]]:

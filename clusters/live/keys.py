@@ -10,6 +10,9 @@ script touches shares the script's hash tag (the part of a key in ``{}``; docs/o
   groups, not with the fleet). An instance's group is a hash of its name, modulo
   ``PREFIX_INDEX_GROUPS`` (1 on a single Redis: one walk, as before sharding);
 * **reservations by link**: a link's in-flight bytes, their ends and their sum;
+* **traffic windows by cluster**: a cluster's per-minute counters (the rebalancer reads one
+  cluster's windows at a time). Counters of several slots (a flush of many clusters' windows,
+  the metrics) are written by one script call per slot (:func:`slot_groups`).
 
 A single Redis sees the same keys: one spelling, one code path for both.
 """
@@ -18,8 +21,12 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -68,3 +75,25 @@ def reservation_keys(link: str) -> list[str]:
 
 def reservation_key(link: str) -> str:
     return f"live:resv:{{{link}}}"
+
+
+def traffic_key(cluster: str, minute: int) -> str:
+    """A cluster's traffic counters of one minute (``scheduling.traffic``)."""
+    return f"traffic:{{{cluster}}}:{minute}"
+
+
+def key_slot_of(key: str | bytes) -> int:
+    return int(key_slot(key.encode() if isinstance(key, str) else key))
+
+
+def slot_groups(
+    items: Sequence[T], key_of: Callable[[T], str | bytes], cluster: bool
+) -> list[list[T]]:
+    """``items`` split by the hash slot of their key, in first-seen order and each group in
+    the items' order; one group on a single Redis (one script call, as before sharding)."""
+    if not cluster:
+        return [list(items)] if items else []
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(key_slot_of(key_of(item)), []).append(item)
+    return list(groups.values())

@@ -333,6 +333,7 @@ def test_kv_events_while_redis_is_away_get_503_to_retry(
     agent: dict[str, str], settings: Any
 ) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings.REDIS_CLUSTER_URL = ""  # live state on that Redis, whatever the session has
     batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 32}]]
     response = post("/kv-events", {"instance": "pd-a-p0", "batches": [{"batch": batch}]}, agent)
     assert response.status_code == 503, response.content
@@ -453,6 +454,7 @@ def test_a_sequence_number_beyond_2_53_is_refused_in_both_encodings_and_nothing_
 
 def test_telemetry_while_redis_is_away_is_a_json_503(agent: dict[str, str], settings: Any) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_CLUSTER_URL = ""  # live state on that Redis, whatever the session has
     body = {"idempotency_key": "away", "instances": [{"instance": "pd-a-p0", "ts": time.time()}]}
     response = post("/telemetry", body, agent)
     assert response.status_code == 503, response.content

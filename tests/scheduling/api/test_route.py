@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
 from clusters.live import telemetry as telemetry_store
+from clusters.live.keys import reservation_keys
 from clusters.live.prefix_index import block_hash_key
 from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
@@ -533,7 +534,7 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
     reserved = sum(d["reservation"]["bytes"] for d in offloaded)
     assert offloaded, "some long requests must be offloaded"
     assert reserved <= fleet.budget_bytes
-    assert int(redis_client.get("live:resv:prfaas-x>pd-a:sum") or 0) <= fleet.budget_bytes
+    assert int(redis_client.get(reservation_keys("prfaas-x>pd-a")[2]) or 0) <= fleet.budget_bytes
     assert kept and all(d["reason"] == "link_congested" for d in kept)
     assert len(offloaded) + len(kept) == 200
     # Refused when decided or when reserved, each says which link's budget kept it local; the
@@ -555,8 +556,10 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A private redis-server (never the shared one) that the test may stop and start."""
+def own_redis(tmp_path: Path, settings: Any) -> Iterator[dict[str, Any]]:
+    """A private redis-server (never the shared one) that the test may stop and start; live
+    state goes to it even when the session has a Redis Cluster."""
+    settings.REDIS_CLUSTER_URL = ""
     port = free_port()
     handle: dict[str, Any] = {"port": port, "proc": None}
 

@@ -370,6 +370,10 @@ LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
 # calls take turns and are spaced so that route lookups, which queue behind every script, keep
 # the rest (1: apply flat out; clusters.live.prefix_index.RedisPacer).
 INGEST_REDIS_SHARE = env_number("INGEST_REDIS_SHARE", 0.5, low=0.05, high=1)
+# Seconds a route call waits for the prefix index: past it the decision goes on without the
+# hits it has not got (``prefix_unavailable`` in the answer, counted on /metrics), so a slow
+# or lost shard cannot stall routing.
+PREFIX_READ_DEADLINE_S = env_number("PREFIX_READ_DEADLINE_S", 0.005, low=0.0005, high=1)
 # Traffic counters, metrics and recent entries of route decisions that reserve nothing are
 # summed in process and written at most this many seconds later (one command per period).
 ROUTE_RECORD_FLUSH_S = env_number("ROUTE_RECORD_FLUSH_S", 0.1, low=0.001, high=5)

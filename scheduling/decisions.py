@@ -109,7 +109,9 @@ def _redis_failed(exc: BaseException) -> None:
 async def _matches_run(
     hybrid: bool, block_tokens: int, chains: list[bytes]
 ) -> list[prefix_index.IndexMatch]:
-    return await prefix_index.prefix_matches_async(redis_async(), chains, hybrid, block_tokens)
+    return await prefix_index.prefix_matches_bounded_async(
+        redis_async(), chains, hybrid, block_tokens, float(settings.PREFIX_READ_DEADLINE_S)
+    )
 
 
 # One group-committed script per model shape (it changes only with the snapshot).
@@ -358,6 +360,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         for i, fb in fallbacks.items():
             decisions[i] = fb
         return _answers(snap, decisions, memo, None)
+    blind = _prefix_blind(inputs, matches)
     for i, ok in admitted.items():
         if not ok:
             decisions[i] = fallbacks[i]
@@ -370,8 +373,19 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
             )
     # Recorded once the branch each reservation took is known (the counters of the other
     # branch are never written).
-    _pending_add(inputs, decisions, now, elapsed, batch, memo)
-    return _answers(snap, decisions, memo, max(0.0, now - read.read_at))
+    _pending_add(inputs, decisions, now, elapsed, batch, memo, len(blind))
+    return _answers(snap, decisions, memo, max(0.0, now - read.read_at), blind)
+
+
+def _prefix_blind(
+    inputs: Sequence[RouteInput], matches: list[prefix_index.IndexMatch] | None
+) -> set[int]:
+    """Indexes of the inputs decided without (some of) their prefix hits: the index read
+    passed ``PREFIX_READ_DEADLINE_S`` or a shard failed."""
+    if not matches:
+        return set()
+    found = iter(matches)
+    return {i for i, item in enumerate(inputs) if item.chain and next(found).unavailable}
 
 
 def _answers(
@@ -379,6 +393,7 @@ def _answers(
     decisions: Sequence[routing.RouteDecision],
     memo: dict[int, dict[str, Any]],
     live_age_s: float | None,
+    prefix_blind: set[int] | None = None,
 ) -> list[dict[str, Any]]:
     """The response dicts, each with the age of the live state and of the topology and policy
     it was decided with; one decided from a snapshot past its bound (the database unreachable
@@ -387,13 +402,15 @@ def _answers(
     age = None if live_age_s is None else round(live_age_s, 4)
     snapshot_age = round(snapshot_age_s(snap), 3)
     old = snapshot_stale(snap)
-    for d in decisions:
+    for i, d in enumerate(decisions):
         # In place: the recent entries that share the dict were serialised already.
         answer = _decision_dict(d, memo)
         answer["live_age_s"] = age
         answer["snapshot_age_s"] = snapshot_age
         if old:
             answer["stale"] = True
+        if prefix_blind and i in prefix_blind:
+            answer["prefix_unavailable"] = True
         out.append(answer)
     return out
 
@@ -426,6 +443,7 @@ def _pending_add(
     elapsed: float,
     batch: bool,
     memo: dict[int, dict[str, Any]],
+    prefix_unavailable: int = 0,
 ) -> None:
     """Add a call's records (each decision as it was answered: an offload whose reservation was
     refused counts as its local fallback) to the pending write and make sure a flush is due
@@ -454,6 +472,8 @@ def _pending_add(
         if keep_recent:
             pending.entries.append(_recent_entry(item, d, now, memo))
     ints, floats = metrics.latency_increments("batch" if batch else "single", elapsed)
+    if prefix_unavailable:
+        ints.append(metrics.prefix_unavailable_increment(prefix_unavailable))
     pending.count(metrics.decision_increments(counts) + ints, pending.ints)
     pending.count(floats, pending.floats)
     loop = asyncio.get_running_loop()

@@ -207,6 +207,9 @@ class IndexMatch:
 
     tokens_by_instance: Mapping[str, int]
     degraded: frozenset[str] = field(default_factory=frozenset)
+    # Some index groups did not answer in time (a slow or lost shard): the matches of their
+    # instances are missing, not zero.
+    unavailable: bool = False
 
     def by_cluster(self, cluster_of: Mapping[str, str]) -> dict[str, int]:
         """Best match per cluster (an instance's cache is usable only on that instance)."""
@@ -948,16 +951,81 @@ def _group_parse(
 
 
 def prefix_matches_parse(
-    raws: Sequence[Sequence[Any]], n_chains: int, block_size: int
+    raws: Sequence[Sequence[Any]], n_chains: int, block_size: int, unavailable: bool = False
 ) -> list[IndexMatch]:
     """One :class:`IndexMatch` per chain, in order, from the replies of the queued commands
-    (one per group; an instance is in one group, so the groups' matches never overlap)."""
+    (one per group; an instance is in one group, so the groups' matches never overlap);
+    ``unavailable``: some groups' replies are missing."""
     per_chain: list[dict[str, int]] = [{} for _ in range(n_chains)]
     degraded: set[str] = set()
     for raw in raws:
         degraded |= _group_parse(raw, n_chains, block_size, per_chain)
     frozen = frozenset(degraded)
-    return [IndexMatch(tokens_by_instance=tokens, degraded=frozen) for tokens in per_chain]
+    return [
+        IndexMatch(tokens_by_instance=tokens, degraded=frozen, unavailable=unavailable)
+        for tokens in per_chain
+    ]
+
+
+def _prefixes_by_node(client: Any, prefixes: list[str]) -> list[list[str]]:
+    """The groups' prefixes per node that serves them now (a single Redis: one node)."""
+    if not isinstance(client, aioredis.RedisCluster | redis.RedisCluster):
+        return [prefixes]
+    by_node: dict[str, list[str]] = {}
+    for prefix in prefixes:
+        node = client.get_node_from_key(prefix)
+        by_node.setdefault(node.name if node is not None else "", []).append(prefix)
+    return list(by_node.values())
+
+
+async def prefix_matches_bounded_async(
+    client: aioredis.Redis,
+    chains: Sequence[BlockKeys],
+    hybrid: bool,
+    block_size: int,
+    deadline_s: float,
+) -> list[IndexMatch]:
+    """The matches of ``chains`` within ``deadline_s``: one pipelined call per node (its
+    groups), the nodes in parallel. A node that has not answered by then, or fails (a lost
+    master before its replica is promoted), leaves its groups' matches out and the matches say
+    ``unavailable``: a slow shard costs the decision its hits, never its deadline."""
+    args = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
+    prefixes = prefix_group_prefixes(prefix_index_groups())
+
+    async def node_call(group: list[str]) -> list[Any]:
+        if len(group) == 1:
+            return [
+                await script_call_async(client, lambda p: MATCH_SCRIPT.queue(p, [group[0]], args))
+            ]
+
+        def queue(pipe: Any) -> None:
+            for prefix in group:
+                MATCH_SCRIPT.queue(pipe, [prefix], args)
+
+        return await pipeline_run_async(client, queue)
+
+    by_node = _prefixes_by_node(client, prefixes)
+    if len(by_node) == 1:
+        # One node (a single Redis): no task to spawn, the call itself is bounded. Its errors
+        # are the caller's (a Redis that refuses connections is down, not slow).
+        try:
+            async with asyncio.timeout(deadline_s):
+                raws = await node_call(by_node[0])
+        except TimeoutError:
+            return prefix_matches_parse([], len(chains), block_size, unavailable=True)
+        return prefix_matches_parse(raws, len(chains), block_size)
+    tasks = [asyncio.ensure_future(node_call(g)) for g in by_node]
+    done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    for task in pending:
+        task.cancel()
+    raws = []
+    missing = bool(pending)
+    for task in done:
+        if task.exception() is not None:
+            missing = True
+        else:
+            raws.extend(task.result())
+    return prefix_matches_parse(raws, len(chains), block_size, unavailable=missing)
 
 
 async def prefix_matches_async(

@@ -27,6 +27,10 @@ Key layout (all under ``live:``; ids are the inventory's instance and link ids a
 ``live:resv:{link}``                ZSET  reservation id -> predicted transfer end (unix s).
 ``live:resv:{link}:b``              HASH  reservation id -> bytes.
 ``live:resv:{link}:sum``            STRING total bytes of live reservations.
+``live:resv:{link}:own``            HASH  on a Redis Cluster: ``id`` (the node that took the link's
+                                          reservations), ``hold`` (longest hold admitted, s),
+                                          ``horizon`` (latest end), ``fence`` (held full until;
+                                          after a failover, see ``_RESERVE_LUA``).
 
 The braces of ``live:resv:{link}`` are literal: the link is the keys' hash tag, so a link's
 reservations are in one slot of a Redis Cluster (:mod:`clusters.live.keys`).
@@ -373,14 +377,26 @@ def link_bandwidth_series(
 
 # ARGV: now, key ttl, then ONE JSON array of the reservations, each [link, id, bytes, end,
 # budget] (one argument, not five per reservation: packing a batch's arguments cost the caller
-# more than the script). Returns ``[admitted 0|1, reserved bytes after]`` per reservation, in
-# order. Reservations are taken in order, each seeing the ones before it on its link. KEYS[1]:
-# the reservation key of the first link: every link of a call is in its slot (a cluster: one
-# call per slot, :func:`link_reserve_many_queue`; a single Redis: one call).
+# more than the script), then 1 on a Redis Cluster (0: a single Redis). Returns
+# ``[admitted 0|1, reserved bytes after]`` per reservation, in order. Reservations are taken in
+# order, each seeing the ones before it on its link. KEYS[1]: the reservation key of the first
+# link: every link of a call is in its slot (a cluster: one call per slot,
+# :func:`link_reserve_many_queue`; a single Redis: one call).
+#
+# A failover: a replica promoted in place of a lost master has what was replicated to it, not
+# the reservations the master took after that. On a cluster each link remembers which node
+# took its reservations (``:own``, with the longest hold admitted and the latest end); a call
+# that finds itself on another node (the slot moved: a failover, or a resharding) holds the
+# link full until every reservation the old node may have taken would have ended (the latest
+# end it knew, and at least the longest hold seen from now), then admits again. Nothing is
+# ever admitted over the budget on the strength of a reservation the failover lost.
 _RESERVE_LUA = """
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local call = redis.call
+local me = nil
+if ARGV[4] == '1' then me = call('CLUSTER', 'MYID') end
+local own_of, fenced, hold_of, horizon_of = {}, {}, {}, {}
 local out = {}
 -- Per link, once per call: expired reservations swept and the sum read (now is one instant
 -- for the whole call, so a second sweep would find nothing new); the sums written back and
@@ -406,13 +422,29 @@ for _, it in ipairs(cjson.decode(ARGV[3])) do
     used = tonumber(call('GET', sum) or '0')
     if used < 0 then used = 0 end
     links[#links + 1] = z
+    if me then
+      local st = call('HMGET', z .. ':own', 'id', 'fence', 'hold', 'horizon')
+      local fence = tonumber(st[2]) or 0
+      hold_of[z] = tonumber(st[3]) or 0
+      horizon_of[z] = tonumber(st[4]) or 0
+      if st[1] and st[1] ~= me then
+        fence = math.max(fence, horizon_of[z], now + hold_of[z])
+        call('HSET', z .. ':own', 'fence', fence)
+      end
+      own_of[z] = st[1]
+      fenced[z] = now < fence
+    end
   end
   local admitted = 0
-  if used + want <= it[5] and call('HEXISTS', hb, id) == 0 then
+  if not fenced[z] and used + want <= it[5] and call('HEXISTS', hb, id) == 0 then
     admitted = 1
     call('ZADD', z, it[4], id)
     call('HSET', hb, id, want)
     used = used + want
+    if me then
+      hold_of[z] = math.max(hold_of[z], it[4] - now)
+      horizon_of[z] = math.max(horizon_of[z], it[4])
+    end
   end
   used_of[z] = used
   out[#out + 1] = admitted
@@ -423,6 +455,10 @@ for _, z in ipairs(links) do
   call('EXPIRE', z, ttl)
   call('EXPIRE', z .. ':b', ttl)
   call('EXPIRE', z .. ':sum', ttl)
+  if me then
+    call('HSET', z .. ':own', 'id', me, 'hold', hold_of[z], 'horizon', horizon_of[z])
+    call('EXPIRE', z .. ':own', ttl)
+  end
 end
 return out
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
@@ -451,7 +487,12 @@ def _reserve_args(items: Sequence[Reservation], now: float) -> list[Any]:
         )
         for item in items
     ]
-    return [repr(now), RESERVATION_KEY_TTL_S, orjson.dumps(rows)]
+    return [
+        repr(now),
+        RESERVATION_KEY_TTL_S,
+        orjson.dumps(rows),
+        "1" if live_store_is_cluster() else "0",
+    ]
 
 
 def _reserve_groups(items: Sequence[Reservation]) -> list[list[int]]:

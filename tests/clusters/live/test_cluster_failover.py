@@ -279,3 +279,67 @@ def test_route_answers_through_a_master_killed_under_load(
         "budget_gib": BUDGET / 2**30,
     }
     print("FAILOVER " + json.dumps(report))
+
+
+def test_two_web_replicas_share_one_budget_and_one_policy(
+    transactional_db: None, cluster: ThrowawayRedisCluster
+) -> None:
+    from django.db import connection
+
+    from controlplane.audit import CLI_ACTOR
+    from scheduling.policies import policy_create
+
+    tokens = fleet()
+    with (
+        control_plane_serve(connection.settings_dict, django_settings.REDIS_URL) as (a, _),
+        control_plane_serve(connection.settings_dict, django_settings.REDIS_URL) as (b, _),
+    ):
+
+        async def burst() -> list[dict[str, Any]]:
+            limits = httpx.Limits(max_connections=200)
+            async with (
+                httpx.AsyncClient(base_url=a, timeout=30, limits=limits) as ha,
+                httpx.AsyncClient(base_url=b, timeout=30, limits=limits) as hb,
+            ):
+                r = await ha.post("/api/v1/telemetry", json=telemetry_body(0), headers=tokens.agent)
+                assert r.status_code == 200, r.text
+                body = json.dumps({"origin": "pd-a", "prompt_tokens": 60_000})
+                calls = [
+                    (ha if k % 2 else hb).post("/api/v1/route", content=body, headers=tokens.router)
+                    for k in range(200)
+                ]
+                responses = await asyncio.gather(*calls)
+            assert all(r.status_code == 200 for r in responses), responses[0].text
+            return [r.json() for r in responses]
+
+        got = asyncio.run(burst())
+        offloaded = [d for d in got if d["route"] == "prfaas"]
+        kept = [d for d in got if d["route"] == "local"]
+        assert offloaded and kept  # the budget binds
+        assert sum(d["reservation"]["bytes"] for d in offloaded) <= BUDGET
+        client = redis_cluster_sync(cluster.url)
+        assert int(client.get(reservation_keys(LINK)[2]) or 0) <= BUDGET
+
+        # A policy change reaches both replicas within their live-state bound.
+        policy_create(actor=CLI_ACTOR, thresholds={"pd-a": 100_000})
+        changed = time.time()
+        seen: dict[str, float] = {}
+        with httpx.Client(timeout=10) as http:
+            while len(seen) < 2 and time.time() - changed < 10:
+                for base in (a, b):
+                    if base in seen:
+                        continue
+                    body = {"origin": "pd-a", "prompt_tokens": 20_000}
+                    d = http.post(f"{base}/api/v1/route", json=body, headers=tokens.router).json()
+                    if d["policy_version"] == 1:
+                        assert (d["route"], d["reason"]) == ("local", "below_threshold")
+                        seen[base] = time.time() - changed
+        assert set(seen) == {a, b}
+        report = {
+            "offloaded": len(offloaded),
+            "kept_local": len(kept),
+            "admitted_gib": round(sum(d["reservation"]["bytes"] for d in offloaded) / 2**30, 2),
+            "budget_gib": BUDGET / 2**30,
+            "policy_seen_after_s": {k[-5:]: round(v, 3) for k, v in seen.items()},
+        }
+        print("REPLICAS " + json.dumps(report))

@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.commands.core import CoreCommands
 from redis.exceptions import NoScriptError
 
 Queue = Callable[[Any], None]
@@ -117,27 +118,28 @@ class _OneCommand:
         self.args = args
 
 
-class _Commands:
-    """What a ``*_queue(pipe, ...)`` helper queues, kept to send alone or pipelined."""
+class _Commands(CoreCommands):
+    """What a ``*_queue(pipe, ...)`` helper queues (scripts and plain reads), kept to send
+    alone or pipelined."""
 
     def __init__(self) -> None:
-        self.commands: list[tuple[Any, ...]] = []
+        self.commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
-    def execute_command(self, *args: Any) -> None:
-        self.commands.append(args)
+    def execute_command(self, *args: Any, **options: Any) -> None:
+        self.commands.append((args, options))
 
 
 async def scripts_call_async(client: aioredis.Redis, queue: Queue) -> list[Any]:
     """The replies of the scripted commands ``queue(pipe)`` queues: one command is sent alone
     (as :func:`script_call_async`), several in one pipeline (:func:`pipeline_run_async`)."""
-    got = _Commands()
+    got = _Commands()  # type: ignore[abstract]
     queue(got)
     if len(got.commands) == 1:
         return [await script_call_async(client, queue)]
 
     def again(pipe: Any) -> None:
-        for args in got.commands:
-            pipe.execute_command(*args)
+        for args, options in got.commands:
+            pipe.execute_command(*args, **options)
 
     return await pipeline_run_async(client, again)
 
@@ -157,7 +159,22 @@ async def script_call_async(client: aioredis.Redis, queue: Queue) -> Any:
 
 
 def pipeline_run(client: redis.Redis, queue: Queue) -> list[Any]:
-    """Send what ``queue(pipe)`` queues (scripts and reads only) in one pipeline."""
+    """Send what ``queue(pipe)`` queues (scripts and reads only) in one pipeline.
+
+    On redis-py's sync cluster client the commands go one by one instead: its pipeline asks
+    a node ``COMMAND GETKEYS`` for every command it queues (a round trip each, more than the
+    command). Off the route path only (the async client's pipeline does not)."""
+    if isinstance(client, redis.RedisCluster):
+        got = _Commands()
+        queue(got)
+        out = []
+        for args, options in got.commands:
+            try:
+                out.append(client.execute_command(*args, **options))
+            except NoScriptError:
+                scripts_load(client)
+                out.append(client.execute_command(*args, **options))
+        return out
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=False)
         queue(pipe)

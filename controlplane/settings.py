@@ -162,11 +162,12 @@ CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 # as ``redis+cluster://host:port[,host:port...]`` (or a ``redis://`` URL of one node). The
 # broker, the channel layer and the cache stay on REDIS_URL. Unset: live state on REDIS_URL.
 REDIS_CLUSTER_URL = os.environ.get("REDIS_CLUSTER_URL", "")
-# Instance groups of the prefix index (clusters.live.keys): a lookup makes one call per group,
-# the groups spread evenly over a cluster's masters. One on a single Redis; on a cluster a
-# multiple of the masters (12 spreads over 1, 2, 3, 4 or 6 of them).
+# Instance groups of the prefix index (clusters.live.keys): a lookup walks each chain once per
+# group, the groups spread evenly over a cluster's masters. One on a single Redis; on a cluster
+# the number of masters (3 by default): each master then walks a chain once per lookup, as a
+# single Redis does (more groups than masters multiply the walks; bench/scale.py).
 PREFIX_INDEX_GROUPS = env_int(
-    "PREFIX_INDEX_GROUPS", 12 if REDIS_CLUSTER_URL else 1, low=1, high=256
+    "PREFIX_INDEX_GROUPS", 3 if REDIS_CLUSTER_URL else 1, low=1, high=256
 )
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

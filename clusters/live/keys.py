@@ -8,7 +8,8 @@ script touches shares the script's hash tag (the part of a key in ``{}``; docs/o
   buckets its records sit in. A bucket holds the records of every instance of its group, so
   a lookup walks a chain once per group, not once per instance (decision cost grows with the
   groups, not with the fleet). An instance's group is a hash of its name, modulo
-  ``PREFIX_INDEX_GROUPS`` (1 on a single Redis: one walk, as before sharding);
+  ``PREFIX_INDEX_GROUPS`` (1 on a single Redis: one walk, as before sharding; on a cluster
+  the number of masters: one walk per master);
 * **reservations by link**: a link's in-flight bytes, their ends and their sum;
 * **traffic windows by cluster**: a cluster's per-minute counters (the rebalancer reads one
   cluster's windows at a time). Counters of several slots (a flush of many clusters' windows,

@@ -972,9 +972,14 @@ def _prefixes_by_node(client: Any, prefixes: list[str]) -> list[list[str]]:
     if not isinstance(client, aioredis.RedisCluster | redis.RedisCluster):
         return [prefixes]
     by_node: dict[str, list[str]] = {}
-    for prefix in prefixes:
-        node = client.get_node_from_key(prefix)
-        by_node.setdefault(node.name if node is not None else "", []).append(prefix)
+    try:
+        for prefix in prefixes:
+            node = client.get_node_from_key(prefix)
+            by_node.setdefault(node.name if node is not None else "", []).append(prefix)
+    except (redis.RedisError, redis.exceptions.RedisClusterException):
+        # The client has not read the slots yet, or a slot is between masters (a failover):
+        # one call per group, each routed (and the slots read) by the client itself.
+        return [[prefix] for prefix in prefixes]
     return list(by_node.values())
 
 

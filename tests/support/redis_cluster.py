@@ -90,8 +90,15 @@ class ThrowawayRedisCluster:
         for port in self.ports:
             self.node_start(port)
         deadline = time.monotonic() + START_TIMEOUT_S
-        for port in self.ports:
+        for k, port in enumerate(list(self.ports)):
             while not redis_ping(port):
+                if self.procs[port].poll() is not None:
+                    # Its port (or bus port) was taken between the check and the bind by
+                    # another program: another port.
+                    del self.procs[port]
+                    port = cluster_port(set(self.ports))
+                    self.ports[k] = port
+                    self.node_start(port)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"cluster node {port} did not answer")
                 time.sleep(0.05)

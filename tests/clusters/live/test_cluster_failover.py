@@ -50,7 +50,7 @@ def cluster(tmp_path: Path, settings: Any) -> Iterator[ThrowawayRedisCluster]:
     try:
         own.start()
         settings.REDIS_CLUSTER_URL = own.url
-        settings.PREFIX_INDEX_GROUPS = 12
+        settings.PREFIX_INDEX_GROUPS = 3
         yield own
     finally:
         own.stop()
@@ -222,7 +222,7 @@ def test_route_answers_through_a_master_killed_under_load(
     tokens = fleet()
     agents = [Agent(HIT_INSTANCE, 10_000), Agent("pd-a-p0", 50_000), Agent("prfaas-x-p0", 90_000)]
     client = redis_cluster_sync(cluster.url)
-    group = prefix_instance_prefix(HIT_INSTANCE, 12)
+    group = prefix_instance_prefix(HIT_INSTANCE, 3)
     # The master of the hit instance's index group: its shard is the one lost.
     victim = cast(redis.RedisCluster, client).get_node_from_key(group)
     assert victim is not None and victim.port in cluster.master_ports()

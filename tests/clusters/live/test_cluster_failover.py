@@ -275,6 +275,9 @@ def test_route_answers_through_a_master_killed_under_load(
         "kill_at_s": round(kill_s, 2),
         "ingest_failed_posts": sum(1 for ag in agents for _, s in ag.statuses if s != 200),
         "index_state_after": state.state,
+        "degraded_per_second": {
+            str(k): sum(1 for a in bad if int(a.at) == k) for k in range(int(kill_s), 14)
+        },
         "admitted_gib": round(admitted_bytes(answers) / 2**30, 2),
         "budget_gib": BUDGET / 2**30,
     }

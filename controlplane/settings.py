@@ -166,9 +166,7 @@ REDIS_CLUSTER_URL = os.environ.get("REDIS_CLUSTER_URL", "")
 # group, the groups spread evenly over a cluster's masters. One on a single Redis; on a cluster
 # the number of masters (3 by default): each master then walks a chain once per lookup, as a
 # single Redis does (more groups than masters multiply the walks; bench/scale.py).
-PREFIX_INDEX_GROUPS = env_int(
-    "PREFIX_INDEX_GROUPS", 3 if REDIS_CLUSTER_URL else 1, low=1, high=256
-)
+PREFIX_INDEX_GROUPS = env_int("PREFIX_INDEX_GROUPS", 3 if REDIS_CLUSTER_URL else 1, low=1, high=256)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup system-deps demo test test-fuzz test-engines engines-env lint fmt bench bench-deps clean
+.PHONY: setup system-deps demo test test-cluster test-fuzz test-engines engines-env lint fmt bench bench-deps clean
 
 # Debian packages the tests need: the PostgreSQL and Redis servers (the suite starts throwaway
 # ones when DATABASE_URL/REDIS_URL are unset), Chromium for browser tests, docker-compose to
@@ -74,6 +74,17 @@ engines-env: setup
 
 test-engines: engines-env
 	$(PY) -m pytest -m engine tests/engines $(PYTEST_ARGS)
+
+# The tests that touch the live stores (telemetry, reservations, the prefix index, the route
+# path, ingest, outcomes), with live state on a real Redis Cluster of three masters and three
+# replicas that the session starts (PRFAAS_TEST_REDIS_CLUSTER=1), plus the tests marked
+# `redis_cluster` (failover, two web replicas). Its own CI stage; about two minutes here.
+CLUSTER_TESTS ?= tests/clusters/live tests/scheduling/api/test_route.py \
+	tests/scheduling/api/test_live.py tests/scheduling/test_outcomes.py \
+	tests/scheduling/test_traffic_store.py tests/scheduling/test_decision_log.py \
+	tests/scheduling/test_route_fastpath.py tests/controlplane/test_redis_scripts.py
+test-cluster: setup system-deps
+	PRFAAS_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -n0 -m "not engine and not fuzz" $(CLUSTER_TESTS) $(PYTEST_ARGS)
 
 # Schemathesis at size: every check, FUZZ_EXAMPLES examples per operation and the stateful
 # phase (tests marked `fuzz`), on the test workers. Its own CI stage, not part of `make test`

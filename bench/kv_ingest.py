@@ -48,6 +48,7 @@ import msgspec  # noqa: E402
 import redis  # noqa: E402
 
 from bench.support.setup import bench_token, free_port, manage  # noqa: E402
+from clusters.live.keys import prefix_group_prefix, prefix_instance_prefix  # noqa: E402
 from fleet.agent.kv import compact  # noqa: E402
 from fleet.agent.uplink import UplinkLimits  # noqa: E402
 from scheduling.core.kv_events import BlocksRemoved, BlocksStored, EventBatch, KvEvent  # noqa: E402
@@ -318,7 +319,9 @@ def run(
     )
     fill_rate = fill_events / elapsed
     mem_after = int(r.info("memory")["used_memory"])
-    entries = sum(int(r.hget(f"pfx:i:{n}:m", "blocks") or 0) for n in instances)
+    entries = sum(
+        int(r.hget(f"{prefix_instance_prefix(n, 1)}i:{n}:m", "blocks") or 0) for n in instances
+    )
     bytes_per_entry = (mem_after - mem_before) / max(1, entries)
     held = {n: list(s.held) for n, s in streams.items()}
     assert entries == sum(len(set(v)) for v in held.values()), "index entries != blocks stored"
@@ -342,8 +345,10 @@ def run(
         base, token, bodies_by_agent, "/api/v1/kv-events/msgpack", "application/msgpack"
     )
     steady_rate = steady_events / elapsed
-    after = sum(int(r.hget(f"pfx:i:{n}:m", "blocks") or 0) for n in instances)
-    degraded = r.scard("pfx:degraded")
+    after = sum(
+        int(r.hget(f"{prefix_instance_prefix(n, 1)}i:{n}:m", "blocks") or 0) for n in instances
+    )
+    degraded = r.scard(f"{prefix_group_prefix(0, 1)}degraded")
     print(
         f"steady    msgpack, stores + one BlockRemoved per eviction: {steady_rate:,.0f} block "
         f"events/s ({steady_events:,} events, {elapsed:.1f} s; x{steady_rate / baseline:.1f} "

@@ -57,7 +57,7 @@ def _django_setup() -> EmbeddedRedis | None:
     return server
 
 
-LINK = "bench-prfaas>bench-pd"
+LINK = "bench-prfaas->bench-pd"
 
 
 def _free_port() -> int:

@@ -54,7 +54,9 @@ async def measure(url: str, calls: int, rounds: int) -> dict[str, float]:
         return (await pipe.execute())[0]
 
     async def alone() -> Any:
-        return await script_call_async(client, lambda pipe: pipe.evalsha(sha, 0, ARG))
+        return await script_call_async(
+            client, lambda pipe: pipe.execute_command("EVALSHA", sha, 0, ARG)
+        )
 
     if await pipeline() != await alone():
         raise SystemExit("the two ways answered differently")

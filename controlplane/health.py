@@ -96,11 +96,12 @@ def redis_status() -> DependencyStatus:
 
 def broker_status(redis_seen: DependencyStatus) -> DependencyStatus:
     """The Celery broker: ``redis_seen`` again when the broker is the same server (the
-    default), else a PING of ``CELERY_BROKER_URL``."""
+    default), else a PING of ``CELERY_BROKER_URL`` (with live state on a Redis Cluster,
+    ``redis_seen`` is the cluster's and the broker is pinged on its own)."""
     url = str(settings.CELERY_BROKER_URL)
     if url.startswith("redis+socket://"):
         url = "unix://" + url.removeprefix("redis+socket://")
-    if url == settings.REDIS_URL:
+    if url == settings.REDIS_URL and not settings.REDIS_CLUSTER_URL:
         return DependencyStatus("broker", redis_seen.up, redis_seen.latency_ms, redis_seen.detail)
     started = time.perf_counter()
     client = redis.Redis.from_url(

@@ -10,8 +10,11 @@ that old numbers mean nothing any more (also answered with a snapshot).
 
 Key layout (one store, all under ``views:``):
 
-``views:epoch``          STRING  random id, set once (``SET NX``) by the first publisher.
-``views:seq:{group}``    STRING  last sequence number given out in ``group``.
+``views:{seq}:epoch``    STRING  random id, set once (``SET NX``) by the first publisher.
+``views:{seq}:{group}``  STRING  last sequence number given out in ``group``.
+
+(The braces of ``{seq}`` are literal: one hash tag, so the script that reads both runs in one
+slot of a Redis Cluster.)
 
 Writers call :func:`live_publish` (sync; deferred to ``transaction.on_commit`` so that a
 rolled-back write never reaches a screen) or :func:`live_apublish` (async, immediate).
@@ -288,8 +291,12 @@ def message_data(message: LiveMessage) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Sequence numbers.
 
-EPOCH_KEY = "views:epoch"
-SEQ_KEY = "views:seq:{group}"
+EPOCH_KEY = "views:{seq}:epoch"
+
+
+def _seq_key(group: str) -> str:
+    return f"views:{{seq}}:{group}"
+
 
 # Sets the epoch if missing, then gives out the next number: one round trip, one atomic step.
 _NEXT_SEQ_LUA = """
@@ -311,7 +318,7 @@ def _decode(pair: list[Any]) -> tuple[str, int]:
 
 
 def _eval_sync(client: redis.Redis, script: LuaScript, group: str) -> tuple[str, int]:
-    keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
+    keys = [EPOCH_KEY, _seq_key(group)]
     for attempt in (1, 2):
         try:
             return _decode(script.run(client, keys, [secrets.token_hex(8)]))
@@ -323,7 +330,7 @@ def _eval_sync(client: redis.Redis, script: LuaScript, group: str) -> tuple[str,
 
 
 async def _eval_async(client: aioredis.Redis, script: LuaScript, group: str) -> tuple[str, int]:
-    keys = [EPOCH_KEY, SEQ_KEY.format(group=group)]
+    keys = [EPOCH_KEY, _seq_key(group)]
     for attempt in (1, 2):
         try:
             return _decode(await script.run_async(client, keys, [secrets.token_hex(8)]))

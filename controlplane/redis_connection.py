@@ -4,6 +4,10 @@ Timeouts are short on purpose: the request path must answer from its snapshot wh
 slow or gone (``telemetry_stale``), never hang on it. Bulk ingest (KV events from agents) has
 its own client per event loop with a longer timeout (:func:`redis_async_ingest`): a post of
 thousands of batches waits behind other agents' posts, and an agent retries anyway.
+
+With ``REDIS_CLUSTER_URL`` set the same three are redis-py's cluster clients (sync and
+asyncio) on that cluster: every store keeps its keys in one slot per script
+(:mod:`clusters.live.keys`), so the code above them is the same for both.
 """
 
 from __future__ import annotations
@@ -11,12 +15,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
 
 # Seconds. A refused connection (Redis down) fails at once; these bound a hung or blackholed
 # server, and leave room for a burst opening many connections at once.
@@ -37,18 +45,50 @@ _ingest_clients: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+def live_store_is_cluster() -> bool:
+    """Whether live state is on a Redis Cluster (scripts then go one per hash slot)."""
+    return bool(settings.REDIS_CLUSTER_URL)
+
+
+def _live_url() -> str:
+    return str(settings.REDIS_CLUSTER_URL or settings.REDIS_URL)
+
+
+def redis_cluster_seeds(url: str) -> list[tuple[str, int]]:
+    """The seed nodes of a cluster URL: ``redis+cluster://h:p,h:p`` or ``redis://h:p``."""
+    netloc = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    seeds = []
+    for part in netloc.split(","):
+        host, _, port = part.strip().rpartition(":")
+        seeds.append((host or part, int(port or 6379)))
+    return seeds
+
+
+def redis_cluster_sync(url: str, **options: Any) -> redis.Redis:
+    """A sync cluster client (typed as :class:`redis.Redis`: it speaks the same commands)."""
+    nodes = [ClusterNode(host, port) for host, port in redis_cluster_seeds(url)]
+    return cast(redis.Redis, redis.RedisCluster(startup_nodes=nodes, **options))
+
+
+def redis_cluster_async(url: str, **options: Any) -> aioredis.Redis:
+    nodes = [AsyncClusterNode(host, port) for host, port in redis_cluster_seeds(url)]
+    return cast(aioredis.Redis, aioredis.RedisCluster(startup_nodes=nodes, **options))
+
+
 def redis_sync() -> redis.Redis:
-    """The process's sync client for ``settings.REDIS_URL`` (rebuilt if the setting changes)."""
+    """The process's sync client for live state (rebuilt if the settings change)."""
     global _sync_client, _sync_url
-    url = settings.REDIS_URL
+    url = _live_url()
     with _sync_lock:
         if _sync_client is None or _sync_url != url:
-            _sync_client = redis.Redis.from_url(
-                url,
-                socket_timeout=SOCKET_TIMEOUT_S * 2,
-                socket_connect_timeout=CONNECT_TIMEOUT_S * 2,
-                health_check_interval=30,
-            )
+            options: dict[str, Any] = {
+                "socket_timeout": SOCKET_TIMEOUT_S * 2,
+                "socket_connect_timeout": CONNECT_TIMEOUT_S * 2,
+            }
+            if settings.REDIS_CLUSTER_URL:
+                _sync_client = redis_cluster_sync(url, **options)
+            else:
+                _sync_client = redis.Redis.from_url(url, health_check_interval=30, **options)
             _sync_url = url
         return _sync_client
 
@@ -56,9 +96,20 @@ def redis_sync() -> redis.Redis:
 def redis_async() -> aioredis.Redis:
     """The async client of the running event loop (async clients cannot cross loops)."""
     loop = asyncio.get_running_loop()
-    url = settings.REDIS_URL
+    url = _live_url()
     entry = _async_clients.get(loop)
     if entry is None or entry[0] != url:
+        if settings.REDIS_CLUSTER_URL:
+            # Per node: a bounded pool; a command that meets a failover is sent again once
+            # the slots are read anew (the caller's deadline still bounds the wait).
+            client = redis_cluster_async(
+                url,
+                max_connections=ASYNC_POOL_SIZE,
+                socket_timeout=SOCKET_TIMEOUT_S,
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+            )
+            _async_clients[loop] = (url, client)
+            return client
         # A bounded pool that waits for a free connection: a burst of requests shares a few
         # dozen connections instead of opening hundreds at once.
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -79,9 +130,18 @@ def redis_async_ingest() -> aioredis.Redis:
     """The event loop's client for bulk ingest: a small pool, a long timeout, no retries (a
     batch applied twice is skipped by its sequence number, so the agent's retry is safe)."""
     loop = asyncio.get_running_loop()
-    url = settings.REDIS_URL
+    url = _live_url()
     entry = _ingest_clients.get(loop)
     if entry is None or entry[0] != url:
+        if settings.REDIS_CLUSTER_URL:
+            client = redis_cluster_async(
+                url,
+                max_connections=INGEST_POOL_SIZE,
+                socket_timeout=INGEST_TIMEOUT_S,
+                socket_connect_timeout=CONNECT_TIMEOUT_S,
+            )
+            _ingest_clients[loop] = (url, client)
+            return client
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=INGEST_POOL_SIZE,

@@ -12,6 +12,8 @@ Three ways in, one rule:
 * :meth:`LuaScript.run` / :meth:`LuaScript.run_async`: one script, one command;
 * :func:`script_call_async`: the one scripted command a ``*_queue(pipe, ...)`` helper queues,
   sent alone (a one-command redis-py pipeline costs more client CPU than the command);
+  :func:`scripts_call_async`: the same for a helper that queues one command per hash slot on
+  a cluster (alone when it queued one, a pipeline otherwise);
 * :func:`pipeline_run` / :func:`pipeline_run_async`: several commands in one pipeline. A
   refused script ran nothing, but the pipeline's plain commands did; the whole pipeline is sent
   again, so pipelines given here hold scripts and reads only, never a plain write.
@@ -28,6 +30,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.commands.core import CoreCommands
 from redis.exceptions import NoScriptError
 
 Queue = Callable[[Any], None]
@@ -43,8 +46,10 @@ class LuaScript:
 
     def queue(self, pipe: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
         """Queue the script on ``pipe`` (a pipeline run by :func:`pipeline_run` or
-        :func:`pipeline_run_async`, or the one command of :func:`script_call_async`)."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+        :func:`pipeline_run_async`, or the one command of :func:`script_call_async`).
+        Spelled as a raw command: redis-py's cluster pipelines refuse ``pipe.evalsha``, and
+        route the command by its keys like any other."""
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def run(self, client: redis.Redis, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         try:
@@ -79,6 +84,11 @@ def lua_scripts() -> tuple[LuaScript, ...]:
 
 
 def scripts_load(client: redis.Redis) -> None:
+    if isinstance(client, redis.RedisCluster):
+        # SCRIPT LOAD goes to every master (a cluster pipeline would send it to one node).
+        for script in _REGISTRY.values():
+            client.script_load(script.source)
+        return
     pipe = client.pipeline(transaction=False)
     for script in _REGISTRY.values():
         pipe.script_load(script.source)
@@ -86,6 +96,10 @@ def scripts_load(client: redis.Redis) -> None:
 
 
 async def scripts_load_async(client: aioredis.Redis) -> None:
+    if isinstance(client, aioredis.RedisCluster):
+        for script in _REGISTRY.values():
+            await client.script_load(script.source)
+        return
     pipe = client.pipeline(transaction=False)
     for script in _REGISTRY.values():
         pipe.script_load(script.source)
@@ -98,10 +112,36 @@ class _OneCommand:
     def __init__(self) -> None:
         self.args: tuple[Any, ...] = ()
 
-    def evalsha(self, *args: Any) -> None:
+    def execute_command(self, *args: Any) -> None:
         if self.args:
             raise RuntimeError("script_call_async sends one command; this helper queued two")
-        self.args = ("EVALSHA", *args)
+        self.args = args
+
+
+class _Commands(CoreCommands):
+    """What a ``*_queue(pipe, ...)`` helper queues (scripts and plain reads), kept to send
+    alone or pipelined."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> None:
+        self.commands.append((args, options))
+
+
+async def scripts_call_async(client: aioredis.Redis, queue: Queue) -> list[Any]:
+    """The replies of the scripted commands ``queue(pipe)`` queues: one command is sent alone
+    (as :func:`script_call_async`), several in one pipeline (:func:`pipeline_run_async`)."""
+    got = _Commands()  # type: ignore[abstract]
+    queue(got)
+    if len(got.commands) == 1:
+        return [await script_call_async(client, queue)]
+
+    def again(pipe: Any) -> None:
+        for args, options in got.commands:
+            pipe.execute_command(*args, **options)
+
+    return await pipeline_run_async(client, again)
 
 
 async def script_call_async(client: aioredis.Redis, queue: Queue) -> Any:
@@ -119,7 +159,22 @@ async def script_call_async(client: aioredis.Redis, queue: Queue) -> Any:
 
 
 def pipeline_run(client: redis.Redis, queue: Queue) -> list[Any]:
-    """Send what ``queue(pipe)`` queues (scripts and reads only) in one pipeline."""
+    """Send what ``queue(pipe)`` queues (scripts and reads only) in one pipeline.
+
+    On redis-py's sync cluster client the commands go one by one instead: its pipeline asks
+    a node ``COMMAND GETKEYS`` for every command it queues (a round trip each, more than the
+    command). Off the route path only (the async client's pipeline does not)."""
+    if isinstance(client, redis.RedisCluster):
+        got = _Commands()
+        queue(got)
+        out = []
+        for args, options in got.commands:
+            try:
+                out.append(client.execute_command(*args, **options))
+            except NoScriptError:
+                scripts_load(client)
+                out.append(client.execute_command(*args, **options))
+        return out
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=False)
         queue(pipe)

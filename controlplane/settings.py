@@ -163,6 +163,15 @@ if REDIS_URL.startswith("unix://"):
 else:
     CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+# Live state (telemetry, reservations, the prefix index) on a Redis Cluster instead: seed nodes
+# as ``redis+cluster://host:port[,host:port...]`` (or a ``redis://`` URL of one node). The
+# broker, the channel layer and the cache stay on REDIS_URL. Unset: live state on REDIS_URL.
+REDIS_CLUSTER_URL = env_str("REDIS_CLUSTER_URL")
+# Instance groups of the prefix index (clusters.live.keys): a lookup walks each chain once per
+# group, the groups spread evenly over a cluster's masters. One on a single Redis; on a cluster
+# the number of masters (3 by default): each master then walks a chain once per lookup, as a
+# single Redis does (more groups than masters multiply the walks; bench/scale.py).
+PREFIX_INDEX_GROUPS = env_int("PREFIX_INDEX_GROUPS", 3 if REDIS_CLUSTER_URL else 1, low=1, high=256)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -172,7 +181,7 @@ CELERY_RESULT_EXPIRES = 3600
 
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "controlplane.cache.FailSoftRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "cache",
     }
@@ -275,6 +284,10 @@ LIVE_STATE_MAX_AGE_S = env_number("LIVE_STATE_MAX_AGE_S", 0.5, low=0, high=10)
 # calls take turns and are spaced so that route lookups, which queue behind every script, keep
 # the rest (1: apply flat out; clusters.live.prefix_index.RedisPacer).
 INGEST_REDIS_SHARE = env_number("INGEST_REDIS_SHARE", 0.5, low=0.05, high=1)
+# Seconds a route call waits for the prefix index: past it the decision goes on without the
+# hits it has not got (``prefix_unavailable`` in the answer, counted on /metrics), so a slow
+# or lost shard cannot stall routing.
+PREFIX_READ_DEADLINE_S = env_number("PREFIX_READ_DEADLINE_S", 0.005, low=0.0005, high=1)
 # Traffic counters, metrics and recent entries of route decisions that reserve nothing are
 # summed in process and written at most this many seconds later (one command per period).
 ROUTE_RECORD_FLUSH_S = env_number("ROUTE_RECORD_FLUSH_S", 0.1, low=0.001, high=5)

@@ -47,7 +47,7 @@ from clusters.live import prefix_index, telemetry
 from clusters.live.scripts import counters_queue
 from controlplane.errors import ApiError, Invalid
 from controlplane.redis_connection import redis_async
-from controlplane.redis_scripts import script_call_async
+from controlplane.redis_scripts import scripts_call_async
 from scheduling import livestate, metrics, traffic
 from scheduling.coalesce import Coalesced
 from scheduling.core import routing
@@ -109,10 +109,9 @@ def _redis_failed(exc: BaseException) -> None:
 async def _matches_run(
     hybrid: bool, block_tokens: int, chains: list[bytes]
 ) -> list[prefix_index.IndexMatch]:
-    raw = await script_call_async(
-        redis_async(), lambda pipe: prefix_index.prefix_matches_queue(pipe, chains, hybrid)
+    return await prefix_index.prefix_matches_bounded_async(
+        redis_async(), chains, hybrid, block_tokens, float(settings.PREFIX_READ_DEADLINE_S)
     )
-    return prefix_index.prefix_matches_parse(raw, len(chains), block_tokens)
 
 
 # One group-committed script per model shape (it changes only with the snapshot).
@@ -131,10 +130,11 @@ async def _matches(snap: Snapshot, chains: list[bytes]) -> list[prefix_index.Ind
 
 async def _reserve_run(items: list[telemetry.Reservation]) -> list[bool]:
     now = time.time()
-    flat = await script_call_async(
+    raws = await scripts_call_async(
         redis_async(), lambda pipe: telemetry.link_reserve_many_queue(pipe, items, now)
     )
-    return [bool(int(flat[2 * k])) for k in range(len(items))]
+    flat = telemetry.link_reserve_many_parse(items, raws)
+    return [bool(flat[2 * k]) for k in range(len(items))]
 
 
 _RESERVER: Coalesced[telemetry.Reservation, bool] = Coalesced(_reserve_run)
@@ -192,21 +192,6 @@ def _links(d: routing.RouteDecision) -> tuple[str, str]:
     link = link_key(d.prefill.cluster, d.decode.cluster) if d.route == "prfaas" else ""
     lr = d.link_refusal
     return link, "" if lr is None else f"{link_key(lr.source, lr.target)}:{lr.cause}"
-
-
-def _record(item: RouteInput, d: routing.RouteDecision, now: float) -> traffic.TrafficRecord:
-    link, refusal = _links(d)
-    return traffic.TrafficRecord(
-        origin=item.origin,
-        ts=now,
-        route=d.route,
-        reason=d.reason,
-        incremental_tokens=d.incremental_tokens,
-        cached_tokens=d.cached_tokens,
-        output_tokens=item.expected_output_tokens,
-        link=link,
-        refusal=refusal,
-    )
 
 
 def _decision_dict(d: routing.RouteDecision, memo: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -360,9 +345,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
     if read is not None and fallbacks:
         try:
             async with asyncio.timeout(REDIS_DEADLINE_S):
-                admitted = await _reserve(
-                    snap, inputs, decisions, fallbacks, reservation_ids, now, batch, memo
-                )
+                admitted = await _reserve(snap, decisions, fallbacks, reservation_ids, now)
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: UP041
             _redis_failed(exc)
             # Redis went away since the live state was read: decided again as stale, as a
@@ -377,7 +360,7 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
         for i, fb in fallbacks.items():
             decisions[i] = fb
         return _answers(snap, decisions, memo, None)
-    _pending_add(inputs, decisions, fallbacks, now, elapsed, batch, memo)
+    blind = _prefix_blind(inputs, matches)
     for i, ok in admitted.items():
         if not ok:
             decisions[i] = fallbacks[i]
@@ -388,7 +371,21 @@ async def route_decide_async(inputs: Sequence[RouteInput], *, batch: bool) -> li
             decisions[i] = dataclasses.replace(
                 decisions[i], reservation=dataclasses.replace(rv, id=reservation_ids[i])
             )
-    return _answers(snap, decisions, memo, max(0.0, now - read.read_at))
+    # Recorded once the branch each reservation took is known (the counters of the other
+    # branch are never written).
+    _pending_add(inputs, decisions, now, elapsed, batch, memo, len(blind))
+    return _answers(snap, decisions, memo, max(0.0, now - read.read_at), blind)
+
+
+def _prefix_blind(
+    inputs: Sequence[RouteInput], matches: list[prefix_index.IndexMatch] | None
+) -> set[int]:
+    """Indexes of the inputs decided without (some of) their prefix hits: the index read
+    passed ``PREFIX_READ_DEADLINE_S`` or a shard failed."""
+    if not matches:
+        return set()
+    found = iter(matches)
+    return {i for i, item in enumerate(inputs) if item.chain and next(found).unavailable}
 
 
 def _answers(
@@ -396,6 +393,7 @@ def _answers(
     decisions: Sequence[routing.RouteDecision],
     memo: dict[int, dict[str, Any]],
     live_age_s: float | None,
+    prefix_blind: set[int] | None = None,
 ) -> list[dict[str, Any]]:
     """The response dicts, each with the age of the live state and of the topology and policy
     it was decided with; one decided from a snapshot past its bound (the database unreachable
@@ -404,13 +402,15 @@ def _answers(
     age = None if live_age_s is None else round(live_age_s, 4)
     snapshot_age = round(snapshot_age_s(snap), 3)
     old = snapshot_stale(snap)
-    for d in decisions:
+    for i, d in enumerate(decisions):
         # In place: the recent entries that share the dict were serialised already.
         answer = _decision_dict(d, memo)
         answer["live_age_s"] = age
         answer["snapshot_age_s"] = snapshot_age
         if old:
             answer["stale"] = True
+        if prefix_blind and i in prefix_blind:
+            answer["prefix_unavailable"] = True
         out.append(answer)
     return out
 
@@ -439,14 +439,15 @@ _flush_due: asyncio.TimerHandle | None = None
 def _pending_add(
     inputs: Sequence[RouteInput],
     decisions: Sequence[routing.RouteDecision],
-    fallbacks: Mapping[int, routing.RouteDecision],
     now: float,
     elapsed: float,
     batch: bool,
     memo: dict[int, dict[str, Any]],
+    prefix_unavailable: int = 0,
 ) -> None:
-    """Add a call's records to the pending write (the reservations recorded their own) and
-    make sure a flush is due within ``ROUTE_RECORD_FLUSH_S``."""
+    """Add a call's records (each decision as it was answered: an offload whose reservation was
+    refused counts as its local fallback) to the pending write and make sure a flush is due
+    within ``ROUTE_RECORD_FLUSH_S``."""
     global _flush_due
     pending = _pending
     counts: dict[tuple[str, str], int] = {}
@@ -454,8 +455,6 @@ def _pending_add(
     for i, d in enumerate(decisions):
         keep_recent = recent_left > 0
         recent_left -= 1
-        if i in fallbacks:
-            continue
         item = inputs[i]
         link, refusal = _links(d) if d.route == "prfaas" or d.link_refusal else ("", "")
         pending.traffic.count(
@@ -473,6 +472,8 @@ def _pending_add(
         if keep_recent:
             pending.entries.append(_recent_entry(item, d, now, memo))
     ints, floats = metrics.latency_increments("batch" if batch else "single", elapsed)
+    if prefix_unavailable:
+        ints.append(metrics.prefix_unavailable_increment(prefix_unavailable))
     pending.count(metrics.decision_increments(counts) + ints, pending.ints)
     pending.count(floats, pending.floats)
     loop = asyncio.get_running_loop()
@@ -500,8 +501,9 @@ def route_records_reset() -> None:
 
 
 async def route_records_flush() -> None:
-    """Write the pending records in ONE scripted command (best effort, like every metric:
-    records of a flush Redis refuses are dropped and the failure logged)."""
+    """Write the pending records in ONE scripted command (on a cluster one per hash slot; best
+    effort, like every metric: records of a flush Redis refuses are dropped and the failure
+    logged)."""
     global _pending, _flush_due
     pending, _pending, _flush_due = _pending, _Pending(), None
     ints = pending.traffic.increments() + [
@@ -513,7 +515,7 @@ async def route_records_flush() -> None:
     try:
         r = redis_async()
         async with asyncio.timeout(REDIS_DEADLINE_S):
-            await script_call_async(
+            await scripts_call_async(
                 r,
                 lambda pipe: counters_queue(
                     pipe,
@@ -530,37 +532,20 @@ async def route_records_flush() -> None:
 
 async def _reserve(
     snap: Snapshot,
-    inputs: Sequence[RouteInput],
     decisions: Sequence[routing.RouteDecision],
     fallbacks: Mapping[int, routing.RouteDecision],
     reservation_ids: Mapping[int, str],
     now: float,
-    batch: bool,
-    memo: dict[int, dict[str, Any]],
 ) -> dict[int, bool]:
-    """The link reservations of the offloads, in order, in ONE atomic script (which also
-    records the branch each took; shared with the concurrent calls of this process); whether
-    each was admitted."""
-    recent_left = RECENT_PER_BATCH if batch else len(decisions)
+    """The link reservations of the offloads, in order, atomically per link (shared with the
+    concurrent calls of this process); whether each was admitted."""
     order: list[int] = []
     reservations: list[telemetry.Reservation] = []
     for i, d in enumerate(decisions):
-        keep_recent = recent_left > 0
-        recent_left -= 1
-        fb = fallbacks.get(i)
-        if fb is None:
+        if i not in fallbacks:
             continue
-        item = inputs[i]
         rv = d.reservation
         assert rv is not None
-        outcome = traffic.reservation_outcome(
-            _record(item, d, now),
-            _record(item, fb, now),
-            _recent_entry(item, d, now, memo) if keep_recent else "",
-            _recent_entry(item, fb, now, memo) if keep_recent else "",
-            extra_admitted=[metrics.decision_increment(d.route, d.reason)],
-            extra_refused=[metrics.decision_increment(fb.route, fb.reason)],
-        )
         order.append(i)
         reservations.append(
             telemetry.Reservation(
@@ -569,7 +554,6 @@ async def _reserve(
                 nbytes=rv.bytes,
                 end_ts=_transfer_end(snap, d, now),
                 budget_bytes=snap.topology.link_by_pair[(rv.source, rv.target)].budget,
-                outcome=outcome,
             )
         )
     admitted = await _RESERVER.call(reservations)

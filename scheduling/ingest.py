@@ -199,7 +199,7 @@ async def kv_events_ingest_async(
     try:
         # A bounded step of removing what earlier clears left (a few ms, never a stall).
         await prefix_index.prefix_index_sweep_async(
-            client=redis_async_ingest(), redis_share=_redis_share()
+            client=redis_async_ingest(), redis_share=_redis_share(), instance=instance
         )
     except (redis.exceptions.RedisError, OSError) as exc:  # applied already; the next post sweeps
         log.warning("prefix index sweep failed: %s", exc)

@@ -10,6 +10,9 @@ Key layout:
                                     bucket ``i`` of ``LATENCY_BUCKETS_S`` (not cumulative),
                                     ``sum`` (seconds), ``count``; ``mode`` is single|batch
 ``metrics:route_errors``      HASH  error code -> refused route calls
+``metrics:prefix``            HASH  ``unavailable`` -> decisions made without (some of) their
+                                    prefix hits: the index read passed
+                                    ``PREFIX_READ_DEADLINE_S`` or a shard failed
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from scheduling.snapshot import snapshot_cached, snapshot_refresh
 
 DECISIONS_KEY = "metrics:decisions"
 ROUTE_ERRORS_KEY = "metrics:route_errors"
+PREFIX_KEY = "metrics:prefix"
 LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.0005,
     0.001,
@@ -58,11 +62,6 @@ def latency_key(mode: str) -> str:
     return f"metrics:latency:{mode}"
 
 
-def decision_increment(route: str, reason: str) -> tuple[str, str, int, int]:
-    """The decision counter of one branch of a link reservation (see ReservationOutcome)."""
-    return (DECISIONS_KEY, f"{route}|{reason}", 1, 0)
-
-
 def latency_increments(
     mode: str, seconds: float
 ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, float, int]]]:
@@ -71,6 +70,10 @@ def latency_increments(
     key = latency_key(mode)
     bucket = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
     return [(key, f"b{bucket}", 1, 0), (key, "count", 1, 0)], [(key, "sum", seconds, 0)]
+
+
+def prefix_unavailable_increment(n: int) -> tuple[str, str, int, int]:
+    return (PREFIX_KEY, "unavailable", n, 0)
 
 
 def decision_increments(
@@ -119,6 +122,13 @@ class LiveCollector:
         for field, value in sorted(r.hgetall(ROUTE_ERRORS_KEY).items()):
             errors.add_metric([_text(field)], float(value))
         yield errors
+
+        yield CounterMetricFamily(
+            "prfaas_prefix_unavailable",
+            "Decisions made without (some of) their prefix hits: the index read passed "
+            "PREFIX_READ_DEADLINE_S or a shard of it failed",
+            value=float(r.hget(PREFIX_KEY, "unavailable") or 0),
+        )
 
         latency = HistogramMetricFamily(
             "prfaas_decision_latency_seconds",

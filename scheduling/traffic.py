@@ -23,9 +23,9 @@ Key layout:
                                        offloaded?".
 
 Writes are queued on the caller's pipeline (the route endpoint's one write round trip); a
-decision that depends on a link reservation records through
-:func:`clusters.live.telemetry.link_reserve_many_queue` so that whichever branch the reservation
-takes is the one counted.
+decision that depends on a link reservation is counted once the reservation's answer is known,
+as the branch it took. The braces of ``traffic:{cluster}`` are literal: the cluster is the
+hash tag of its windows (:func:`clusters.live.keys.traffic_key`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from clusters.live.telemetry import ReservationOutcome
+from clusters.live.keys import traffic_key
 from controlplane.redis_connection import redis_async, redis_sync
 
 RETENTION_S = 3 * 24 * 3600
@@ -60,10 +60,6 @@ def fleet_rate(count: float, wall_s: float) -> float:
     """``count`` events over ``wall_s`` seconds of the wall clock, per second of the fleet's
     clock (``FLEET_CLOCK_SPEED``: an emulated fleet may run faster)."""
     return count / wall_s / float(settings.FLEET_CLOCK_SPEED) if wall_s > 0 else 0.0
-
-
-def traffic_key(cluster: str, minute: int) -> str:
-    return f"traffic:{cluster}:{minute}"
 
 
 @dataclass(frozen=True)
@@ -216,31 +212,6 @@ class TrafficAggregate:
             for key, fields in self.fields.items()
             for name, incr in fields.items()
         ]
-
-
-def reservation_outcome(
-    admitted: TrafficRecord,
-    refused: TrafficRecord,
-    admitted_entry: str = "",
-    refused_entry: str = "",
-    extra_admitted: Sequence[tuple[str, str, int, int]] = (),
-    extra_refused: Sequence[tuple[str, str, int, int]] = (),
-) -> ReservationOutcome:
-    """What to count for a decision whose offload waits on a link reservation (``extra_*``:
-    further counters of each branch, e.g. metrics)."""
-
-    def incr(rec: TrafficRecord) -> list[tuple[str, str, int, int]]:
-        key = traffic_key(rec.origin, rec.minute)
-        return [(key, k, v, RETENTION_S) for k, v in rec.increments() if v]
-
-    return ReservationOutcome(
-        list_key=RECENT_KEY,
-        admitted_incr=incr(admitted) + list(extra_admitted),
-        refused_incr=incr(refused) + list(extra_refused),
-        admitted_entry=admitted_entry,
-        refused_entry=refused_entry,
-        list_cap=RECENT_CAP,
-    )
 
 
 @dataclass(frozen=True)

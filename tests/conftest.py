@@ -24,12 +24,19 @@ def scenarios_dir() -> Path:
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:
-    """The real Redis the app uses, emptied before and after each test that asks for it."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
+    """The real Redis the app's live state is on, emptied before and after each test that asks
+    for it: the session's Redis, or its Redis Cluster (``make test-cluster``), whose client
+    speaks the same commands (the plain Redis, holding the cache, is emptied too)."""
+    from controlplane.redis_connection import redis_cluster_sync
+
+    plain = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_cluster_sync(settings.REDIS_CLUSTER_URL) if settings.REDIS_CLUSTER_URL else plain
+    for c in {id(plain): plain, id(client): client}.values():
+        c.flushdb()
     yield client
-    client.flushdb()
-    client.close()
+    for c in {id(plain): plain, id(client): client}.values():
+        c.flushdb()
+        c.close()
 
 
 @pytest.fixture
@@ -85,9 +92,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+def own_redis(tmp_path: Path, settings: Any) -> Iterator[RedisServer]:
     """A redis-server of the test's own (never the session's), started; the test may stop it,
-    start it again on the same port, restart it empty or flush its script cache."""
+    start it again on the same port, restart it empty or flush its script cache. Live state
+    follows REDIS_URL to it even when the session's is on a Redis Cluster."""
+    settings.REDIS_CLUSTER_URL = ""
     server = RedisServer(tmp_path)
     server.start()
     yield server

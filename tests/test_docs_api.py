@@ -52,7 +52,7 @@ COMMAND = re.compile(rf"^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:time\s+)?{PROGRAMS}\s+\S"
 
 # The commands that cannot run here, by pattern, and why. Everything else runs.
 NOT_RUN: dict[str, str] = {
-    r"^(TEST_WORKERS=0 |time )?make (test|test-fuzz|test-engines|lint)$": (
+    r"^(TEST_WORKERS=0 |time )?make (test|test-cluster|test-fuzz|test-engines|lint)$": (
         "the suite and CI's own stages: run from inside the suite they would run it again"
     ),
     r"^make (demo|setup)\b": (
@@ -71,7 +71,7 @@ NOT_RUN: dict[str, str] = {
         "tests/engines and tests/controlplane/test_serve.py run them"
     ),
     r"^python bench/(agreement|slo_brute_force|instructions|route_api|route_profile|gateway|"
-    r"kv_ingest|login_isolation|ingest_isolation|rebalancer_drift|prefix_layout)\.py\b": (
+    r"kv_ingest|login_isolation|ingest_isolation|rebalancer_drift|prefix_layout|scale)\.py\b": (
         "a measurement of minutes on this 2-core machine (make bench runs every bench); its "
         "figures live in one place, with the command and the date"
     ),

@@ -18,23 +18,25 @@ block hash (``fleet.blockhash``).
 
 Key layout, compact because a fleet holds tens of millions of entries (target <= 150 bytes per
 entry, ``bench/kv_ingest.py``); block hashes are folded to 64-bit keys (16 hex digits at the
-API, 8 raw bytes here):
+API, 8 raw bytes here). Instances are split into ``PREFIX_INDEX_GROUPS`` groups, every key of a
+group under its prefix ``P`` = ``pfx:{tag}:`` (one hash slot: :mod:`clusters.live.keys`); the
+scripts take ``P`` as ``KEYS[1]``, and below ``P`` is left out:
 
-``pfx:h:{b}``           HASH  bucket ``b`` (the key's last 2 bytes, raw: 65,536 buckets): field =
+``h:{b}``               HASH  bucket ``b`` (the key's last 2 bytes, raw: 65,536 buckets): field =
                               the key's first 6 bytes, value = 5-byte records
                               ``instance id (3) | flags (1) | epoch (1)`` of its holders.
                               Small buckets are listpack-encoded by Redis (~15 bytes/entry).
-``pfx:i:{inst}:m``      HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
+``i:{inst}:m``          HASH  id, last_seq, state (exact|degraded), gaps, missed, gap_at,
                               events, blocks, ckpts, stores, drop, g{group_idx} (kind of a group),
                               at (unix time a batch was last applied)
-``pfx:i:{inst}:e:{n}``  STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
-``pfx:ids``/``pfx:names`` HASH instance name <-> 3-byte id
-``pfx:degraded``        SET   instances whose event stream showed a sequence gap
-``pfx:instances``       SET   instances with entries
-``pfx:linear``          SET   instances that ever reported linear-state checkpoints (an
+``i:{inst}:e:{n}``      STRING the 8-byte keys stored in epoch ``n`` (mod 256), concatenated
+``ids``/``names``       HASH  instance name <-> 3-byte id (per group)
+``degraded``            SET   instances whose event stream showed a sequence gap
+``instances``           SET   instances with entries
+``linear``              SET   instances that ever reported linear-state checkpoints (an
                               engine that reports none is matched on full blocks only)
-``pfx:graveyard``       LIST  cleared instances' epoch keys still to sweep (old id + key
-                              ``pfx:gy:{n}``): ``AllBlocksCleared`` gives the instance a fresh
+``graveyard``           LIST  cleared instances' epoch keys still to sweep (old id + key
+                              ``gy:{n}``): ``AllBlocksCleared`` gives the instance a fresh
                               id at once and leaves the records to :func:`prefix_index_sweep`
 
 Memory is bounded per instance by ``cap``: stores are counted in epochs of ``cap / K`` (K = 16,
@@ -46,16 +48,18 @@ hash). vLLM sends ``BlockRemoved`` for what it evicts, so the cap only bounds wh
 behind; it evicts oldest-stored first, to within one epoch.
 
 Lookup: a chain ``h0..hn`` is matched by intersecting holders block by block until the run is
-empty. That walk runs server-side in one Lua script for all chains of an API call
-(:func:`prefix_matches_queue`, queued in the caller's one read pipeline): only the answer, a few
-(instance, blocks) pairs per chain, crosses the network.
+empty. That walk runs server-side in one Lua script per group for all chains of an API call
+(:func:`prefix_matches_queue`; one group: one command, several: one pipeline, which a cluster
+client sends to the nodes in parallel): only the answer, a few (instance, blocks) pairs per
+chain, crosses the network.
 
 Sequence numbers: batches carry the publisher's ``seq`` (+1 per batch, from 0). A batch with
 ``seq`` at or below the last one is a redelivery and is skipped; a jump marks the instance
 ``degraded`` (entries kept but trusted less, the gap shown by the API) until
 ``AllBlocksCleared`` or an engine restart (``seq`` back to 0) empties its entries, after which
 the index for it is exact again. Each batch is applied by one Lua script, atomically.
-The scripts touch keys they compute, so this store needs a single Redis (not Redis Cluster).
+Every key a script touches is under its group's prefix, so the store runs on a single Redis
+or a Redis Cluster alike.
 """
 
 from __future__ import annotations
@@ -70,9 +74,16 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from django.conf import settings
 
+from clusters.live.keys import prefix_group_prefixes, prefix_instance_prefix
 from controlplane.redis_connection import redis_async, redis_sync
-from controlplane.redis_scripts import lua_script, pipeline_run, pipeline_run_async
+from controlplane.redis_scripts import (
+    lua_script,
+    pipeline_run,
+    pipeline_run_async,
+    script_call_async,
+)
 
 DEFAULT_CAP_PER_INSTANCE = 200_000
 EPOCHS = 16
@@ -81,6 +92,16 @@ _U64 = 1 << 64
 # Media (vLLM's ``medium``): GPU is the default tier (and what engines without the field mean).
 MEDIA = {"gpu": 0, "cpu": 1, "storage": 2, "disk": 2}
 OTHER_MEDIUM = 3
+
+
+def prefix_index_groups() -> int:
+    """The index's instance groups (``PREFIX_INDEX_GROUPS``; :mod:`clusters.live.keys`)."""
+    return int(settings.PREFIX_INDEX_GROUPS)
+
+
+def _instance_prefix(instance: str) -> list[str]:
+    """``KEYS`` of a script on ``instance``'s group: its key prefix."""
+    return [prefix_instance_prefix(instance, prefix_index_groups())]
 
 
 class BlockHashError(ValueError):
@@ -186,6 +207,9 @@ class IndexMatch:
 
     tokens_by_instance: Mapping[str, int]
     degraded: frozenset[str] = field(default_factory=frozenset)
+    # Some index groups did not answer in time (a slow or lost shard): the matches of their
+    # instances are missing, not zero.
+    unavailable: bool = False
 
     def by_cluster(self, cluster_of: Mapping[str, str]) -> dict[str, int]:
         """Best match per cluster (an instance's cache is usable only on that instance)."""
@@ -208,9 +232,11 @@ local function rec_find(val, idb)
   end
   return nil
 end
+-- every key is the group's (KEYS[1], ``pfx:{tag}:``): one slot, so one node of a cluster
+local P = KEYS[1]
 local function bucket_of(h)
   -- the bucket is named by the key's last 2 bytes, raw (no number formatting on this path)
-  return 'pfx:h:' .. sub(h, 7, 8), sub(h, 1, 6)
+  return P .. 'h:' .. sub(h, 7, 8), sub(h, 1, 6)
 end
 """
 
@@ -227,18 +253,18 @@ local cap = tonumber(ARGV[2])
 local now = ARGV[3]
 local k_epochs = tonumber(ARGV[4])
 local epoch_len = math.ceil(cap / k_epochs)
-local pre = 'pfx:i:' .. inst .. ':'
+local pre = P .. 'i:' .. inst .. ':'
 local meta = pre .. 'm'
 
 local m = call('HMGET', meta, 'id', 'blocks', 'ckpts', 'stores', 'last_seq', 'state', 'drop')
 local idb = m[1]
 if not idb then
-  idb = call('HGET', 'pfx:ids', inst)
+  idb = call('HGET', P .. 'ids', inst)
   if not idb then
-    local n = call('INCR', 'pfx:nextid')
+    local n = call('INCR', P .. 'nextid')
     idb = char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
-    call('HSET', 'pfx:ids', inst, idb)
-    call('HSET', 'pfx:names', idb, inst)
+    call('HSET', P .. 'ids', inst, idb)
+    call('HSET', P .. 'names', idb, inst)
   end
   call('HSET', meta, 'id', idb)
 end
@@ -323,7 +349,7 @@ local function epoch_drop(e)
 end
 
 local function new_id()
-  local n = call('INCR', 'pfx:nextid')
+  local n = call('INCR', P .. 'nextid')
   return char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
 end
 
@@ -336,24 +362,24 @@ local function clear()
   for e = 0, 255 do
     local ekey = pre .. 'e:' .. e
     if call('EXISTS', ekey) == 1 then
-      local gkey = 'pfx:gy:' .. call('INCR', 'pfx:gy:next')
+      local gkey = P .. 'gy:' .. call('INCR', P .. 'gy:next')
       call('RENAME', ekey, gkey)
-      call('RPUSH', 'pfx:graveyard', old .. gkey)
+      call('RPUSH', P .. 'graveyard', old .. gkey)
       moved = true
     end
   end
   if moved then
     idb = new_id()
-    call('HDEL', 'pfx:names', old)
-    call('HSET', 'pfx:ids', inst, idb)
-    call('HSET', 'pfx:names', idb, inst)
+    call('HDEL', P .. 'names', old)
+    call('HSET', P .. 'ids', inst, idb)
+    call('HSET', P .. 'names', idb, inst)
     call('HSET', meta, 'id', idb)
   end
   counts[1] = 0
   counts[2] = 0
   stores = 0
   drop_e, drop_at = nil, 0  -- its key went to the graveyard with the rest
-  call('SREM', 'pfx:degraded', inst)
+  call('SREM', P .. 'degraded', inst)
   state = 'exact'
 end
 
@@ -362,7 +388,7 @@ local function store(kind, medium, group, packed)
     call('HSET', meta, 'g' .. group, kind)
     groups[group] = kind
   end
-  if kind == 1 then call('SADD', 'pfx:linear', inst) end
+  if kind == 1 then call('SADD', P .. 'linear', inst) end
   local bitv = bit.lshift(1, kind * 4 + medium)
   local epoch = math.floor(stores / epoch_len) % 256
   local ekey = pre .. 'e:' .. epoch
@@ -441,7 +467,7 @@ while i <= #ARGV do
         call('HSET', meta, 'gap_at', now)
         call('HINCRBY', meta, 'gaps', 1)
         call('HINCRBY', meta, 'missed', gap)
-        call('SADD', 'pfx:degraded', inst)
+        call('SADD', P .. 'degraded', inst)
       end
     end
     if not skip then last = seq end
@@ -488,7 +514,7 @@ if applied > 0 then
 end
 call('HSET', meta, unpack(fields))
 if applied > 0 then call('HINCRBY', meta, 'events', applied) end
-call('SADD', 'pfx:instances', inst)
+call('SADD', P .. 'instances', inst)
 return out
 """
 )
@@ -587,7 +613,7 @@ _SWEEP_LUA = (
     + """
 local budget = tonumber(ARGV[1])
 while budget > 0 do
-  local head = call('LINDEX', 'pfx:graveyard', 0)
+  local head = call('LINDEX', P .. 'graveyard', 0)
   if not head then return 0 end
   local old, gkey = sub(head, 1, 3), sub(head, 4)
   local at = tonumber(call('GET', gkey .. ':o')) or 0
@@ -604,12 +630,12 @@ while budget > 0 do
   budget = budget - #packed / 8
   if #packed == 0 or at + #packed >= call('STRLEN', gkey) then
     call('DEL', gkey, gkey .. ':o')
-    call('LPOP', 'pfx:graveyard')
+    call('LPOP', P .. 'graveyard')
   else
     call('SET', gkey .. ':o', at + #packed)
   end
 end
-return call('LLEN', 'pfx:graveyard')
+return call('LLEN', P .. 'graveyard')
 """
 )
 SWEEP_SCRIPT = lua_script(_SWEEP_LUA, "prefix sweep")
@@ -619,31 +645,53 @@ SWEEP_BUDGET = 2_000
 SWEEP_STEP = 250
 
 
-def prefix_index_sweep(budget: int = SWEEP_BUDGET, client: redis.Redis | None = None) -> int:
-    """Remove up to ``budget`` records of cleared instances; the graveyard keys left (0: done).
-    Run after every KV-event post (bounded), so a clear costs a few ms per post, not a stall."""
+def _sweep_prefixes(instance: str | None) -> list[str]:
+    """The groups a sweep visits: ``instance``'s (after its post: a clear leaves its records
+    in its own group), or every group."""
+    if instance is not None:
+        return _instance_prefix(instance)
+    return prefix_group_prefixes(prefix_index_groups())
+
+
+def prefix_index_sweep(
+    budget: int = SWEEP_BUDGET, client: redis.Redis | None = None, instance: str | None = None
+) -> int:
+    """Remove up to ``budget`` records of cleared instances (per group visited); the graveyard
+    keys left (0: done). Run after every KV-event post (bounded, on the poster's group), so a
+    clear costs a few ms per post, not a stall."""
     r = client or redis_sync()
-    left = budget
-    while True:
-        keys = int(SWEEP_SCRIPT.run(r, [], [min(SWEEP_STEP, left)]))
-        left -= SWEEP_STEP
-        if not keys or left <= 0:
-            return keys
+    keys_left = 0
+    for prefix in _sweep_prefixes(instance):
+        left = budget
+        while True:
+            keys = int(SWEEP_SCRIPT.run(r, [prefix], [min(SWEEP_STEP, left)]))
+            left -= SWEEP_STEP
+            if not keys or left <= 0:
+                keys_left += keys
+                break
+    return keys_left
 
 
 async def prefix_index_sweep_async(
-    budget: int = SWEEP_BUDGET, client: aioredis.Redis | None = None, redis_share: float = 1.0
+    budget: int = SWEEP_BUDGET,
+    client: aioredis.Redis | None = None,
+    redis_share: float = 1.0,
+    instance: str | None = None,
 ) -> int:
     """Async twin of :func:`prefix_index_sweep`; its calls spaced like
     :func:`kv_batches_apply_async`'s (``redis_share``, :data:`INGEST_PACER`)."""
     r = client or redis_async()
-    left = budget
-    while True:
-        async with INGEST_PACER.turn(redis_share):
-            keys = int(await SWEEP_SCRIPT.run_async(r, [], [min(SWEEP_STEP, left)]))
-        left -= SWEEP_STEP
-        if not keys or left <= 0:
-            return keys
+    keys_left = 0
+    for prefix in _sweep_prefixes(instance):
+        left = budget
+        while True:
+            async with INGEST_PACER.turn(redis_share):
+                keys = int(await SWEEP_SCRIPT.run_async(r, [prefix], [min(SWEEP_STEP, left)]))
+            left -= SWEEP_STEP
+            if not keys or left <= 0:
+                keys_left += keys
+                break
+    return keys_left
 
 
 def kv_batch_apply(
@@ -655,7 +703,8 @@ def kv_batch_apply(
 ) -> BatchResult:
     """Apply one KV-event batch of ``instance`` atomically (hashes already folded)."""
     r = client or redis_sync()
-    raw = APPLY_SCRIPT.run(r, [], _apply_args(instance, [(seq, events)], cap, time.time()))
+    args = _apply_args(instance, [(seq, events)], cap, time.time())
+    raw = APPLY_SCRIPT.run(r, _instance_prefix(instance), args)
     return _results(raw)[0]
 
 
@@ -727,10 +776,11 @@ async def kv_batches_apply_async(
     r = client or redis_async()
     now = time.time()
     results: list[BatchResult] = []
+    keys = _instance_prefix(instance)
     for part in _slices(batches):
         args = _apply_args(instance, part, cap, now)
         async with INGEST_PACER.turn(redis_share):
-            raw = await APPLY_SCRIPT.run_async(r, [], args)
+            raw = await APPLY_SCRIPT.run_async(r, keys, args)
         results.extend(_results(raw))
     return results
 
@@ -739,9 +789,13 @@ def prefix_index_instance_reset(instance: str, client: redis.Redis | None = None
     """Forget everything about an instance (removed from inventory, or operator reset)."""
     r = client or redis_sync()
     kv_batch_apply(instance, None, [AllCleared()], client=r)
-    r.delete(f"pfx:i:{instance}:m")
-    r.srem("pfx:instances", instance)
-    r.srem("pfx:linear", instance)
+    prefix = _instance_prefix(instance)[0]
+    # One pipeline on the group's slot (a cluster sends it to one node).
+    pipe = r.pipeline(transaction=False)
+    pipe.delete(f"{prefix}i:{instance}:m")
+    pipe.srem(f"{prefix}instances", instance)
+    pipe.srem(f"{prefix}linear", instance)
+    pipe.execute()
 
 
 # --- lookup -------------------------------------------------------------------------------
@@ -759,9 +813,9 @@ _MATCH_LUA = (
 local hybrid = ARGV[1] == '1'
 local linear = {}
 if hybrid then
-  local names = call('SMEMBERS', 'pfx:linear')
+  local names = call('SMEMBERS', P .. 'linear')
   if #names > 0 then
-    local ids = call('HMGET', 'pfx:ids', unpack(names))
+    local ids = call('HMGET', P .. 'ids', unpack(names))
     for _, idb in ipairs(ids) do if idb then linear[idb] = true end end
   end
 end
@@ -788,7 +842,7 @@ for c = 2, #ARGV do
   for q = 1, #packed, 8 do
     -- bucket_of, inlined: this line runs for every block of every chain. (Remembering the
     -- holders of blocks seen earlier in the call cost more than the reads it saved.)
-    local val = call('HGET', 'pfx:h:' .. sub(packed, q + 6, q + 7), sub(packed, q, q + 5))
+    local val = call('HGET', P .. 'h:' .. sub(packed, q + 6, q + 7), sub(packed, q, q + 5))
     if not val then break end
     if val ~= run_val then
       if alive then close_run(alive, depth, full, usable) end
@@ -836,7 +890,7 @@ for c = 2, #ARGV do
   out[at] = k
 end
 if #wanted_list > 0 then
-  local names = call('HMGET', 'pfx:names', unpack(wanted_list))
+  local names = call('HMGET', P .. 'names', unpack(wanted_list))
   local name_of = {}
   for j, idb in ipairs(wanted_list) do name_of[idb] = names[j] or '' end
   local at = 1
@@ -849,7 +903,7 @@ if #wanted_list > 0 then
     at = at + 1 + 2 * k
   end
 end
-local degraded = call('SMEMBERS', 'pfx:degraded')
+local degraded = call('SMEMBERS', P .. 'degraded')
 out[#out + 1] = #degraded
 for _, inst in ipairs(degraded) do out[#out + 1] = inst end
 return out
@@ -859,25 +913,29 @@ MATCH_SCRIPT = lua_script(_MATCH_LUA, "prefix match")
 
 
 def prefix_matches_queue(pipe: Any, chains: Sequence[BlockKeys], hybrid: bool) -> None:
-    """Queue ONE command matching every chain server-side (see :func:`prefix_matches_parse`).
+    """Queue ONE command per index group matching every chain server-side (see
+    :func:`prefix_matches_parse`): on a cluster the pipeline sends each node its groups' calls,
+    the nodes in parallel; nothing scans the keyspace.
 
     Chains hold folded keys (:data:`BlockKeys`: 16 hex digits each, :func:`block_hash_key`, or
     already packed); each travels as one binary string.
     """
-    MATCH_SCRIPT.queue(pipe, [], ["1" if hybrid else "0", *(_packed(chain) for chain in chains)])
+    args = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
+    for prefix in prefix_group_prefixes(prefix_index_groups()):
+        MATCH_SCRIPT.queue(pipe, [prefix], args)
 
 
-def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> list[IndexMatch]:
-    """One :class:`IndexMatch` per chain, in order, from the result of the queued command."""
-    out: list[IndexMatch] = []
+def _group_parse(
+    raw: Sequence[Any], n_chains: int, block_size: int, per_chain: list[dict[str, int]]
+) -> set[str]:
+    """Add one group's matches to ``per_chain``; its degraded instances."""
     at = 0
-    per_chain: list[dict[str, int]] = []
     # A call names a few instances thousands of times: each name is decoded once.
     names: dict[Any, str] = {}
-    for _ in range(n_chains):
+    for c in range(n_chains):
         k = int(raw[at])
         at += 1
-        tokens: dict[str, int] = {}
+        tokens = per_chain[c]
         for j in range(at, at + 2 * k, 2):
             inst = raw[j]
             name = names.get(inst)
@@ -886,22 +944,113 @@ def prefix_matches_parse(raw: Sequence[Any], n_chains: int, block_size: int) -> 
             if name:  # '' is a cleared instance's old id, its records not yet swept
                 tokens[name] = int(raw[j + 1]) * block_size
         at += 2 * k
-        per_chain.append(tokens)
     n_degraded = int(raw[at])
-    degraded = frozenset(
+    return {
         d.decode() if isinstance(d, bytes) else str(d) for d in raw[at + 1 : at + 1 + n_degraded]
-    )
-    for tokens in per_chain:
-        out.append(IndexMatch(tokens_by_instance=tokens, degraded=degraded))
-    return out
+    }
+
+
+def prefix_matches_parse(
+    raws: Sequence[Sequence[Any]], n_chains: int, block_size: int, unavailable: bool = False
+) -> list[IndexMatch]:
+    """One :class:`IndexMatch` per chain, in order, from the replies of the queued commands
+    (one per group; an instance is in one group, so the groups' matches never overlap);
+    ``unavailable``: some groups' replies are missing."""
+    per_chain: list[dict[str, int]] = [{} for _ in range(n_chains)]
+    degraded: set[str] = set()
+    for raw in raws:
+        degraded |= _group_parse(raw, n_chains, block_size, per_chain)
+    frozen = frozenset(degraded)
+    return [
+        IndexMatch(tokens_by_instance=tokens, degraded=frozen, unavailable=unavailable)
+        for tokens in per_chain
+    ]
+
+
+def _prefixes_by_node(client: Any, prefixes: list[str]) -> list[list[str]]:
+    """The groups' prefixes per node that serves them now (a single Redis: one node)."""
+    if not isinstance(client, aioredis.RedisCluster | redis.RedisCluster):
+        return [prefixes]
+    by_node: dict[str, list[str]] = {}
+    try:
+        for prefix in prefixes:
+            node = client.get_node_from_key(prefix)
+            by_node.setdefault(node.name if node is not None else "", []).append(prefix)
+    except (redis.RedisError, redis.exceptions.RedisClusterException):
+        # The client has not read the slots yet, or a slot is between masters (a failover):
+        # one call per group, each routed (and the slots read) by the client itself.
+        return [[prefix] for prefix in prefixes]
+    return list(by_node.values())
+
+
+async def prefix_matches_bounded_async(
+    client: aioredis.Redis,
+    chains: Sequence[BlockKeys],
+    hybrid: bool,
+    block_size: int,
+    deadline_s: float,
+) -> list[IndexMatch]:
+    """The matches of ``chains`` within ``deadline_s``: one pipelined call per node (its
+    groups), the nodes in parallel. A node that has not answered by then, or fails (a lost
+    master before its replica is promoted), leaves its groups' matches out and the matches say
+    ``unavailable``: a slow shard costs the decision its hits, never its deadline."""
+    args = ["1" if hybrid else "0", *(_packed(chain) for chain in chains)]
+    prefixes = prefix_group_prefixes(prefix_index_groups())
+
+    async def node_call(group: list[str]) -> list[Any]:
+        if len(group) == 1:
+            return [
+                await script_call_async(client, lambda p: MATCH_SCRIPT.queue(p, [group[0]], args))
+            ]
+
+        def queue(pipe: Any) -> None:
+            for prefix in group:
+                MATCH_SCRIPT.queue(pipe, [prefix], args)
+
+        return await pipeline_run_async(client, queue)
+
+    by_node = _prefixes_by_node(client, prefixes)
+    if len(by_node) == 1:
+        # One node (a single Redis): no task to spawn, the call itself is bounded. Its errors
+        # are the caller's (a Redis that refuses connections is down, not slow).
+        try:
+            async with asyncio.timeout(deadline_s):
+                raws = await node_call(by_node[0])
+        except TimeoutError:
+            return prefix_matches_parse([], len(chains), block_size, unavailable=True)
+        return prefix_matches_parse(raws, len(chains), block_size)
+    tasks = [asyncio.ensure_future(node_call(g)) for g in by_node]
+    done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    for task in pending:
+        task.cancel()
+    raws = []
+    missing = bool(pending)
+    for task in done:
+        if task.exception() is not None:
+            missing = True
+        else:
+            raws.extend(task.result())
+    return prefix_matches_parse(raws, len(chains), block_size, unavailable=missing)
+
+
+async def prefix_matches_async(
+    client: aioredis.Redis, chains: Sequence[BlockKeys], hybrid: bool, block_size: int
+) -> list[IndexMatch]:
+    """The matches of ``chains``: one scripted command per group (one group: sent alone,
+    without a pipeline's cost)."""
+    if prefix_index_groups() == 1:
+        raw = await script_call_async(client, lambda p: prefix_matches_queue(p, chains, hybrid))
+        return prefix_matches_parse([raw], len(chains), block_size)
+    raws = await pipeline_run_async(client, lambda p: prefix_matches_queue(p, chains, hybrid))
+    return prefix_matches_parse(raws, len(chains), block_size)
 
 
 def prefix_match(
     chain: Sequence[str], block_size: int, hybrid: bool = False, client: redis.Redis | None = None
 ) -> IndexMatch:
     """One round trip: the longest matched prefix per instance."""
-    raw = pipeline_run(client or redis_sync(), lambda p: prefix_matches_queue(p, [chain], hybrid))
-    return prefix_matches_parse(raw[0], 1, block_size)[0]
+    raws = pipeline_run(client or redis_sync(), lambda p: prefix_matches_queue(p, [chain], hybrid))
+    return prefix_matches_parse(raws, 1, block_size)[0]
 
 
 async def prefix_match_async(
@@ -910,9 +1059,7 @@ async def prefix_match_async(
     hybrid: bool = False,
     client: aioredis.Redis | None = None,
 ) -> IndexMatch:
-    r = client or redis_async()
-    raw = await pipeline_run_async(r, lambda p: prefix_matches_queue(p, [chain], hybrid))
-    return prefix_matches_parse(raw[0], 1, block_size)[0]
+    return (await prefix_matches_async(client or redis_async(), [chain], hybrid, block_size))[0]
 
 
 # --- health and size --------------------------------------------------------------------------
@@ -923,12 +1070,16 @@ def prefix_index_states(
 ) -> list[InstanceIndexState]:
     """Index health per instance (all instances with entries when ``instances`` is None)."""
     r = client or redis_sync()
+    groups = prefix_index_groups()
     if instances is None:
-        instances = sorted(m.decode() for m in r.smembers("pfx:instances"))  # type: ignore[union-attr]
+        pipe = r.pipeline(transaction=False)
+        for prefix in prefix_group_prefixes(groups):
+            pipe.smembers(f"{prefix}instances")
+        instances = sorted(m.decode() for members in pipe.execute() for m in members)
     pipe = r.pipeline(transaction=False)
     for inst in instances:
         pipe.hmget(
-            f"pfx:i:{inst}:m",
+            f"{prefix_instance_prefix(inst, groups)}i:{inst}:m",
             "state",
             "last_seq",
             "gaps",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from clusters.live.keys import slot_groups
+from controlplane.redis_connection import live_store_is_cluster
 from controlplane.redis_scripts import lua_script
 
 # Hash counters and a capped list in ONE command: a call's traffic and metrics counters and
@@ -47,13 +49,30 @@ def counters_queue(
     entries: Sequence[str] = (),
 ) -> None:
     """Queue one EVALSHA applying ``(key, field, incr, ttl_s or 0)`` hash increments (integer
-    ones, then float ones) and pushing ``entries`` (in order) onto the capped ``list_key``."""
+    ones, then float ones) and pushing ``entries`` (in order) onto the capped ``list_key``;
+    on a cluster one per hash slot the keys fall in (a script runs in one slot), each naming
+    a key of its slot as ``KEYS[1]`` so that it is sent to that slot's node."""
     if not ints and not floats and not entries:
         return
-    args: list[Any] = [list_key or "live:nolist", list_cap, len(ints), len(floats)]
-    for key, name, incr, ttl in ints:
-        args += [key, name, int(incr), ttl]
-    for key, name, incr, ttl in floats:
-        args += [key, name, repr(float(incr)), ttl]
-    args += entries
-    COUNTERS_SCRIPT.queue(pipe, [], args)
+    # (kind, key, field, incr, ttl): kind 0 integer, 1 float, 2 the list's entries
+    rows: list[tuple[int, str, Any, Any, int]] = [(0, *row) for row in ints]
+    rows += [(1, *row) for row in floats]
+    if entries:
+        rows.append((2, list_key, "", 0, 0))
+    for group in slot_groups(rows, lambda row: row[1], live_store_is_cluster()):
+        pushes = any(row[0] == 2 for row in group)
+        g_ints = [row[1:] for row in group if row[0] == 0]
+        g_floats = [row[1:] for row in group if row[0] == 1]
+        args: list[Any] = [
+            list_key if pushes else "live:nolist",
+            list_cap,
+            len(g_ints),
+            len(g_floats),
+        ]
+        for key, name, incr, ttl in g_ints:
+            args += [key, name, int(incr), ttl]
+        for key, name, incr, ttl in g_floats:
+            args += [key, name, repr(float(incr)), ttl]
+        if pushes:
+            args += entries
+        COUNTERS_SCRIPT.queue(pipe, [group[0][1]], args)

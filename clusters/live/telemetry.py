@@ -27,6 +27,13 @@ Key layout (all under ``live:``; ids are the inventory's instance and link ids a
 ``live:resv:{link}``                ZSET  reservation id -> predicted transfer end (unix s).
 ``live:resv:{link}:b``              HASH  reservation id -> bytes.
 ``live:resv:{link}:sum``            STRING total bytes of live reservations.
+``live:resv:{link}:own``            HASH  on a Redis Cluster: ``id`` (the node that took the link's
+                                          reservations), ``hold`` (longest hold admitted, s),
+                                          ``horizon`` (latest end), ``fence`` (held full until;
+                                          after a failover, see ``_RESERVE_LUA``).
+
+The braces of ``live:resv:{link}`` are literal: the link is the keys' hash tag, so a link's
+reservations are in one slot of a Redis Cluster (:mod:`clusters.live.keys`).
 
 Reservations are the in-flight KV bytes on a link. ``link_reserve`` is one Lua script: it first
 drops reservations whose transfer has ended, then admits the new one only if the sum stays
@@ -48,7 +55,8 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from controlplane.redis_connection import redis_async, redis_sync
+from clusters.live.keys import reservation_key, reservation_keys, slot_groups
+from controlplane.redis_connection import live_store_is_cluster, redis_async, redis_sync
 from controlplane.redis_scripts import lua_script, pipeline_run
 
 BANDWIDTH_RETENTION_S = 3900
@@ -124,10 +132,6 @@ def _idem_key(key: str) -> str:
     return f"live:idem:{key}"
 
 
-def reservation_keys(link: str) -> list[str]:
-    return [f"live:resv:{link}", f"live:resv:{link}:b", f"live:resv:{link}:sum"]
-
-
 # --- writes -------------------------------------------------------------------------------
 
 
@@ -192,7 +196,9 @@ def telemetry_batch_store(
         _idem_key(idempotency_key), "1", nx=True, ex=IDEMPOTENCY_TTL_S
     ):
         return False
-    pipe = r.pipeline(transaction=True)
+    # A transaction on a single Redis (readers never see half a batch); a cluster cannot make
+    # one across slots, and a reader there may see a batch's links before its instances.
+    pipe = r.pipeline(transaction=not live_store_is_cluster())
     _queue_batch(pipe, instances, links)
     try:
         pipe.execute()
@@ -215,7 +221,9 @@ async def telemetry_batch_store_async(
         _idem_key(idempotency_key), "1", nx=True, ex=IDEMPOTENCY_TTL_S
     ):
         return False
-    pipe = r.pipeline(transaction=True)
+    # A transaction on a single Redis (readers never see half a batch); a cluster cannot make
+    # one across slots, and a reader there may see a batch's links before its instances.
+    pipe = r.pipeline(transaction=not live_store_is_cluster())
     _queue_batch(pipe, instances, links)
     try:
         await pipe.execute()
@@ -367,33 +375,35 @@ def link_bandwidth_series(
 
 # --- reservations ---------------------------------------------------------------------------
 
-# ARGV: now, key ttl, list key, list cap, then ONE JSON array of the reservations, each
-#   [link, id, bytes, end, budget, ok_incr, fail_incr, ok_entry, fail_entry]
-# (one argument, not nine per reservation: packing a batch's ~1,400 arguments cost the caller
-# more than the script). ``*_incr``: ``[[key, field, incr, ttl_s or 0], ...]`` applied for the
-# branch taken (may be empty); ``*_entry``: pushed on the capped list for that branch ('' for
-# none). Returns ``[admitted 0|1, reserved bytes after]`` per reservation, in order.
-# Reservations are taken in order, each seeing the ones before it; recording what happened in
-# the same step keeps counters true to the branch taken. Keys are derived from link names, so
-# like the prefix index this needs a single Redis, not Redis Cluster.
+# ARGV: now, key ttl, then ONE JSON array of the reservations, each [link, id, bytes, end,
+# budget] (one argument, not five per reservation: packing a batch's arguments cost the caller
+# more than the script), then 1 on a Redis Cluster (0: a single Redis). Returns
+# ``[admitted 0|1, reserved bytes after]`` per reservation, in order. Reservations are taken in
+# order, each seeing the ones before it on its link. KEYS[1]: the reservation key of the first
+# link: every link of a call is in its slot (a cluster: one call per slot,
+# :func:`link_reserve_many_queue`; a single Redis: one call).
+#
+# A failover: a replica promoted in place of a lost master has what was replicated to it, not
+# the reservations the master took after that. On a cluster each link remembers which node
+# took its reservations (``:own``, with the longest hold admitted and the latest end); a call
+# that finds itself on another node (the slot moved: a failover, or a resharding) holds the
+# link full until every reservation the old node may have taken would have ended (the latest
+# end it knew, and at least the longest hold seen from now), then admits again. Nothing is
+# ever admitted over the budget on the strength of a reservation the failover lost.
 _RESERVE_LUA = """
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local list_key = ARGV[3]
-local list_cap = tonumber(ARGV[4])
 local call = redis.call
+local me = nil
+if ARGV[4] == '1' then me = call('CLUSTER', 'MYID') end
+local own_of, fenced, hold_of, horizon_of = {}, {}, {}, {}
 local out = {}
 -- Per link, once per call: expired reservations swept and the sum read (now is one instant
 -- for the whole call, so a second sweep would find nothing new); the sums written back and
 -- the keys' lifetimes renewed once at the end.
 local used_of, links = {}, {}
--- The branches' counters summed per (key, field) and applied once each: a batch's decisions
--- share a handful of counters, and one HINCRBY and EXPIRE per decision and counter were most
--- of the script's time.
-local incr_of, incr_rows, ttl_of, ttl_keys = {}, {}, {}, {}
-local entries = {}
-for _, it in ipairs(cjson.decode(ARGV[5])) do
-  local z = 'live:resv:' .. it[1]
+for _, it in ipairs(cjson.decode(ARGV[3])) do
+  local z = 'live:resv:{' .. it[1] .. '}'
   local hb = z .. ':b'
   local id = it[2]
   local want = it[3]
@@ -412,31 +422,31 @@ for _, it in ipairs(cjson.decode(ARGV[5])) do
     used = tonumber(call('GET', sum) or '0')
     if used < 0 then used = 0 end
     links[#links + 1] = z
+    if me then
+      local st = call('HMGET', z .. ':own', 'id', 'fence', 'hold', 'horizon')
+      local fence = tonumber(st[2]) or 0
+      hold_of[z] = tonumber(st[3]) or 0
+      horizon_of[z] = tonumber(st[4]) or 0
+      if st[1] and st[1] ~= me then
+        fence = math.max(fence, horizon_of[z], now + hold_of[z])
+        call('HSET', z .. ':own', 'fence', fence)
+      end
+      own_of[z] = st[1]
+      fenced[z] = now < fence
+    end
   end
   local admitted = 0
-  if used + want <= it[5] and call('HEXISTS', hb, id) == 0 then
+  if not fenced[z] and used + want <= it[5] and call('HEXISTS', hb, id) == 0 then
     admitted = 1
     call('ZADD', z, it[4], id)
     call('HSET', hb, id, want)
     used = used + want
+    if me then
+      hold_of[z] = math.max(hold_of[z], it[4] - now)
+      horizon_of[z] = math.max(horizon_of[z], it[4])
+    end
   end
   used_of[z] = used
-  local incr, entry = it[6], it[8]
-  if admitted == 0 then incr, entry = it[7], it[9] end
-  for _, e in ipairs(incr) do
-    local k = e[1] .. '\0' .. e[2]
-    local row = incr_of[k]
-    if row == nil then
-      row = {e[1], e[2], 0}
-      incr_of[k] = row
-      incr_rows[#incr_rows + 1] = row
-    end
-    row[3] = row[3] + e[3]
-    local old = ttl_of[e[1]]
-    if old == nil then ttl_keys[#ttl_keys + 1] = e[1] end
-    if old == nil or e[4] > old then ttl_of[e[1]] = e[4] end
-  end
-  if entry ~= '' then entries[#entries + 1] = entry end
   out[#out + 1] = admitted
   out[#out + 1] = used
 end
@@ -445,29 +455,14 @@ for _, z in ipairs(links) do
   call('EXPIRE', z, ttl)
   call('EXPIRE', z .. ':b', ttl)
   call('EXPIRE', z .. ':sum', ttl)
+  if me then
+    call('HSET', z .. ':own', 'id', me, 'hold', hold_of[z], 'horizon', horizon_of[z])
+    call('EXPIRE', z .. ':own', ttl)
+  end
 end
-for _, row in ipairs(incr_rows) do call('HINCRBY', row[1], row[2], row[3]) end
-for _, key in ipairs(ttl_keys) do
-  if ttl_of[key] > 0 then call('EXPIRE', key, ttl_of[key]) end
-end
-for _, entry in ipairs(entries) do call('LPUSH', list_key, entry) end
-if #entries > 0 then call('LTRIM', list_key, 0, list_cap - 1) end
 return out
 """.replace("SWEEP_LIMIT", str(RESERVATION_SWEEP_LIMIT))
 RESERVE_SCRIPT = lua_script(_RESERVE_LUA, "link reserve")
-
-
-@dataclass(frozen=True)
-class ReservationOutcome:
-    """What to record for each branch of a reservation: hash increments
-    ``(key, field, incr, ttl_s or 0)`` and an entry for a capped list (empty: none)."""
-
-    list_key: str
-    admitted_incr: Sequence[tuple[str, str, int, int]]
-    refused_incr: Sequence[tuple[str, str, int, int]]
-    admitted_entry: str
-    refused_entry: str
-    list_cap: int
 
 
 @dataclass(frozen=True)
@@ -479,40 +474,54 @@ class Reservation:
     nbytes: int
     end_ts: float
     budget_bytes: int
-    outcome: ReservationOutcome | None = None
 
 
 def _reserve_args(items: Sequence[Reservation], now: float) -> list[Any]:
-    list_key, list_cap = "live:resv:nolist", 1
-    for item in items:
-        if item.outcome is not None:
-            list_key, list_cap = item.outcome.list_key, item.outcome.list_cap
-            break
-    rows = []
-    for item in items:
-        o = item.outcome
-        rows.append(
-            (
-                item.link,
-                item.reservation_id,
-                int(item.nbytes),
-                float(item.end_ts),
-                int(item.budget_bytes),
-                o.admitted_incr if o else (),
-                o.refused_incr if o else (),
-                o.admitted_entry if o else "",
-                o.refused_entry if o else "",
-            )
+    rows = [
+        (
+            item.link,
+            item.reservation_id,
+            int(item.nbytes),
+            float(item.end_ts),
+            int(item.budget_bytes),
         )
-    return [repr(now), RESERVATION_KEY_TTL_S, list_key, list_cap, orjson.dumps(rows)]
+        for item in items
+    ]
+    return [
+        repr(now),
+        RESERVATION_KEY_TTL_S,
+        orjson.dumps(rows),
+        "1" if live_store_is_cluster() else "0",
+    ]
+
+
+def _reserve_groups(items: Sequence[Reservation]) -> list[list[int]]:
+    """Indexes of ``items`` per script call: by the slot of their link's keys (one call on a
+    single Redis); a link's reservations stay in call order."""
+    return slot_groups(
+        range(len(items)), lambda i: reservation_key(items[i].link), live_store_is_cluster()
+    )
 
 
 def link_reserve_many_queue(
     pipe: Any, items: Sequence[Reservation], now: float | None = None
 ) -> None:
-    """Queue ONE atomic command taking every reservation in order; its result is
-    ``[admitted 0|1, reserved bytes after] * len(items)`` flattened."""
-    RESERVE_SCRIPT.queue(pipe, [], _reserve_args(items, time.time() if now is None else now))
+    """Queue the atomic commands taking every reservation, in order per link: one, or on a
+    cluster one per hash slot of the links (:func:`link_reserve_many_parse` reads them)."""
+    t = time.time() if now is None else now
+    for group in _reserve_groups(items):
+        first = reservation_key(items[group[0]].link)
+        RESERVE_SCRIPT.queue(pipe, [first], _reserve_args([items[i] for i in group], t))
+
+
+def link_reserve_many_parse(items: Sequence[Reservation], raws: Sequence[Any]) -> list[int]:
+    """``[admitted 0|1, reserved bytes after] * len(items)`` flattened, in the items' order,
+    from the replies of :func:`link_reserve_many_queue`'s commands."""
+    flat = [0] * (2 * len(items))
+    for group, raw in zip(_reserve_groups(items), raws, strict=True):
+        for k, i in enumerate(group):
+            flat[2 * i], flat[2 * i + 1] = int(raw[2 * k]), int(raw[2 * k + 1])
+    return flat
 
 
 def _reserve_one_args(
@@ -534,7 +543,7 @@ def link_reserve(
     """Reserve ``nbytes`` on ``link`` until ``end_ts`` if the budget allows; True if admitted."""
     r = client or redis_sync()
     args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
-    admitted, _ = RESERVE_SCRIPT.run(r, [], args)
+    admitted, _ = RESERVE_SCRIPT.run(r, [reservation_key(link)], args)
     return bool(admitted)
 
 
@@ -550,7 +559,7 @@ async def link_reserve_async(
     """Async twin of :func:`link_reserve`."""
     r = client or redis_async()
     args = _reserve_one_args(link, reservation_id, nbytes, end_ts, budget_bytes, now)
-    admitted, _ = await RESERVE_SCRIPT.run_async(r, [], args)
+    admitted, _ = await RESERVE_SCRIPT.run_async(r, [reservation_key(link)], args)
     return bool(admitted)
 
 

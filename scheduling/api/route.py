@@ -213,6 +213,12 @@ class RouteOut(Schema):
         description="decided without fresh live state (Redis away, telemetry old) or from a "
         "snapshot older than SNAPSHOT_MAX_AGE_S (the database away)"
     )
+    prefix_unavailable: bool = Field(
+        False,
+        description="present (true) when the prefix index did not answer within "
+        "PREFIX_READ_DEADLINE_S, or a shard of it failed: decided without (some of) the "
+        "request's cache hits",
+    )
     snapshot_age_s: float = Field(
         description="seconds since the topology and policy this was decided with were read"
     )

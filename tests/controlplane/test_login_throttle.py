@@ -12,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.factories import UserFactory
+from tests.support.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
@@ -71,3 +72,28 @@ def test_a_success_before_the_limit_resets_the_count(client: Client, ops: User) 
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         login(client, "ops", "wrong")
     assert login(client, "ops", RIGHT).status_code == 302
+
+
+# --- a Redis outage (issue 33, item 8) ------------------------------------------------------
+
+
+@pytest.fixture
+def redis_stopped(own_redis: RedisServer, settings: Any) -> None:
+    """The cache (and so the login throttle) on a private redis-server that is then stopped."""
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": own_redis.url}}
+    own_redis.stop()
+
+
+@pytest.mark.usefixtures("redis_stopped")
+def test_an_operator_logs_in_while_redis_is_down(client: Client, ops: User) -> None:
+    response = login(client, "ops", RIGHT)
+    assert response.status_code == 302
+    assert client.session["_auth_user_id"] == str(ops.pk)
+
+
+@pytest.mark.usefixtures("redis_stopped")
+def test_guessing_is_still_throttled_while_redis_is_down(client: Client, ops: User) -> None:
+    # The counts fall back to the process's own memory: lost with the process, never skipped.
+    statuses = [login(client, "ops", f"guess-{i}").status_code for i in range(30)]
+    assert set(statuses[settings.AXES_FAILURE_LIMIT :]) == {429}
+    assert login(client, "ops", RIGHT).status_code == 429

@@ -42,6 +42,9 @@ def control_plane_serve(
             f"/{database['NAME']}"
         ),
         "REDIS_URL": redis_url,
+        # Live state where the test's settings have it (a Redis Cluster under
+        # ``make test-cluster``, unless the test points it back at a Redis of its own).
+        "REDIS_CLUSTER_URL": settings.REDIS_CLUSTER_URL,
         "PATH": "/usr/bin:/bin",
         "LOG_LEVEL": "WARNING",
         **(extra_env or {}),
@@ -88,6 +91,7 @@ def celery_worker_start(log: IO[bytes] | None = None) -> subprocess.Popen[bytes]
         f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     )
     env["REDIS_URL"] = settings.REDIS_URL
+    env["REDIS_CLUSTER_URL"] = settings.REDIS_CLUSTER_URL
     return subprocess.Popen(
         [
             sys.executable,

@@ -11,6 +11,11 @@ settings and for every subprocess server the tests start, and stops both (by the
 and removes the directory when the session ends. Under pytest-xdist (``make test`` runs two
 workers) every worker is such a session, and the process that only distributes tests starts
 nothing. A missing PostgreSQL server package is a clear error, not a skipped suite.
+
+With ``PRFAAS_TEST_REDIS_CLUSTER=1`` (``make test-cluster``) it also starts a Redis Cluster of
+three masters and three replicas (:mod:`tests.support.redis_cluster`) and exports its seed
+nodes as ``REDIS_CLUSTER_URL``: the live stores then run on the cluster, the broker, channel
+layer and cache on the plain Redis, as a deployment with a cluster has them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from tests.support.processes import (
     free_port,
     postgres_bin_dir,
 )
+from tests.support.redis_cluster import ThrowawayRedisCluster
+
+CLUSTER_ENV = "PRFAAS_TEST_REDIS_CLUSTER"
 
 START_TIMEOUT_S = 60.0
 
@@ -134,7 +142,10 @@ class SessionServices:
     def start(self) -> None:
         need_db = not os.environ.get("DATABASE_URL")
         need_redis = not os.environ.get("REDIS_URL")
-        if not (need_db or need_redis):
+        need_cluster = os.environ.get(CLUSTER_ENV) == "1" and not os.environ.get(
+            "REDIS_CLUSTER_URL"
+        )
+        if not (need_db or need_redis or need_cluster):
             return
         self.root = Path(tempfile.mkdtemp(prefix="prfaas-test-services-"))
         atexit.register(self.stop)  # also on an interrupted session
@@ -149,6 +160,11 @@ class SessionServices:
                 rd.start()
                 self.started.append(rd)
                 os.environ["REDIS_URL"] = rd.url
+            if need_cluster:
+                cluster = ThrowawayRedisCluster(self.root / "cluster")
+                self.started.append(cluster)
+                cluster.start()
+                os.environ["REDIS_CLUSTER_URL"] = cluster.url
         except Exception:
             self.stop()
             raise
@@ -177,6 +193,10 @@ def _xdist_controller(early_config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args: Any) -> None:
+    # The route path's index read deadline (a few ms in production) would drop prefix hits
+    # on a loaded test machine and make tests about hits depend on its load; the suite gives
+    # it room, and the tests of the deadline set their own.
+    os.environ.setdefault("PREFIX_READ_DEADLINE_S", "0.5")
     if _xdist_controller(early_config):
         return
     try:
@@ -206,7 +226,9 @@ def _leftovers(own: set[int]) -> list[psutil.Process]:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A test that leaves a process behind fails the session: they are listed, then killed."""
-    own = {s.proc.pid for s in _services.started if s.proc is not None}
+    own = {s.proc.pid for s in _services.started if getattr(s, "proc", None) is not None}
+    for service in _services.started:
+        own |= getattr(service, "pids", set())
     left = _leftovers(own)
     if left:
         _, alive = psutil.wait_procs(left, timeout=5)

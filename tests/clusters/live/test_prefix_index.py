@@ -285,7 +285,7 @@ def test_matches_are_the_block_by_block_walk_whatever_the_holders(
     chains = [c, c[:25], c[:10] + chain(5, start=1000), c[3:], c[:1]]
     for hybrid in (False, True):
         raw = pipeline_run(redis_client, lambda p: px.prefix_matches_queue(p, chains, hybrid))  # noqa: B023
-        got = px.prefix_matches_parse(raw[0], len(chains), 1)
+        got = px.prefix_matches_parse(raw, len(chains), 1)
         assert [m.tokens_by_instance for m in got] == [
             _walk(one, full, linear, hybrid) for one in chains
         ]

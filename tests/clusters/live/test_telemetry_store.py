@@ -7,8 +7,10 @@ import time
 
 import pytest
 import redis
+from django.conf import settings
 
 from clusters.live import telemetry
+from clusters.live.keys import reservation_key
 from clusters.live.telemetry import InstanceSample, LinkSample
 
 
@@ -74,3 +76,20 @@ def test_concurrent_async_reservations_stay_within_budget(redis_client: redis.Re
     results = asyncio.run(run())
     assert sum(results) == 100 // 7
     assert telemetry.link_reserved_bytes("L2") == 7 * (100 // 7)
+
+
+def test_a_link_whose_slot_moved_is_held_full_until_its_old_reservations_end(
+    redis_client: redis.Redis,
+) -> None:
+    """On a Redis Cluster: reservations a lost master took after its last write reached the
+    promoted replica are gone, so the link admits nothing until they would have ended."""
+    if not settings.REDIS_CLUSTER_URL:
+        pytest.skip("a single Redis has no slots to move (make test-cluster runs this)")
+    now = time.time()
+    assert telemetry.link_reserve("F", "a", 100, end_ts=now + 30, budget_bytes=1000, now=now)
+    # As a replica promoted in the old master's place finds it: another node's id.
+    redis_client.hset(reservation_key("F") + ":own", "id", "a-node-that-is-gone")
+    assert not telemetry.link_reserve("F", "b", 100, now + 30, 1000, now=now + 1)
+    assert not telemetry.link_reserve("F", "c", 100, now + 60, 1000, now=now + 29)
+    # The latest end the old node knew (now + 30) and its longest hold (30 s) from the move:
+    assert telemetry.link_reserve("F", "d", 100, now + 90, 1000, now=now + 31.5)

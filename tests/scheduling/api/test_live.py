@@ -13,6 +13,7 @@ import redis
 from django.test import Client
 
 from clusters.live import prefix_index, telemetry
+from clusters.live.keys import prefix_instance_prefix
 from clusters.models import InstanceRole
 from scheduling.core import kv_vllm
 from scheduling.core.kv_events import BlocksStored
@@ -334,6 +335,7 @@ def test_kv_events_while_redis_is_away_get_503_to_retry(
     agent: dict[str, str], settings: Any
 ) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings.REDIS_CLUSTER_URL = ""  # live state on that Redis, whatever the session has
     batch = [time.time(), [{"type": "BlockStored", "block_hashes": [1], "block_size": 32}]]
     response = post("/kv-events", {"instance": "pd-a-p0", "batches": [{"batch": batch}]}, agent)
     assert response.status_code == 503, response.content
@@ -454,6 +456,7 @@ def test_a_sequence_number_beyond_2_53_is_refused_in_both_encodings_and_nothing_
 
 def test_telemetry_while_redis_is_away_is_a_json_503(agent: dict[str, str], settings: Any) -> None:
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_CLUSTER_URL = ""  # live state on that Redis, whatever the session has
     body = {"idempotency_key": "away", "instances": [{"instance": "pd-a-p0", "ts": time.time()}]}
     response = post("/telemetry", body, agent)
     assert response.status_code == 503, response.content
@@ -479,15 +482,17 @@ def test_all_blocks_cleared_on_400k_entries_answers_2xx_and_is_swept_in_bounded_
     assert (response.json()["applied"], response.json()["state"]) == (1, "exact")
     assert prefix_index.prefix_match(first, 32).tokens_by_instance == {}
     assert prefix_index.prefix_index_states(["pd-a-p0"])[0].blocks == 0
-    assert redis_client.llen("pfx:graveyard") > 0  # the records wait for the sweeper
+    group = prefix_instance_prefix("pd-a-p0", prefix_index.prefix_index_groups())
+    assert redis_client.llen(f"{group}graveyard") > 0  # the records wait for the sweeper
 
     steps = 0
     while prefix_index.prefix_index_sweep(budget=50_000):
         steps += 1
     assert steps >= n // 50_000 - 2  # bounded steps, not one long script
-    assert redis_client.llen("pfx:graveyard") == 0
-    assert not redis_client.keys("pfx:gy:[0-9]*")
-    assert all(redis_client.hlen(key) == 0 for key in redis_client.scan_iter("pfx:h:*", count=1000))
+    assert redis_client.llen(f"{group}graveyard") == 0
+    assert not redis_client.keys(f"{group}gy:[0-9]*".replace("{", "\\{").replace("}", "\\}"))
+    buckets = redis_client.scan_iter("pfx:*h:*", count=1000)
+    assert all(redis_client.hlen(key) == 0 for key in buckets)
     # a block the instance stores again is its own, once
     again = {
         "instance": "pd-a-p0",

@@ -23,7 +23,9 @@ import redis
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from clusters.live import prefix_index
 from clusters.live import telemetry as telemetry_store
+from clusters.live.keys import prefix_instance_prefix, reservation_keys
 from clusters.live.prefix_index import block_hash_key
 from clusters.models import Instance, InstanceState
 from clusters.services import instance_update
@@ -531,7 +533,7 @@ def test_concurrent_long_requests_never_reserve_more_than_the_budget(
     reserved = sum(d["reservation"]["bytes"] for d in offloaded)
     assert offloaded, "some long requests must be offloaded"
     assert reserved <= fleet.budget_bytes
-    assert int(redis_client.get("live:resv:prfaas-x->pd-a:sum") or 0) <= fleet.budget_bytes
+    assert int(redis_client.get(reservation_keys("prfaas-x->pd-a")[2]) or 0) <= fleet.budget_bytes
     assert kept and all(d["reason"] == "link_congested" for d in kept)
     assert len(offloaded) + len(kept) == 200
     # Refused when decided or when reserved, each says which link's budget kept it local; the
@@ -681,3 +683,54 @@ def test_a_block_hash_beyond_64_bits_is_named_in_the_error() -> None:
     with pytest.raises(Invalid) as err:
         route_body_decode(body, batch=True)
     assert "requests[0].block_hashes[1]" in err.value.detail
+
+
+# --- the prefix index read is bounded (issue 33) ------------------------------------------------
+
+# Holds the Redis node that serves KEYS[1] for ARGV[1] microseconds: a slow shard (on a single
+# Redis, the whole server).
+_BUSY_LUA = """
+local t0 = redis.call('TIME')
+local start = t0[1] * 1000000 + t0[2]
+while true do
+  local t = redis.call('TIME')
+  if t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+async def test_a_slow_index_shard_costs_the_decision_its_hits_not_its_deadline(
+    client: AsyncClient, fleet: Fleet, redis_client: redis.Redis, settings: Any
+) -> None:
+    # The live state read just before stays in use meanwhile: only the index read meets the
+    # slow node.
+    settings.LIVE_STATE_MAX_AGE_S = 10
+    settings.LIVE_STATE_REFRESH_S = 10
+    settings.PREFIX_READ_DEADLINE_S = 0.02
+    await telemetry(client, fleet)
+    # Short enough to stay local with or without hits: nothing to reserve on the slow node.
+    hashes = chain(12)
+    await kv_stored(client, fleet, "pd-a-p1", hashes[:10])
+    d = await route(client, fleet, prompt_tokens=12 * BLOCK, block_hashes=hashes)
+    assert d["cached_tokens"] == 10 * BLOCK and d["prefill"]["instance"] == "pd-a-p1"
+    assert "prefix_unavailable" not in d
+
+    group = prefix_instance_prefix("pd-a-p1", prefix_index.prefix_index_groups())
+    busy = asyncio.create_task(asyncio.to_thread(redis_client.eval, _BUSY_LUA, 1, group, 800_000))
+    await asyncio.sleep(0.2)  # the script is running
+    d = await route(client, fleet, prompt_tokens=12 * BLOCK, block_hashes=hashes)
+    assert d["prefix_unavailable"] is True
+    assert d["cached_tokens"] == 0
+    assert d["stale"] is False  # decided on live state, without the slow shard's hits
+    await busy
+
+    async def counted() -> float:
+        body = (await client.get("/metrics")).content.decode()
+        line = next(x for x in body.splitlines() if x.startswith("prfaas_prefix_unavailable"))
+        return float(line.split()[-1])
+
+    for _ in range(100):
+        if await counted() >= 1:
+            break
+        await asyncio.sleep(0.1)
+    assert await counted() >= 1

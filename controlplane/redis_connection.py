@@ -31,6 +31,10 @@ from redis.cluster import ClusterNode
 SOCKET_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 1.0
 ASYNC_POOL_SIZE = 48
+# redis-py's asyncio cluster client has no blocking pool: past its bound a command fails at
+# once (MaxConnectionsError, which the route path takes as Redis unavailable). Per node, above
+# the concurrency one worker reaches; Redis holds thousands of clients.
+CLUSTER_POOL_SIZE = 512
 INGEST_TIMEOUT_S = 15.0
 INGEST_POOL_SIZE = 8
 
@@ -93,63 +97,49 @@ def redis_sync() -> redis.Redis:
         return _sync_client
 
 
-def redis_async() -> aioredis.Redis:
-    """The async client of the running event loop (async clients cannot cross loops)."""
+def _loop_client(
+    clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, aioredis.Redis]],
+    pool_size: int,
+    timeout_s: float,
+) -> aioredis.Redis:
+    """The running event loop's client from ``clients`` (async clients cannot cross loops),
+    made anew when the live-state URL changed: a bounded pool that waits for a free
+    connection (a burst shares a few dozen connections instead of opening hundreds at once),
+    no retries (the caller's deadline decides; a stale answer beats a late one). On a cluster,
+    a bounded pool per node; a command that meets a failover is sent again once the slots are
+    read anew (the caller's deadline still bounds the wait)."""
     loop = asyncio.get_running_loop()
     url = _live_url()
-    entry = _async_clients.get(loop)
-    if entry is None or entry[0] != url:
-        if settings.REDIS_CLUSTER_URL:
-            # Per node: a bounded pool; a command that meets a failover is sent again once
-            # the slots are read anew (the caller's deadline still bounds the wait).
-            client = redis_cluster_async(
-                url,
-                max_connections=ASYNC_POOL_SIZE,
-                socket_timeout=SOCKET_TIMEOUT_S,
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-            )
-            _async_clients[loop] = (url, client)
-            return client
-        # A bounded pool that waits for a free connection: a burst of requests shares a few
-        # dozen connections instead of opening hundreds at once.
-        pool = aioredis.BlockingConnectionPool.from_url(
+    entry = clients.get(loop)
+    if entry is not None and entry[0] == url:
+        return entry[1]
+    client: aioredis.Redis
+    if settings.REDIS_CLUSTER_URL:
+        client = redis_cluster_async(
             url,
-            max_connections=ASYNC_POOL_SIZE,
-            timeout=SOCKET_TIMEOUT_S,
-            socket_timeout=SOCKET_TIMEOUT_S,
+            max_connections=max(pool_size, CLUSTER_POOL_SIZE),
+            socket_timeout=timeout_s,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
         )
-        # No retries: the caller's deadline decides, and a stale answer beats a late one.
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+        )
         client = aioredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
-        _async_clients[loop] = (url, client)
-        return client
-    return entry[1]
+    clients[loop] = (url, client)
+    return client
+
+
+def redis_async() -> aioredis.Redis:
+    """The route path's client of the running event loop: short timeouts."""
+    return _loop_client(_async_clients, ASYNC_POOL_SIZE, SOCKET_TIMEOUT_S)
 
 
 def redis_async_ingest() -> aioredis.Redis:
     """The event loop's client for bulk ingest: a small pool, a long timeout, no retries (a
     batch applied twice is skipped by its sequence number, so the agent's retry is safe)."""
-    loop = asyncio.get_running_loop()
-    url = _live_url()
-    entry = _ingest_clients.get(loop)
-    if entry is None or entry[0] != url:
-        if settings.REDIS_CLUSTER_URL:
-            client = redis_cluster_async(
-                url,
-                max_connections=INGEST_POOL_SIZE,
-                socket_timeout=INGEST_TIMEOUT_S,
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-            )
-            _ingest_clients[loop] = (url, client)
-            return client
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=INGEST_POOL_SIZE,
-            timeout=INGEST_TIMEOUT_S,
-            socket_timeout=INGEST_TIMEOUT_S,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-        )
-        client = aioredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
-        _ingest_clients[loop] = (url, client)
-        return client
-    return entry[1]
+    return _loop_client(_ingest_clients, INGEST_POOL_SIZE, INGEST_TIMEOUT_S)

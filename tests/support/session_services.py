@@ -196,7 +196,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args
     # The route path's index read deadline (a few ms in production) would drop prefix hits
     # on a loaded test machine and make tests about hits depend on its load; the suite gives
     # it room, and the tests of the deadline set their own.
-    os.environ.setdefault("PREFIX_READ_DEADLINE_S", "2")
+    os.environ.setdefault("PREFIX_READ_DEADLINE_S", "1")
     if _xdist_controller(early_config):
         return
     try:

@@ -53,6 +53,9 @@ class FleetLink:
     rtt_ms: float = 0.0
     budget_bytes: int | None = None
     target_utilisation: float | None = None
+    #: the operator's cap on the share of the PD cluster's decisions this link's guard refuses
+    #: (``None``, the default: no cap, refused offloads prefill locally and are planned so)
+    max_refused_share: float | None = None
 
     @property
     def budget(self) -> int:

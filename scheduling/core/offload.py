@@ -7,7 +7,9 @@ Pure Python and numpy: no Django. Arrays run over a grid of thresholds.
 For a threshold t, the requests above t want PrfaaS. The router refuses, every time, those
 whose KV alone exceeds every linked budget (``refused``: always ``link_congested``, so they
 prefill locally); the others are offloaded (``offload``) unless the link is full when they
-arrive. How full it gets depends on the offload rate: ``admit_rate`` is, per threshold, the
+arrive; then they prefill locally too. Only when an operator caps the refused share
+(``max_refused_share`` on a link, :func:`refusal_cap`; no cap by default) is the offload rate
+limited: ``admit_rate`` is, per threshold, the
 largest rate of arrivals at the cluster (req/s) at which the share of offloads refused stays
 within ``(refusal_target - refused) / offload`` (capped at
 :data:`~scheduling.core.link.MAX_OFFLOAD_REFUSAL`), i.e. the decisions the link refuses stay
@@ -30,11 +32,11 @@ import numpy as np
 
 from scheduling.core.fleet import FleetLink, FleetSpec, PdPool, PrfaasPool
 from scheduling.core.link import (
-    DEFAULT_REFUSAL_TARGET,
     MAX_OFFLOAD_REFUSAL,
     OffloadMix,
     PoolCrowd,
     link_admissible_rate,
+    link_refused_cap,
     transfer_excess_s,
 )
 from scheduling.core.performance import (
@@ -46,6 +48,8 @@ from scheduling.core.performance import (
 )
 from scheduling.core.queueing import mgc_crowd, mgc_wait
 
+#: The cap on refused decisions for a PD cluster of a fleet with several PrfaaS pools.
+SEVERAL_POOLS_REFUSAL_CAP = 0.01
 #: Thresholds (quantiles of the lengths) at which the admission limit is computed.
 ADMISSION_POINTS = 49
 #: Length nodes the admission model works on (the distribution's own nodes, merged).
@@ -76,6 +80,25 @@ def linked_pools(fleet: FleetSpec, cluster: str) -> list[tuple[FleetLink, Prfaas
         if link.target == cluster and link.gbps > 0 and pool is not None and pool.instances > 0:
             out.append((link, pool))
     return out
+
+
+def refusal_cap(fleet: FleetSpec, cluster: str, override: float | None = None) -> float | None:
+    """The cap on the share of ``cluster``'s decisions its links may refuse: ``override`` when
+    given, else the tightest of its links' ``max_refused_share`` (``None``: no cap, the
+    default; refused offloads prefill locally and the planner plans them so)."""
+    if override is not None:
+        return link_refused_cap(override)
+    caps = [
+        link_refused_cap(link.max_refused_share)
+        for link, _ in linked_pools(fleet, cluster)
+        if link.max_refused_share is not None
+    ]
+    cap = min((c for c in caps if c is not None), default=None)
+    if cap is None and len([p for p in fleet.prfaas if p.instances > 0]) > 1:
+        # Several PrfaaS pools are routed by an LP within their links' line rates; the guard's
+        # spill to local prefill is not modelled there, so their refusals stay capped.
+        return SEVERAL_POOLS_REFUSAL_CAP
+    return cap
 
 
 def fit_limit_tokens(fleet: FleetSpec, budget: float, hi: float) -> float:
@@ -133,14 +156,17 @@ def offload_split(
     thresholds: FloatArray,
     *,
     load: float,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = None,
     exact: bool = False,
 ) -> OffloadSplit:
     """The router's treatment of ``cluster``'s requests at every threshold (see the module).
 
-    ``exact``: compute the admission limit at every threshold given (for a few), instead of
-    on the coarse set of quantiles.
+    ``refusal_target``: the cap on refused decisions (:func:`refusal_cap`); without one (the
+    default) ``admit_rate`` is infinite: the link guard refuses what does not fit and the
+    refused offloads prefill locally. ``exact``: compute the admission limit at every
+    threshold given (for a few), instead of on the coarse set of quantiles.
     """
+    cap = refusal_cap(fleet, cluster.name, refusal_target)
     t = np.atleast_1d(np.asarray(thresholds, dtype=float))
     want = np.asarray(lengths.tail(t), dtype=float)
     want = np.where(want <= 1e-12, 0.0, np.where(want >= 1 - 1e-12, 1.0, want))
@@ -164,9 +190,37 @@ def offload_split(
     l_off = np.clip(l_off, np.maximum(t, lo), hi)
     l_loc = np.clip(l_loc, lo, hi)
     admit = np.full_like(t, math.inf)
-    if links:
-        admit = _admission(fleet, links, lengths, t, offload, refused, load, refusal_target, exact)
+    if links and cap is not None:
+        admit = _admission(fleet, links, lengths, t, offload, refused, load, cap, exact)
     return OffloadSplit(t, want, offload, refused, l_off, l_loc, admit)
+
+
+def guard_carried_rps(
+    fleet: FleetSpec, cluster: PdPool, lengths: LengthDistribution, thresholds: FloatArray
+) -> FloatArray:
+    """Per threshold, the most offloads/s the links into ``cluster`` carry however many more
+    are offered (the guard refuses the rest): within each link's target share of the line
+    rate, and within its budget by Little's law, a reservation of ``kv`` bytes blocking
+    1 / floor(budget / kv) of the budget (as many of its size fit at once) for its prefill,
+    the transfer's excess at the full line rate and one RTT. Infinite without an offload."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=float))
+    x, w = coarse_nodes(lengths)
+    kv = kv_bytes(fleet.kv_mib, x)
+    out = np.zeros(len(t))
+    for link, pool in linked_pools(fleet, cluster.name):
+        fits = kv <= link.budget
+        mask = (x[None, :] > t[:, None]) & fits[None, :]
+        weights = w[None, :] * mask
+        share = weights.sum(axis=1)
+        safe = np.where(share > 0, share, 1.0)
+        service = prefill_seconds(pool.prefill, x)
+        hold = service + transfer_excess_s(kv, service, link.gbps, 0.0) + link.rtt_ms / 1000.0
+        occupy = 1.0 / np.maximum(np.floor(link.budget / np.maximum(kv, 1.0)), 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            by_line = link.usable_gbps * 1e9 / 8 / ((weights @ kv) / safe)
+            by_budget = 1.0 / ((weights @ (hold * occupy)) / safe)
+        out += np.where(share > 0, np.minimum(by_line, by_budget), 0.0)
+    return np.where(out > 0, out, math.inf)
 
 
 def prfaas_at(

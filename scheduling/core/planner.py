@@ -51,7 +51,14 @@ from scheduling.core.fleet import (
 )
 from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
-from scheduling.core.offload import OffloadSplit, fit_limit_tokens, linked_pools, offload_split
+from scheduling.core.offload import (
+    OffloadSplit,
+    fit_limit_tokens,
+    guard_carried_rps,
+    linked_pools,
+    offload_split,
+    refusal_cap,
+)
 from scheduling.core.operating import OperatingPoint, operating_point
 from scheduling.core.performance import (
     FloatArray,
@@ -212,16 +219,19 @@ def evaluate(
     *,
     with_ttft: bool = True,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     offloads: Mapping[str, OffloadSplit] | None = None,
 ) -> Evaluation:
     """The throughput model at a given setting: threshold and number of prefill instances
     (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
 
     The links are part of the model as the router applies them: requests whose KV fits no
-    linked budget prefill locally, the mean egress stays within each link's target share,
-    and (``link_budget`` bound) at ``load`` x Lambda the links refuse at most
-    ``refusal_target`` of the cluster's decisions (:mod:`scheduling.core.offload`).
+    linked budget prefill locally, and so do the offloads the link guard refuses: the links
+    carry at most their target share of the line rate, the rest of the offered offloads
+    prefill on the PD cluster (its ``pd_prefill`` bound counts them). Only with a cap on the
+    refused share (``refusal_target``, else the links' ``max_refused_share``; none by
+    default) is there a ``link_budget`` bound: at ``load`` x Lambda the links refuse at most
+    the cap of the cluster's decisions (:mod:`scheduling.core.offload`).
     ``offloads``: that split, already computed for some clusters at their thresholds (one row
     each; the sweeps compute it for a whole grid at once).
     """
@@ -245,17 +255,37 @@ def evaluate(
         )
         p, l_long, l_short = float(sp.offload[0]), float(sp.l_offload[0]), float(sp.l_local[0])
         refused = float(sp.refused[0])
+        cap = refusal_cap(fleet, c.name, refusal_target)
         rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
         theta_d = (c.instances - n_p) * rate
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
+        # Without a cap the link guard spills what the link cannot carry to local prefill
+        # (one PrfaaS pool; several are routed by the LP, within their links).
+        carried = (
+            float(
+                guard_carried_rps(fleet, c, lengths_of(lengths, c.name), np.array([ts[c.name]]))[0]
+            )
+            if cap is None and p > 0
+            else INF
+        )
         if c.share > 0:
             bounds[f"pd_prefill:{c.name}"] = (
                 INF if theta_p is None else safe_div(theta_p, (1 - p) * c.share)
             )
+            if math.isfinite(carried) and len(fleet.prfaas) <= 1:
+                bounds[f"pd_prefill:{c.name}"] = _spilled_prefill_bound(
+                    bounds[f"pd_prefill:{c.name}"],
+                    n_p,
+                    c.share,
+                    p,
+                    float(prefill_seconds(c.prefill, l_short)) if p < 1 else 0.0,
+                    float(prefill_seconds(c.prefill, l_long)),
+                    carried,
+                )
             bounds[f"pd_decode:{c.name}"] = safe_div(theta_d, c.share)
-            if p > 0:
+            if p > 0 and cap is not None:
                 admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
-                if refused > refusal_target:
+                if refused > cap:
                     admission = 0.0
                 bounds[f"link_budget:{c.name}"] = admission
         per[c.name] = {
@@ -265,6 +295,7 @@ def evaluate(
             "theta_p": theta_p,
             "theta_d": theta_d,
             "refused": refused,
+            "carried": carried if len(fleet.prfaas) <= 1 else INF,
         }
 
     demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
@@ -272,18 +303,19 @@ def evaluate(
     prfaas_bound = INF
     if offloading and len(fleet.prfaas) <= 1:
         j = fleet.prfaas[0] if fleet.prfaas else None
-        work = (
-            sum(
-                d * float(prefill_seconds(j.prefill, ll))
-                for d, ll in (demand[c.name] for c in offloading)
-            )
-            if j
-            else 0.0
-        )
         key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
-        bounds[key] = safe_div(j.instances if j else 0.0, work)
+        bounds[key] = _compute_bound(
+            j.instances if j else 0,
+            [
+                (d, float(prefill_seconds(j.prefill, ll)) if j else 0.0, per[c.name]["carried"])
+                for c in offloading
+                for d, ll in (demand[c.name],)
+            ],
+        )
         prfaas_bound = bounds[key]
         for c in offloading:
+            if math.isfinite(per[c.name]["carried"]):
+                continue  # the guard holds this link: what it cannot carry prefills locally
             d, ll = demand[c.name]
             gbps = fleet.usable_gbps(j.name, c.name) if j else 0.0
             lk = f"link:{j.name if j else 'none'}->{c.name}"
@@ -309,8 +341,10 @@ def evaluate(
     total_egress = 0.0
     for c in fleet.pd:
         v = per[c.name]
-        p = v["p"]
         lam_c = throughput * c.share
+        # What the guard spills at Lambda_max is kept local (and counted refused).
+        p = min(v["p"], safe_div(v["carried"], lam_c)) if v["p"] > 0 else 0.0
+        spilled = v["p"] - p
         egress = (
             lam_c * p * float(kv_bytes(fleet.kv_mib, v["l_long"])) * 8.0 / 1e9 if p > 0 else 0.0
         )
@@ -351,7 +385,7 @@ def evaluate(
                 link_gbps=sum(fleet.link_gbps(j.name, c.name) for j in fleet.prfaas),
                 ttft_mean_s=float(np.dot(ttft, w)),
                 ttft_p90_s=weighted_quantile(ttft, w, 0.9),
-                refused_fraction=v["refused"],
+                refused_fraction=v["refused"] + spilled,
             )
         )
     tx = np.concatenate(all_x)
@@ -372,6 +406,35 @@ def evaluate(
     )
 
 
+def _spilled_prefill_bound(
+    plain: float, n_p: int, share: float, p: float, t_short: float, t_long: float, carried: float
+) -> float:
+    """The PD-P bound on Lambda when the links carry at most ``carried`` offloads/s of the
+    share ``p`` offered and the rest prefill locally (at ``t_long`` each)."""
+    if share * p * plain <= carried:
+        return plain
+    return safe_div(n_p + carried * t_long, share * ((1 - p) * t_short + p * t_long))
+
+
+def _compute_bound(instances: int, flows: list[tuple[float, float, float]]) -> float:
+    """Largest Lambda with sum_c min(d_c Lambda, carried_c) T_c within ``instances`` (each
+    flow: offloads per unit Lambda d_c, PrfaaS seconds T_c, what its links carry)."""
+    full = sum(d * t for d, t, a in flows if not math.isfinite(a))
+    capped = sorted((a / d, d, t, a) for d, t, a in flows if math.isfinite(a) and d > 0)
+    slope = full + sum(d * t for _, d, t, _ in capped)
+    used = 0.0  # compute of the flows already at their link's limit
+    start = 0.0
+    for knee, d, t, a in capped:
+        if slope > 0 and (instances - used) / slope <= knee:
+            return max(start, (instances - used) / slope)
+        used += a * t
+        slope -= d * t
+        start = knee
+    if used > instances:
+        return start
+    return safe_div(instances - used, slope) if slope > 0 else INF
+
+
 def evaluation_settings(ev: Evaluation) -> tuple[dict[str, float], dict[str, int]]:
     """The setting an evaluation was made at: threshold and prefill instances per PD cluster."""
     return {c.name: c.threshold_tokens for c in ev.clusters}, {c.name: c.n_p for c in ev.clusters}
@@ -389,7 +452,7 @@ def _search(
     threshold_step: float,
     split_bounds: Mapping[str, tuple[int, int]] | None,
     load: float,
-    refusal_target: float,
+    refusal_target: float | None,
     output_scv: float,
     fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> tuple[dict[str, Grid], dict[str, float], dict[str, int]]:
@@ -445,7 +508,7 @@ def plan_fleet(
     threshold_step: float = 100,
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     output_scv: float = 0.0,
     fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> Evaluation:
@@ -477,7 +540,7 @@ def plan_for_ttft(
     threshold_step: float = 100,
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
     headroom: float = DEFAULT_SLO_HEADROOM,
@@ -503,7 +566,9 @@ def plan_for_ttft(
         slo_s,
         grids=grids,
         start={c.name: (ts[c.name], ns[c.name]) for c in fleet.pd},
-        capacity_rps=best.throughput_rps,
+        # The fluid bound prices each stage at its mean; the queueing model may differ a
+        # little either way, so the rates tried reach a little beyond it.
+        capacity_rps=best.throughput_rps * 1.2,
         quantile=quantile,
         output_scv=output_scv,
         arrival_scv=arrival_scv,

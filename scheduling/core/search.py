@@ -33,11 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.optimize import linprog
 
 from scheduling.core.cells import CellModel, PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
-from scheduling.core.offload import offload_split
+from scheduling.core.offload import guard_carried_rps, offload_split, refusal_cap
 from scheduling.core.performance import (
     FloatArray,
     LengthDistribution,
@@ -150,6 +151,15 @@ class Grid:
     link_total: float  # Gbps the planner may plan onto the cluster's links
     l_long: FloatArray  # K (nan where nothing is offloaded)
     load: float  # the planned load the admission bound is judged at
+    #: no cap on refusals: the link guard keeps the link within its capacity (what it cannot
+    #: carry prefills locally, in ``bound_pd_p``), so the egress needs no check of its own
+    spill: bool = False
+
+    def link_ok(self, lam: float) -> NDArray[np.bool_]:
+        """K: thresholds whose links carry their offloads at ``lam``."""
+        if self.spill:
+            return np.ones(len(self.p), dtype=bool)
+        return np.asarray((self.egress * lam <= self.link_total + 1e-12) | (self.p <= 0))
 
     @property
     def local(self) -> FloatArray:
@@ -172,9 +182,10 @@ def grid_build(
     thresholds: FloatArray,
     n_range: tuple[int, int],
     load: float,
-    refusal_target: float,
+    refusal_target: float | None,
 ) -> Grid:
     sp = offload_split(fleet, c, lengths, thresholds, load=load, refusal_target=refusal_target)
+    cap = refusal_cap(fleet, c.name, refusal_target)
     p = sp.offload
     s = c.share
     long_ok = np.nan_to_num(sp.l_offload, nan=lengths.support[1])
@@ -187,21 +198,35 @@ def grid_build(
         pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
         pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
         capacity = np.zeros_like(p)
+        compute = np.zeros_like(p)
+        carried = np.zeros_like(p)  # offloads/s the links carry when compute does not bind
         work = np.full_like(p, INF)
         link_total = 0.0
         for j, gbps in usable_links(fleet, c):
             if j.instances <= 0 or gbps <= 0:
                 continue
             t_long = prefill_seconds(j.prefill, long_ok)
-            capacity += np.minimum(
-                j.instances / t_long, gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
-            )
+            line = gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
+            capacity += np.minimum(j.instances / t_long, line)
+            compute += j.instances / t_long
+            carried += line
             work = np.minimum(work, s * p * t_long)
             link_total += gbps
         demand = s * p
-        prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
-        admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
-        admit = np.where(sp.refused > refusal_target, 0.0, admit)
+        if cap is None:
+            # The link guard: offloads beyond what the links carry prefill locally (at the
+            # PD cluster's own prefill time of the offloaded lengths), so a thin link caps the
+            # offloaded rate instead of Lambda. PrfaaS compute still bounds Lambda (Eq. 3)
+            # where it binds before the links do.
+            carried = np.minimum(carried, guard_carried_rps(fleet, c, lengths, thresholds))
+            spills = carried < compute
+            prf = np.where((demand > 0) & ~spills, compute / np.where(demand > 0, demand, 1.0), INF)
+            pdp = _spill_bound(pdp, n, s, p, t_short, prefill_seconds(c.prefill, long_ok), carried)
+            admit = np.full_like(p, INF)
+        else:
+            prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
+            admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
+            admit = np.where(sp.refused > cap, 0.0, admit)
         work = np.where(demand > 0, work, 0.0)
         egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
     return Grid(
@@ -218,7 +243,28 @@ def grid_build(
         link_total,
         sp.l_offload,
         load,
+        spill=cap is None,
     )
+
+
+def _spill_bound(
+    pdp: FloatArray,
+    n: FloatArray,
+    s: float,
+    p: FloatArray,
+    t_short: FloatArray,
+    t_long_local: FloatArray,
+    carried: FloatArray,
+) -> FloatArray:
+    """The PD-P bound (K x M) when the links carry at most ``carried`` offloads/s and the rest
+    of the offered ones prefill locally: the local work s Lambda (1 - p) T(l_short) +
+    max(0, s p Lambda - carried) T(l_long) within the n_p instances."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = (s * p)[:, None] * pdp > carried[:, None]
+        per = s * ((1 - p) * t_short + p * t_long_local)
+        spilled = (n[None, :] + (carried * t_long_local)[:, None]) / per[:, None]
+        out = np.where(over & (p > 0)[:, None], spilled, pdp)
+    return np.asarray(np.where(np.isnan(out), INF, out))
 
 
 def grid_pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
@@ -248,7 +294,7 @@ def _choose(
     for c in active:
         g = grids[c.name]
         local = g.local
-        ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
+        ok = (local >= lam) & g.link_ok(lam)[:, None]
         ok &= (g.remote >= lam)[:, None]
         rows = np.flatnonzero(ok.any(axis=1))
         if rows.size == 0:
@@ -338,7 +384,7 @@ def joint_search(
 
 def _supports(fleet: FleetSpec, g: Grid, lam: float) -> np.ndarray:
     """Cells (K x M) of a cluster that sustain ``lam`` on their own (local, link, admission)."""
-    ok = (g.local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
+    ok = (g.local >= lam) & g.link_ok(lam)[:, None]
     return np.asarray(ok & (g.remote >= lam)[:, None])
 
 

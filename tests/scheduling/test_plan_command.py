@@ -278,4 +278,6 @@ def test_the_commands_plan_at_load_and_the_simulator_keeps_up_there(scenarios_di
     sim = json.loads(out.getvalue())
     assert sim["sustained_fraction"] >= 0.97
     assert 0.67 <= sim["ttft"]["p90"] / at["ttft_p90_s"] <= 1.5
-    assert sim["reasons"].get("link_congested", 0) / sim["requests"] <= 0.02
+    # The link guard's refusals are planned (issue 28): predicted within 5 points.
+    congested = sim["reasons"].get("link_congested", 0) / sim["requests"]
+    assert abs(congested - at["link_congested_fraction"]) <= 0.05

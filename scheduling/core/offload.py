@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scheduling.core.fleet import FleetLink, FleetSpec, PdPool, PrfaasPool
 from scheduling.core.link import (
@@ -36,6 +37,7 @@ from scheduling.core.link import (
     OffloadMix,
     PoolCrowd,
     link_admissible_rate,
+    link_refusal,
     link_refused_cap,
     transfer_excess_s,
 )
@@ -48,6 +50,8 @@ from scheduling.core.performance import (
 )
 from scheduling.core.queueing import mgc_crowd, mgc_wait
 
+#: Offered rates per threshold at which the link guard's carried rate is computed.
+GUARD_POINTS = 20
 #: The cap on refused decisions for a PD cluster of a fleet with several PrfaaS pools.
 SEVERAL_POOLS_REFUSAL_CAP = 0.01
 #: Thresholds (quantiles of the lengths) at which the admission limit is computed.
@@ -195,32 +199,108 @@ def offload_split(
     return OffloadSplit(t, want, offload, refused, l_off, l_loc, admit)
 
 
-def guard_carried_rps(
-    fleet: FleetSpec, cluster: PdPool, lengths: LengthDistribution, thresholds: FloatArray
-) -> FloatArray:
-    """Per threshold, the most offloads/s the links into ``cluster`` carry however many more
-    are offered (the guard refuses the rest): within each link's target share of the line
-    rate, and within its budget by Little's law, a reservation of ``kv`` bytes blocking
-    1 / floor(budget / kv) of the budget (as many of its size fit at once) for its prefill,
-    the transfer's excess at the full line rate and one RTT. Infinite without an offload."""
+def guard_rows(lengths: LengthDistribution, thresholds: FloatArray) -> FloatArray:
+    """The coarse thresholds (quantiles of the lengths, and the grid's ends) at which a grid's
+    guard curves are computed; each grid threshold reads the next one up."""
     t = np.atleast_1d(np.asarray(thresholds, dtype=float))
+    rows = lengths.quantile(np.linspace(0.0, 1.0, ADMISSION_POINTS))
+    return np.unique(np.concatenate([[t[0]], np.asarray(rows, dtype=float), [t[-1]]]))
+
+
+@dataclass(frozen=True)
+class GuardCurve:
+    """Per row (threshold): offloads/s offered to a PD cluster's links on a grid of rates
+    (``offered``, rows x points, ascending) and what the links carry of them (``carried``);
+    the guard keeps the rest local."""
+
+    offered: FloatArray
+    carried: FloatArray
+
+    def carried_at(self, row: int, rate: float) -> float:
+        """Offloads/s carried when ``rate`` are offered (beyond the grid: its last value)."""
+        return float(np.interp(rate, self.offered[row], self.carried[row]))
+
+
+def guard_curve(
+    fleet: FleetSpec,
+    cluster: PdPool,
+    lengths: LengthDistribution,
+    thresholds: FloatArray,
+    *,
+    points: int = GUARD_POINTS,
+) -> GuardCurve:
+    """Per threshold, what the links into ``cluster`` carry of the offloads offered to them
+    at rates up to twice what their target share of the line rate carries on average: the
+    guard's refusals (:func:`scheduling.core.link.link_refusal`: budget knapsack, saturation,
+    reservations held for the prefill, the transfer's excess on an idle link and one RTT;
+    no PrfaaS queue), and never more than that target share. Several links share a cluster's
+    offloads in proportion to their pools' instances."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=float))
+    rows = len(t)
+    links = linked_pools(fleet, cluster.name)
+    if not links:
+        zero = np.zeros((rows, points))
+        return GuardCurve(zero, zero)
     x, w = coarse_nodes(lengths)
     kv = kv_bytes(fleet.kv_mib, x)
-    out = np.zeros(len(t))
-    for link, pool in linked_pools(fleet, cluster.name):
-        fits = kv <= link.budget
-        mask = (x[None, :] > t[:, None]) & fits[None, :]
-        weights = w[None, :] * mask
-        share = weights.sum(axis=1)
-        safe = np.where(share > 0, share, 1.0)
+    budget = max(link.budget for link, _ in links)
+    offered_w = w[None, :] * ((x[None, :] > t[:, None]) & (kv <= budget)[None, :])
+    share = offered_w.sum(axis=1)
+    live = share > 0
+    safe = np.where(live, share, 1.0)
+    mean_kv = np.maximum((offered_w @ kv) / safe, 1.0)
+    line = sum(link.usable_gbps for link, _ in links) * 1e9 / 8 / mean_kv
+    grid = np.where(live, 2.0 * line, 0.0)[:, None] * np.geomspace(1e-3, 1.0, points)[None, :]
+    carried = np.zeros((rows, points))
+    total = sum(j.instances for _, j in links)
+    for link, pool in links:
+        wl = offered_w * (kv <= link.budget)[None, :]
+        sl = wl.sum(axis=1)
+        mix = wl / np.where(sl > 0, sl, 1.0)[:, None]
         service = prefill_seconds(pool.prefill, x)
         hold = service + transfer_excess_s(kv, service, link.gbps, 0.0) + link.rtt_ms / 1000.0
-        occupy = 1.0 / np.maximum(np.floor(link.budget / np.maximum(kv, 1.0)), 1.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            by_line = link.usable_gbps * 1e9 / 8 / ((weights @ kv) / safe)
-            by_budget = 1.0 / ((weights @ (hold * occupy)) / safe)
-        out += np.where(share > 0, np.minimum(by_line, by_budget), 0.0)
-    return np.where(out > 0, out, math.inf)
+        rate = (grid * (pool.instances / total) * (sl / safe)[:, None]).reshape(-1)
+        mixes = np.repeat(mix, points, axis=0)
+        refused = link_refusal(
+            rate, OffloadMix(mixes, kv, service, hold), 0.0, link.gbps, link.budget
+        )
+        mean = (mixes * refused).sum(axis=1)
+        carried += (rate * (1.0 - mean)).reshape(rows, points)
+    return GuardCurve(grid, np.minimum(carried, line[:, None]))
+
+
+def spill_bound(
+    plain: FloatArray,
+    n_p: FloatArray,
+    share: float,
+    p: FloatArray,
+    t_short: FloatArray,
+    t_long: FloatArray,
+    curve: GuardCurve,
+    rows: NDArray[np.int_],
+) -> FloatArray:
+    """The PD-P bound on Lambda (K x M) when the guard spills to local prefill what the links
+    do not carry: the largest Lambda with s Lambda (1 - p) T(l_short) + (o - C(o)) T(l_long)
+    within n_p, o = s p Lambda offered and C(o) carried (``curve`` row ``rows[k]`` for
+    threshold k). ``plain``: the bound when the links carry everything."""
+    out = np.array(plain, dtype=float, copy=True)
+    n = np.asarray(n_p, dtype=float)
+    for k in range(len(p)):
+        if p[k] <= 0 or share <= 0 or not np.any(curve.offered[rows[k]] > 0):
+            continue
+        # From the origin: below the grid's first rate the links refuse (almost) nothing.
+        o = np.concatenate([[0.0], curve.offered[rows[k]]])
+        c = np.concatenate([[0.0], curve.carried[rows[k]]])
+        lam = o / (share * p[k])
+        per = share * ((1 - p[k]) * t_short[k] + p[k] * t_long[k])
+        if not (per > 0 and math.isfinite(per)):
+            continue
+        local = np.maximum.accumulate(lam * per - c * t_long[k])
+        beyond = (n + c[-1] * t_long[k]) / per
+        within = np.interp(n, local, lam)
+        spilled = np.where(n >= local[-1], beyond, within)
+        out[k] = np.where(np.isnan(spilled), out[k], np.minimum(out[k], spilled))
+    return out
 
 
 def prfaas_at(

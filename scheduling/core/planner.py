@@ -54,10 +54,12 @@ from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import (
     OffloadSplit,
     fit_limit_tokens,
-    guard_carried_rps,
+    guard_curve,
+    guard_rows,
     linked_pools,
     offload_split,
     refusal_cap,
+    spill_bound,
 )
 from scheduling.core.operating import OperatingPoint, operating_point
 from scheduling.core.performance import (
@@ -113,6 +115,8 @@ INF = math.inf
 #: The share of its capacity a fleet is planned to run at: link admission (budget refusals,
 #: PrfaaS queueing of reserved bytes) is judged there, and ``at_load`` predicted there.
 DEFAULT_LOAD = 0.8
+#: The naive heterogeneous baseline's cap on link refusals (it has no local prefill).
+NAIVE_REFUSAL_CAP = 0.01
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,27 +265,33 @@ def evaluate(
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
         # Without a cap the link guard spills what the link cannot carry to local prefill
         # (one PrfaaS pool; several are routed by the LP, within their links).
-        carried = (
-            float(
-                guard_carried_rps(fleet, c, lengths_of(lengths, c.name), np.array([ts[c.name]]))[0]
-            )
-            if cap is None and p > 0
-            else INF
+        curve = (
+            guard_curve(fleet, c, lengths_of(lengths, c.name), np.array([ts[c.name]]))
+            if cap is None and p > 0 and len(fleet.prfaas) <= 1
+            else None
         )
+        carried = INF
         if c.share > 0:
             bounds[f"pd_prefill:{c.name}"] = (
                 INF if theta_p is None else safe_div(theta_p, (1 - p) * c.share)
             )
-            if math.isfinite(carried) and len(fleet.prfaas) <= 1:
-                bounds[f"pd_prefill:{c.name}"] = _spilled_prefill_bound(
-                    bounds[f"pd_prefill:{c.name}"],
-                    n_p,
-                    c.share,
-                    p,
-                    float(prefill_seconds(c.prefill, l_short)) if p < 1 else 0.0,
-                    float(prefill_seconds(c.prefill, l_long)),
-                    carried,
+            if curve is not None:
+                t_short = float(prefill_seconds(c.prefill, l_short)) if p < 1 else 0.0
+                lam = float(
+                    spill_bound(
+                        np.array([[bounds[f"pd_prefill:{c.name}"]]]),
+                        np.array([n_p]),
+                        c.share,
+                        np.array([p]),
+                        np.array([t_short]),
+                        np.array([float(prefill_seconds(c.prefill, l_long))]),
+                        curve,
+                        np.array([0]),
+                    )[0, 0]
                 )
+                bounds[f"pd_prefill:{c.name}"] = lam
+                # What the links carry at most (PrfaaS compute is shared out against it).
+                carried = float(np.max(curve.carried[0]))
             bounds[f"pd_decode:{c.name}"] = safe_div(theta_d, c.share)
             if p > 0 and cap is not None:
                 admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
@@ -295,7 +305,8 @@ def evaluate(
             "theta_p": theta_p,
             "theta_d": theta_d,
             "refused": refused,
-            "carried": carried if len(fleet.prfaas) <= 1 else INF,
+            "carried": carried,
+            "curve": curve,
         }
 
     demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
@@ -343,7 +354,16 @@ def evaluate(
         v = per[c.name]
         lam_c = throughput * c.share
         # What the guard spills at Lambda_max is kept local (and counted refused).
-        p = min(v["p"], safe_div(v["carried"], lam_c)) if v["p"] > 0 else 0.0
+        p = v["p"]
+        theta_p = v["theta_p"]
+        if v["curve"] is not None and p > 0 and lam_c > 0:
+            carried = v["curve"].carried_at(0, lam_c * p)
+            if carried < lam_c * p * (1 - 1e-6):
+                p = carried / lam_c
+                # The local prefill then serves the spilled offloads too: its throughput is
+                # that of the local mix at Lambda_max.
+                local_bound = bounds.get(f"pd_prefill:{c.name}", INF)
+                theta_p = min(local_bound, throughput) * c.share * (1 - p)
         spilled = v["p"] - p
         egress = (
             lam_c * p * float(kv_bytes(fleet.kv_mib, v["l_long"])) * 8.0 / 1e9 if p > 0 else 0.0
@@ -378,7 +398,7 @@ def evaluate(
                 n_p=int(ns[c.name]),
                 n_d=c.instances - int(ns[c.name]),
                 theta_prfaas=theta_prf,
-                theta_pd_p=v["theta_p"],
+                theta_pd_p=theta_p,
                 theta_pd_d=v["theta_d"],
                 throughput_rps=lam_c,
                 egress_gbps=egress,
@@ -404,16 +424,6 @@ def evaluate(
         ttft_p90_s=weighted_quantile(tx, tw, 0.9),
         load=load,
     )
-
-
-def _spilled_prefill_bound(
-    plain: float, n_p: int, share: float, p: float, t_short: float, t_long: float, carried: float
-) -> float:
-    """The PD-P bound on Lambda when the links carry at most ``carried`` offloads/s of the
-    share ``p`` offered and the rest prefill locally (at ``t_long`` each)."""
-    if share * p * plain <= carried:
-        return plain
-    return safe_div(n_p + carried * t_long, share * ((1 - p) * t_short + p * t_long))
 
 
 def _compute_bound(instances: int, flows: list[tuple[float, float, float]]) -> float:
@@ -483,6 +493,12 @@ def _search(
         g = grids[active[0].name]
         k, m = grid_pick(g.throughput, g.want, g.thresholds, g.n_p)
         choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
+        if g.spill and g.p[k] > 0:
+            # The grid reads the guard's curves at coarse thresholds: check its pick exactly
+            # against the best cell that offloads nothing.
+            choice = _exact_best(
+                fleet, lengths, output_tokens, g, active[0].name, choice, load, refusal_target
+            )
     else:
         choice = joint_search(
             fleet,
@@ -498,6 +514,50 @@ def _search(
     ts = {c.name: choice.get(c.name, (float(thresholds[-1]), 0))[0] for c in fleet.pd}
     ns = {c.name: choice.get(c.name, (0.0, split_range(c, split_bounds)[0]))[1] for c in fleet.pd}
     return grids, ts, ns
+
+
+def _exact_best(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    g: Grid,
+    name: str,
+    choice: dict[str, tuple[float, int]],
+    load: float,
+    refusal_target: float | None,
+) -> dict[str, tuple[float, int]]:
+    """The grid's spill bounds read the guard's curves at coarse thresholds; evaluated
+    exactly, the best of ``choice``, the best cell that offloads nothing and the best split
+    at each coarse threshold (ties to the earlier: ``choice``, then fewer offloads)."""
+    coarse = guard_rows(lengths_of(lengths, name), g.thresholds)
+    ks = np.unique(np.clip(np.searchsorted(g.thresholds, coarse), 0, len(g.thresholds) - 1))
+    local = np.flatnonzero(g.p <= 0)
+    order = [int(local[-1])] if local.size else []
+    order += [int(k) for k in ks[::-1] if g.p[k] > 0]
+    best, best_value = choice, -1.0
+    candidates = [choice]
+    for k in order:
+        m = int(np.argmax(np.round(g.throughput[k], 12)))
+        candidates.append({name: (float(g.thresholds[k]), int(g.n_p[m]))})
+    for pick in candidates:
+        ts = {c.name: pick.get(c.name, (float(g.thresholds[-1]), 0))[0] for c in fleet.pd}
+        ns = {c.name: pick.get(c.name, (0.0, 0))[1] for c in fleet.pd}
+        try:
+            value = evaluate(
+                fleet,
+                lengths,
+                output_tokens,
+                ts,
+                ns,
+                with_ttft=False,
+                load=load,
+                refusal_target=refusal_target,
+            ).throughput_rps
+        except ValueError:
+            continue  # a cell the model cannot evaluate (e.g. no local traffic left to time)
+        if value > best_value * (1 + 1e-9):
+            best, best_value = pick, value
+    return best
 
 
 def plan_fleet(
@@ -655,7 +715,9 @@ def plan(
     equal = plan_fleet(
         homogeneous_fleet(fleet, n_equal), lengths, output_tokens, threshold_step=threshold_step
     )
-    naive = evaluate(fleet, lengths, output_tokens, -1.0, 0)
+    # The paper's naive baseline sends every request to PrfaaS; it has no local prefill for a
+    # guard to spill to, so it is planned within a link that refuses at most 1%.
+    naive = evaluate(fleet, lengths, output_tokens, -1.0, 0, refusal_target=NAIVE_REFUSAL_CAP)
 
     def gain(base: Evaluation) -> float | None:
         return best.throughput_rps / base.throughput_rps if base.throughput_rps > 0 else None

@@ -38,7 +38,7 @@ from scipy.optimize import linprog
 
 from scheduling.core.cells import CellModel, PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
-from scheduling.core.offload import guard_carried_rps, offload_split, refusal_cap
+from scheduling.core.offload import guard_curve, guard_rows, offload_split, refusal_cap, spill_bound
 from scheduling.core.performance import (
     FloatArray,
     LengthDistribution,
@@ -218,10 +218,20 @@ def grid_build(
             # PD cluster's own prefill time of the offloaded lengths), so a thin link caps the
             # offloaded rate instead of Lambda. PrfaaS compute still bounds Lambda (Eq. 3)
             # where it binds before the links do.
-            carried = np.minimum(carried, guard_carried_rps(fleet, c, lengths, thresholds))
-            spills = carried < compute
+            coarse = guard_rows(lengths, thresholds)
+            curve = guard_curve(fleet, c, lengths, coarse)
+            # Each threshold takes the smaller bound of the coarse curves on either side.
+            above = np.clip(np.searchsorted(coarse, thresholds), 0, len(coarse) - 1)
+            below = np.clip(np.searchsorted(coarse, thresholds, side="right") - 1, 0, None)
+            peak = curve.carried.max(axis=1)
+            most = np.minimum(carried, np.maximum(peak[above], peak[below]))
+            spills = most < compute
             prf = np.where((demand > 0) & ~spills, compute / np.where(demand > 0, demand, 1.0), INF)
-            pdp = _spill_bound(pdp, n, s, p, t_short, prefill_seconds(c.prefill, long_ok), carried)
+            t_local = prefill_seconds(c.prefill, long_ok)
+            pdp = np.minimum(
+                spill_bound(pdp, n, s, p, t_short, t_local, curve, above),
+                spill_bound(pdp, n, s, p, t_short, t_local, curve, below),
+            )
             admit = np.full_like(p, INF)
         else:
             prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
@@ -245,26 +255,6 @@ def grid_build(
         load,
         spill=cap is None,
     )
-
-
-def _spill_bound(
-    pdp: FloatArray,
-    n: FloatArray,
-    s: float,
-    p: FloatArray,
-    t_short: FloatArray,
-    t_long_local: FloatArray,
-    carried: FloatArray,
-) -> FloatArray:
-    """The PD-P bound (K x M) when the links carry at most ``carried`` offloads/s and the rest
-    of the offered ones prefill locally: the local work s Lambda (1 - p) T(l_short) +
-    max(0, s p Lambda - carried) T(l_long) within the n_p instances."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        over = (s * p)[:, None] * pdp > carried[:, None]
-        per = s * ((1 - p) * t_short + p * t_long_local)
-        spilled = (n[None, :] + (carried * t_long_local)[:, None]) / per[:, None]
-        out = np.where(over & (p > 0)[:, None], spilled, pdp)
-    return np.asarray(np.where(np.isnan(out), INF, out))
 
 
 def grid_pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:

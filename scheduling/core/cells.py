@@ -162,6 +162,7 @@ def _guarded(
                 np.minimum(wait[live], 1e9) + extra[live],
                 link.gbps,
                 link.budget,
+                admitted=1.0 - (mix[live] * refusal[live]).sum(axis=1),
             )
         refusal = 0.5 * refusal + 0.5 * np.where(fits[None, :], new, 1.0)
     return offered * (1.0 - refusal), remote + link.rtt_ms / 1000.0

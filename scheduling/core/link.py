@@ -347,6 +347,7 @@ def link_refusal(
     *,
     pool: PoolCrowd | None = None,
     units: int = BUDGET_UNITS,
+    admitted: ArrayLike = 1.0,
 ) -> FloatArray:
     """Probability that the router refuses an offload of each kind, per row: ``rate[k]``
     offloads per second arrive with the mix of row ``k``, each waiting ``wait_s[k]`` on average
@@ -362,7 +363,10 @@ def link_refusal(
     prep = _prepare(mix, wait, gbps, budget_bytes, units)
     held, streams = _dispersions(lam, pool, prep.after_s, prep.streaming_after_s)
     law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
-    _, saturated = _recursion(lam[:, None] * prep.stream_loads, streams)
+    # Only admitted offloads stream (``admitted``: the share the caller's fixed point has
+    # settled on; the untruncated stream count is otherwise an upper bound).
+    kept = np.broadcast_to(np.asarray(admitted, dtype=float), (rows,))
+    _, saturated = _recursion((lam * kept)[:, None] * prep.stream_loads, streams)
     budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
     refused = np.maximum(budget_block, saturated[:, None])
     return np.where(prep.fits[None, :], refused, 1.0)

@@ -261,9 +261,11 @@ def guard_curve(
         hold = service + transfer_excess_s(kv, service, link.gbps, 0.0) + link.rtt_ms / 1000.0
         rate = (grid * (pool.instances / total) * (sl / safe)[:, None]).reshape(-1)
         mixes = np.repeat(mix, points, axis=0)
-        refused = link_refusal(
-            rate, OffloadMix(mixes, kv, service, hold), 0.0, link.gbps, link.budget
-        )
+        # Every offered offload counted as streaming (an upper bound on the streams): the
+        # curve ignores the PrfaaS queue and the link's utilisation, which hold reservations
+        # longer, and the bound keeps the capacity plan from counting on them.
+        offers = OffloadMix(mixes, kv, service, hold)
+        refused = link_refusal(rate, offers, 0.0, link.gbps, link.budget)
         mean = (mixes * refused).sum(axis=1)
         carried += (rate * (1.0 - mean)).reshape(rows, points)
     return GuardCurve(grid, np.minimum(carried, line[:, None]))

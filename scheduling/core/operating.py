@@ -244,8 +244,15 @@ def operating_point(
                     np.array([crowd.busy_mean]),
                     np.array([crowd.busy_var]),
                 )
+                admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
                 new = link_refusal(
-                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=queued
+                    r.offered_rps,
+                    mix,
+                    wait_s,
+                    r.link.gbps,
+                    r.link.budget,
+                    pool=queued,
+                    admitted=admitted,
                 )[0]
                 updated = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
                 moved = max(moved, float(np.max(np.abs(updated - r.refusal), initial=0.0)))

@@ -4,9 +4,10 @@ it), and the predictions hold in the simulator (small, seeded runs)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scheduling.core.goodput import SloPlan
@@ -18,6 +19,8 @@ from scheduling.core.planner import (
     workload_lengths,
     workload_output_scv,
 )
+from scheduling.core.rebalance_types import Setting, TrafficSummary
+from scheduling.core.rebalancer import FleetPlanner
 from scheduling.core.scenario import Scenario, scenario_load
 from scheduling.core.simulator.policies import fleet_setting
 from scheduling.core.simulator.run import SimulationConfig, SimulationResult, simulate
@@ -92,3 +95,31 @@ def test_a_cap_out_of_bounds_is_refused(thin: Scenario) -> None:
     bad = replace(fleet, links=tuple(replace(link, max_refused_share=1.5) for link in fleet.links))
     with pytest.raises(ValueError, match="max_refused_share"):
         _plan(thin, bad)
+
+
+def test_a_rebalancer_prediction_carries_the_predicted_refused_share(thin: Scenario) -> None:
+    """The key the plan pages read (scheduling.rebalance.selectors.PREDICTED_REFUSAL_KEY)."""
+    fleet = fleet_from_scenario(thin)
+    (pd,) = fleet.pd
+    rng = np.random.default_rng(5)
+    tokens = np.clip(rng.lognormal(9.9, 1.0, 2000), 128, 131072).round()
+    values, counts = np.unique(tokens, return_counts=True)
+    window = TrafficSummary(
+        start_s=0.0,
+        end_s=2000.0,
+        arrivals=2400,  # 1.2 req/s: below the capacity of the setting evaluated
+        offloads=0,
+        incremental_tokens=tuple(zip(values.tolist(), counts.astype(float).tolist(), strict=True)),
+        output_tokens_mean=1024.0,
+        cache_hit_tokens=0.0,
+        prompt_tokens=float(tokens.sum()),
+        samples=200,
+        bucket_s=10.0,
+        recorder_seen_at=2000.0,
+    )
+    planner = FleetPlanner(fleet, pd.name)
+    prediction = planner.evaluate(window, Setting(threshold=12000.0, n_p=6, n_d=2))
+    assert prediction.offload_refused_fraction is not None
+    assert 0 < prediction.offload_refused_fraction < 1
+    # scheduling.rebalance.selectors.PREDICTED_REFUSAL_KEY, as prediction_json stores it
+    assert asdict(prediction)["offload_refused_fraction"] == prediction.offload_refused_fraction

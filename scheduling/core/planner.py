@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,11 @@ from scheduling.core.fleet import (
     Lengths,
     PdPool,
     PrfaasPool,
+    fleet_cost,
+    fleet_gpus,
+    homogeneous_fleet,
     lengths_of,
+    reference_pd,
 )
 from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
@@ -78,6 +82,8 @@ from scheduling.core.scenario_fleet import (
 )
 from scheduling.core.search import (
     Grid,
+    compute_bound,
+    exact_best,
     fleet_threshold_grid,
     grid_build,
     grid_pick,
@@ -315,7 +321,7 @@ def evaluate(
     if offloading and len(fleet.prfaas) <= 1:
         j = fleet.prfaas[0] if fleet.prfaas else None
         key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
-        bounds[key] = _compute_bound(
+        bounds[key] = compute_bound(
             j.instances if j else 0,
             [
                 (d, float(prefill_seconds(j.prefill, ll)) if j else 0.0, per[c.name]["carried"])
@@ -426,25 +432,6 @@ def evaluate(
     )
 
 
-def _compute_bound(instances: int, flows: list[tuple[float, float, float]]) -> float:
-    """Largest Lambda with sum_c min(d_c Lambda, carried_c) T_c within ``instances`` (each
-    flow: offloads per unit Lambda d_c, PrfaaS seconds T_c, what its links carry)."""
-    full = sum(d * t for d, t, a in flows if not math.isfinite(a))
-    capped = sorted((a / d, d, t, a) for d, t, a in flows if math.isfinite(a) and d > 0)
-    slope = full + sum(d * t for _, d, t, _ in capped)
-    used = 0.0  # compute of the flows already at their link's limit
-    start = 0.0
-    for knee, d, t, a in capped:
-        if slope > 0 and (instances - used) / slope <= knee:
-            return max(start, (instances - used) / slope)
-        used += a * t
-        slope -= d * t
-        start = knee
-    if used > instances:
-        return start
-    return safe_div(instances - used, slope) if slope > 0 else INF
-
-
 def evaluation_settings(ev: Evaluation) -> tuple[dict[str, float], dict[str, int]]:
     """The setting an evaluation was made at: threshold and prefill instances per PD cluster."""
     return {c.name: c.threshold_tokens for c in ev.clusters}, {c.name: c.n_p for c in ev.clusters}
@@ -496,8 +483,14 @@ def _search(
         if g.spill and g.p[k] > 0:
             # The grid reads the guard's curves at coarse thresholds: check its pick exactly
             # against the best cell that offloads nothing.
-            choice = _exact_best(
-                fleet, lengths, output_tokens, g, active[0].name, choice, load, refusal_target
+            choice = exact_best(
+                g,
+                active[0].name,
+                choice,
+                guard_rows(lengths_of(lengths, active[0].name), g.thresholds),
+                lambda pick: _pick_value(
+                    fleet, lengths, output_tokens, g, pick, load, refusal_target
+                ),
             )
     else:
         choice = joint_search(
@@ -516,48 +509,31 @@ def _search(
     return grids, ts, ns
 
 
-def _exact_best(
+def _pick_value(
     fleet: FleetSpec,
     lengths: Lengths,
     output_tokens: float,
     g: Grid,
-    name: str,
-    choice: dict[str, tuple[float, int]],
+    pick: Mapping[str, tuple[float, int]],
     load: float,
     refusal_target: float | None,
-) -> dict[str, tuple[float, int]]:
-    """The grid's spill bounds read the guard's curves at coarse thresholds; evaluated
-    exactly, the best of ``choice``, the best cell that offloads nothing and the best split
-    at each coarse threshold (ties to the earlier: ``choice``, then fewer offloads)."""
-    coarse = guard_rows(lengths_of(lengths, name), g.thresholds)
-    ks = np.unique(np.clip(np.searchsorted(g.thresholds, coarse), 0, len(g.thresholds) - 1))
-    local = np.flatnonzero(g.p <= 0)
-    order = [int(local[-1])] if local.size else []
-    order += [int(k) for k in ks[::-1] if g.p[k] > 0]
-    best, best_value = choice, -1.0
-    candidates = [choice]
-    for k in order:
-        m = int(np.argmax(np.round(g.throughput[k], 12)))
-        candidates.append({name: (float(g.thresholds[k]), int(g.n_p[m]))})
-    for pick in candidates:
-        ts = {c.name: pick.get(c.name, (float(g.thresholds[-1]), 0))[0] for c in fleet.pd}
-        ns = {c.name: pick.get(c.name, (0.0, 0))[1] for c in fleet.pd}
-        try:
-            value = evaluate(
-                fleet,
-                lengths,
-                output_tokens,
-                ts,
-                ns,
-                with_ttft=False,
-                load=load,
-                refusal_target=refusal_target,
-            ).throughput_rps
-        except ValueError:
-            continue  # a cell the model cannot evaluate (e.g. no local traffic left to time)
-        if value > best_value * (1 + 1e-9):
-            best, best_value = pick, value
-    return best
+) -> float:
+    """Lambda_max of a single-cluster pick, evaluated exactly (0 where the model cannot)."""
+    ts = {c.name: pick.get(c.name, (float(g.thresholds[-1]), 0))[0] for c in fleet.pd}
+    ns = {c.name: pick.get(c.name, (0.0, 0))[1] for c in fleet.pd}
+    try:
+        return evaluate(
+            fleet,
+            lengths,
+            output_tokens,
+            ts,
+            ns,
+            with_ttft=False,
+            load=load,
+            refusal_target=refusal_target,
+        ).throughput_rps
+    except ValueError:
+        return 0.0  # a cell the model cannot evaluate (e.g. no local traffic left to time)
 
 
 def plan_fleet(
@@ -651,30 +627,6 @@ def plan_for_ttft(
 # Baselines and the whole plan
 
 
-def _reference_pd(fleet: FleetSpec) -> PdPool:
-    return max(fleet.pd, key=lambda c: (c.instances, -fleet.pd.index(c)))
-
-
-def _gpus(fleet: FleetSpec) -> int:
-    return sum(j.instances * j.gpus_per_instance for j in fleet.prfaas) + sum(
-        c.instances * c.gpus_per_instance for c in fleet.pd
-    )
-
-
-def _cost(fleet: FleetSpec) -> float:
-    return sum(j.instances * j.gpus_per_instance * j.gpu_hour_cost for j in fleet.prfaas) + sum(
-        c.instances * c.gpus_per_instance * c.gpu_hour_cost for c in fleet.pd
-    )
-
-
-def homogeneous_fleet(fleet: FleetSpec, instances: int) -> FleetSpec:
-    """One PD cluster of the PD accelerator (that of the largest PD cluster) holding all the
-    traffic: what the fleet would be without PrfaaS."""
-    ref = _reference_pd(fleet)
-    pool = replace(ref, name="homogeneous", instances=instances, share=1.0)
-    return FleetSpec(fleet.kv_mib, (), (pool,), ())
-
-
 def plan(
     fleet: FleetSpec,
     lengths: LengthDistribution,
@@ -706,9 +658,9 @@ def plan(
         output_scv=output_scv,
         arrival_scv=arrival_scv,
     )
-    ref = _reference_pd(fleet)
-    n_homog = _gpus(fleet) // ref.gpus_per_instance
-    n_equal = math.floor(_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
+    ref = reference_pd(fleet)
+    n_homog = fleet_gpus(fleet) // ref.gpus_per_instance
+    n_equal = math.floor(fleet_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
     homog = plan_fleet(
         homogeneous_fleet(fleet, n_homog), lengths, output_tokens, threshold_step=threshold_step
     )

@@ -29,7 +29,7 @@ prefill instances: keep traffic local when offloading buys nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,6 +255,52 @@ def grid_build(
         load,
         spill=cap is None,
     )
+
+
+def compute_bound(instances: int, flows: list[tuple[float, float, float]]) -> float:
+    """Largest Lambda with sum_c min(d_c Lambda, carried_c) T_c within ``instances`` (each
+    flow: offloads per unit Lambda d_c, PrfaaS seconds T_c, what its links carry)."""
+    full = sum(d * t for d, t, a in flows if not math.isfinite(a))
+    capped = sorted((a / d, d, t, a) for d, t, a in flows if math.isfinite(a) and d > 0)
+    slope = full + sum(d * t for _, d, t, _ in capped)
+    used = 0.0  # compute of the flows already at their link's limit
+    start = 0.0
+    for knee, d, t, a in capped:
+        if slope > 0 and (instances - used) / slope <= knee:
+            return max(start, (instances - used) / slope)
+        used += a * t
+        slope -= d * t
+        start = knee
+    if used > instances:
+        return start
+    return safe_div(instances - used, slope) if slope > 0 else INF
+
+
+def exact_best(
+    g: Grid,
+    name: str,
+    choice: dict[str, tuple[float, int]],
+    coarse: FloatArray,
+    value: Callable[[dict[str, tuple[float, int]]], float],
+) -> dict[str, tuple[float, int]]:
+    """The grid's spill bounds read the guard's curves at ``coarse`` thresholds; by ``value``
+    (Lambda_max evaluated exactly), the best of ``choice``, the best cell that offloads
+    nothing and the best split at each coarse threshold (ties to the earlier: ``choice``,
+    then fewer offloads)."""
+    ks = np.unique(np.clip(np.searchsorted(g.thresholds, coarse), 0, len(g.thresholds) - 1))
+    local = np.flatnonzero(g.p <= 0)
+    order = [int(local[-1])] if local.size else []
+    order += [int(k) for k in ks[::-1] if g.p[k] > 0]
+    candidates = [choice]
+    for k in order:
+        m = int(np.argmax(np.round(g.throughput[k], 12)))
+        candidates.append({name: (float(g.thresholds[k]), int(g.n_p[m]))})
+    best, best_value = choice, -1.0
+    for pick in candidates:
+        v = value(pick)
+        if v > best_value * (1 + 1e-9):
+            best, best_value = pick, v
+    return best
 
 
 def grid_pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:

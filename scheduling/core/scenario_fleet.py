@@ -52,6 +52,7 @@ def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
             link.rtt_ms,
             None if link.kv_budget_mib is None else round(link.kv_budget_mib * MIB),
             link.target_utilisation,
+            link.max_refused_share,
         )
         for link in scenario.links
     )

@@ -118,6 +118,9 @@ class ScenarioLink:
     ``kv_budget_mib``: the most KVCache in flight on it (reserved from the routing decision to
     the transfer's end); ``target_utilisation``: the mean egress share the planner may plan
     onto it. ``None``: the router's defaults (:mod:`scheduling.core.link`).
+    ``max_refused_share``: the operator's cap on the share of the PD cluster's decisions the
+    link's guard may refuse, within (0, 1]; ``None`` (default): no cap, refused offloads
+    prefill locally and the planner plans them so.
     """
 
     source: str
@@ -126,6 +129,7 @@ class ScenarioLink:
     rtt_ms: float = 0.0
     kv_budget_mib: float | None = None
     target_utilisation: float | None = None
+    max_refused_share: float | None = None
 
     @property
     def key(self) -> str:

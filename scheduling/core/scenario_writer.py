@@ -78,6 +78,8 @@ def _link_out(link: ScenarioLink) -> dict[str, Any]:
         out["kv_budget_mib"] = link.kv_budget_mib
     if link.target_utilisation is not None:
         out["target_utilisation"] = link.target_utilisation
+    if link.max_refused_share is not None:
+        out["max_refused_share"] = link.max_refused_share
     return out
 
 

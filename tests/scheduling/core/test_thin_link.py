@@ -21,7 +21,7 @@ from scheduling.core.planner import (
 )
 from scheduling.core.rebalance_types import Setting, TrafficSummary
 from scheduling.core.rebalancer import FleetPlanner
-from scheduling.core.scenario import Scenario, scenario_load
+from scheduling.core.scenario import Scenario, ScenarioError, scenario_load, scenario_parse
 from scheduling.core.simulator.policies import fleet_setting
 from scheduling.core.simulator.run import SimulationConfig, SimulationResult, simulate
 
@@ -123,3 +123,22 @@ def test_a_rebalancer_prediction_carries_the_predicted_refused_share(thin: Scena
     assert 0 < prediction.offload_refused_fraction < 1
     # scheduling.rebalance.selectors.PREDICTED_REFUSAL_KEY, as prediction_json stores it
     assert asdict(prediction)["offload_refused_fraction"] == prediction.offload_refused_fraction
+
+
+def test_a_scenario_link_may_cap_its_refused_share(scenarios_dir: Path) -> None:
+    link = {"source": "prfaas-h200", "target": "pd-h20", "gbps": 8, "rtt_ms": 20}
+    data = {"version": 1, "name": "capped", "extends": "thin-link.yaml"}
+    capped = scenario_parse(
+        {**data, "links": [{**link, "max_refused_share": 0.2}]}, base_dir=scenarios_dir
+    )
+    assert [lk.max_refused_share for lk in fleet_from_scenario(capped).links] == [0.2]
+    assert (
+        fleet_from_scenario(scenario_load(scenarios_dir / "thin-link.yaml"))
+        .links[0]
+        .max_refused_share
+        is None
+    )
+    with pytest.raises(ScenarioError, match="max_refused_share"):
+        scenario_parse(
+            {**data, "links": [{**link, "max_refused_share": 1.5}]}, base_dir=scenarios_dir
+        )

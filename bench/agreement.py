@@ -57,7 +57,7 @@ def main() -> None:
         )
     print(
         f"\n{held}/{len(paths)} hold (sustained >= 97%, P90 within [0.67, 1.5]x, "
-        f"link_congested <= 2%); {time.perf_counter() - started:.0f} s"
+        f"link_congested predicted within 5 points); {time.perf_counter() - started:.0f} s"
     )
     print(
         "sustained: completions per second while arrivals last, after the first tenth; "

@@ -25,6 +25,7 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
+from redis.retry import Retry
 
 # Seconds. A refused connection (Redis down) fails at once; these bound a hung or blackholed
 # server, and leave room for a burst opening many connections at once.
@@ -92,7 +93,12 @@ def redis_sync() -> redis.Redis:
             if settings.REDIS_CLUSTER_URL:
                 _sync_client = redis_cluster_sync(url, **options)
             else:
-                _sync_client = redis.Redis.from_url(url, health_check_interval=30, **options)
+                # No retries: redis-py's default re-sends a whole pipeline after a timeout,
+                # and a pipeline of counters (traffic windows, metrics) the server had already
+                # applied would then count twice. Callers handle a failed call.
+                _sync_client = redis.Redis.from_url(
+                    url, health_check_interval=30, retry=Retry(NoBackoff(), 0), **options
+                )
             _sync_url = url
         return _sync_client
 

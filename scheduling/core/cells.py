@@ -5,8 +5,9 @@ requests whose TTFT is within a target.
 Pure Python and numpy: no Django. The model is :mod:`scheduling.core.operating`'s (M/G/c
 waits at the cluster's PD-P, at the PrfaaS pool it shares with other clusters, and at its
 decode slots; a transfer's excess over its prefill at the link's utilisation; one RTT), with
-two simplifications that make it vectorise over cells: the link's dynamic refusals are left
-out (the search's admission bound keeps them small), and several PrfaaS pools are costed as one.
+two simplifications that make it vectorise over cells: the link guard's refusals (refused
+offloads prefill locally) are settled per threshold on the largest-budget link alone, and
+several PrfaaS pools are costed as one.
 The search (:mod:`scheduling.core.search`) ranks cells by mean TTFT; the goodput planner
 (:mod:`scheduling.core.goodput`) by the share within the TTFT target. Both confirm their
 answer with the full operating point.
@@ -20,10 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduling.core.fleet import FleetSpec, PdPool, PrfaasPool
-from scheduling.core.link import transfer_excess_s
+from scheduling.core.link import Link, OffloadMix, link_refusal, transfer_excess_s
 from scheduling.core.offload import coarse_nodes, linked_pools
 from scheduling.core.performance import FloatArray, LengthDistribution, kv_bytes, prefill_seconds
 from scheduling.core.queueing import mgc_waits, wait_sum_cdf
+
+#: Rounds of the refusal fixed point per cell model (damped by half each round).
+GUARD_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,67 @@ def pool_costed(fleet: FleetSpec) -> PrfaasPool | None:
     )
 
 
+def _guarded(
+    fleet: FleetSpec,
+    link: Link,
+    pool: PrfaasPool,
+    x: FloatArray,
+    w: FloatArray,
+    t: FloatArray,
+    rate: float,
+    others: PoolLoad,
+) -> tuple[FloatArray, FloatArray]:
+    """Per threshold (K x N): the weight of each length node the link carries (offered, less
+    what its guard refuses, :func:`scheduling.core.link.link_refusal`; refused ones prefill
+    locally) and its remote time (prefill, transfer excess at the link's utilisation, RTT).
+    The refusals, utilisation and PrfaaS wait are settled by a short damped fixed point, as in
+    :func:`scheduling.core.operating.operating_point`."""
+    kv = kv_bytes(fleet.kv_mib, x)
+    fits = kv <= link.budget
+    offered = np.where((x[None, :] > t[:, None]) & fits[None, :], w[None, :], 0.0)
+    line = link.gbps * 1e9 / 8
+    service = prefill_seconds(pool.prefill, x)
+    share = offered.sum(axis=1)
+    mix = offered / np.where(share > 0, share, 1.0)[:, None]
+    refusal = np.zeros_like(offered)
+    remote = np.zeros_like(offered)
+    for _ in range(GUARD_ROUNDS):
+        carried = offered * (1.0 - refusal)
+        utilisation = np.clip(rate * (carried @ kv) / line, 0.0, 1.0) if line > 0 else 1.0
+        excess = np.stack(
+            [
+                transfer_excess_s(kv, service, link.gbps, float(u))
+                for u in np.broadcast_to(utilisation, (len(t),))
+            ]
+        )
+        remote = service[None, :] + np.minimum(excess, 1e6)
+        if rate <= 0 or not np.any(share > 0):
+            break
+        p_rate = others.rate + rate * carried.sum(axis=1)
+        p_s1 = others.s1 + rate * (carried @ service)
+        p_s2 = others.s2 + rate * (carried @ (service * service))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = np.where(p_rate > 0, p_s1 / np.where(p_rate > 0, p_rate, 1.0), 0.0)
+            scv = np.where(mean > 0, p_s2 / np.where(p_rate > 0, p_rate, 1.0) / mean**2 - 1.0, 0.0)
+        _, wait = mgc_waits(p_rate, mean, np.maximum(scv, 0.0), pool.instances)
+        # One knapsack per threshold at once: the transfer's excess (it varies with the
+        # row's utilisation) joins the PrfaaS wait as time the row's reservations are held.
+        extra = (mix * np.minimum(excess, 1e6)).sum(axis=1)
+        live = share > 0
+        new = np.zeros_like(offered)
+        if np.any(live):
+            new[live] = link_refusal(
+                rate * share[live],
+                OffloadMix(mix[live], kv, service, service + link.rtt_ms / 1000.0),
+                np.minimum(wait[live], 1e9) + extra[live],
+                link.gbps,
+                link.budget,
+                admitted=1.0 - (mix[live] * refusal[live]).sum(axis=1),
+            )
+        refusal = 0.5 * refusal + 0.5 * np.where(fits[None, :], new, 1.0)
+    return offered * (1.0 - refusal), remote + link.rtt_ms / 1000.0
+
+
 def cell_model(
     fleet: FleetSpec,
     c: PdPool,
@@ -126,17 +191,7 @@ def cell_model(
         offloaded = np.zeros((len(t), len(x)))
         remote = np.zeros((len(t), len(x)))
     else:
-        link = links[0]
-        kv = kv_bytes(fleet.kv_mib, x)
-        fits = kv <= link.budget
-        offloaded = np.where((x[None, :] > t[:, None]) & fits[None, :], w[None, :], 0.0)
-        line = link.gbps * 1e9 / 8
-        utilisation = np.clip(rate * (offloaded @ kv) / line, 0.0, 1.0)
-        service = prefill_seconds(pool.prefill, x)
-        remote = np.stack(
-            [service + transfer_excess_s(kv, service, link.gbps, float(u)) for u in utilisation]
-        )
-        remote = np.minimum(remote, 1e6) + link.rtt_ms / 1000.0
+        offloaded, remote = _guarded(fleet, links[0], pool, x, w, t, rate, others)
     service = prefill_seconds(pool.prefill, x) if pool is not None else np.zeros_like(x)
     s0_off = offloaded.sum(axis=1)
     s1_off = offloaded @ service

@@ -9,7 +9,7 @@ these names.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduling.core.link import Link
 from scheduling.core.performance import LengthDistribution, Table
@@ -90,3 +90,27 @@ def lengths_of(lengths: Lengths, cluster: str) -> LengthDistribution:
         except KeyError:
             raise ValueError(f"no length distribution for {cluster}") from None
     return lengths
+
+
+def reference_pd(fleet: FleetSpec) -> PdPool:
+    return max(fleet.pd, key=lambda c: (c.instances, -fleet.pd.index(c)))
+
+
+def fleet_gpus(fleet: FleetSpec) -> int:
+    return sum(j.instances * j.gpus_per_instance for j in fleet.prfaas) + sum(
+        c.instances * c.gpus_per_instance for c in fleet.pd
+    )
+
+
+def fleet_cost(fleet: FleetSpec) -> float:
+    return sum(j.instances * j.gpus_per_instance * j.gpu_hour_cost for j in fleet.prfaas) + sum(
+        c.instances * c.gpus_per_instance * c.gpu_hour_cost for c in fleet.pd
+    )
+
+
+def homogeneous_fleet(fleet: FleetSpec, instances: int) -> FleetSpec:
+    """One PD cluster of the PD accelerator (that of the largest PD cluster) holding all the
+    traffic: what the fleet would be without PrfaaS."""
+    ref = reference_pd(fleet)
+    pool = replace(ref, name="homogeneous", instances=instances, share=1.0)
+    return FleetSpec(fleet.kv_mib, (), (pool,), ())

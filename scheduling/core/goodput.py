@@ -26,6 +26,7 @@ import numpy as np
 from scheduling.core.cells import PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
+from scheduling.core.offload import refusal_cap
 from scheduling.core.operating import OperatingPoint, operating_point
 from scheduling.core.search import Grid, grid_pick
 
@@ -54,10 +55,15 @@ class SloPlan:
     at_rate: OperatingPoint | None
 
 
-def _admissible(fleet: FleetSpec, op: OperatingPoint, refusal_target: float) -> bool:
-    """Stable, the links within their target utilisation, refusals within the target."""
-    if not op.stable or op.refused_fraction > refusal_target + 1e-12:
+def _admissible(fleet: FleetSpec, op: OperatingPoint, refusal_target: float | None) -> bool:
+    """Stable, the links within their target utilisation, refusals within each PD cluster's
+    cap (none by default: the guard's refusals prefill locally, counted in the TTFT)."""
+    if not op.stable:
         return False
+    for c in op.clusters:
+        cap = refusal_cap(fleet, c.name, refusal_target)
+        if cap is not None and c.refused_fraction > cap + 1e-12:
+            return False
     targets = {(lk.source, lk.target): lk.planned_utilisation for lk in fleet.links}
     return all(lk.utilisation <= targets.get((lk.source, lk.target), 1.0) + 1e-9 for lk in op.links)
 
@@ -74,7 +80,7 @@ def slo_rate(
     upper_rps: float,
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     headroom: float = DEFAULT_SLO_HEADROOM,
 ) -> tuple[float, OperatingPoint | None]:
     """The highest rate (below ``upper_rps``) at which this setting's predicted ``quantile``
@@ -138,7 +144,7 @@ def plan_for_slo(
     quantile: float = 0.9,
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     headroom: float = DEFAULT_SLO_HEADROOM,
 ) -> SloPlan:
     """The setting and rate of highest goodput under ``slo_s`` (see the module). ``grids`` and
@@ -310,8 +316,7 @@ def _cells_within(
             within_others += o.share * float(again.within(slo_s)[0, 0])
         within = (c.share * mine.within(slo_s) + within_others) / shares
         ok = within >= quantile
-        sub = g.egress[rows] * rate <= g.link_total + 1e-12
-        ok &= (sub | (g.p[rows] <= 0))[:, None]
+        ok &= g.link_ok(rate)[rows][:, None]
         # Offloads admitted at this rate (the grid's limit is on Lambda at the planned load).
         ok &= (g.bound_admit[rows] * g.load >= rate)[:, None]
         if not ok.any():

@@ -33,7 +33,10 @@ Poisson stream of a mix of request kinds (KV bytes, reservation life). Two thing
   saturated when the streams' rates add up to the line rate. The concurrent streams are
   counted as an M/G/inf population (compound Poisson, untruncated: an upper bound).
 
-The two are combined as independent events. Transfers are assumed to share the link fairly
+The two are combined as the larger of the two (not as independent events): both grow with
+the same crowd of reservations, and on a thin link one transfer's stream nearly fills the line
+while its KV nearly fills the budget, so the two refuse the same offloads; counting them as
+independent double-counts (issue 28: 49% predicted against 42% simulated). Transfers are assumed to share the link fairly
 (processor sharing): a transfer of ``kv`` bytes on a link at utilisation ``rho`` takes about
 ``kv / (line * (1 - rho))`` (:func:`transfer_excess_s`), of which only what exceeds its prefill
 shows in TTFT.
@@ -54,10 +57,15 @@ DEFAULT_LINK_BUDGET_SECONDS = 2.0
 #: A link whose target utilisation is not given is planned to at most this egress share (the
 #: router's default ``RouteGuards.scarce_utilisation``).
 DEFAULT_TARGET_UTILISATION = 0.8
-#: The planner keeps the share of decisions the link refuses (``link_congested``) under this.
-DEFAULT_REFUSAL_TARGET = 0.01
+#: By default nothing caps the share of decisions a link refuses (``link_congested``): a
+#: refused offload prefills locally, and the planner plans that (issue 28). An operator may cap
+#: it per link (``max_refused_share``, within :data:`REFUSED_SHARE_BOUNDS`); then the planner
+#: keeps the predicted share under the cap ...
+DEFAULT_REFUSAL_TARGET: float | None = None
 #: ... and never lets the link refuse more than this share of the offloads it is offered.
 MAX_OFFLOAD_REFUSAL = 0.5
+#: Bounds of a link's ``max_refused_share`` (a share of decisions, above 0).
+REFUSED_SHARE_BOUNDS = (0.0, 1.0)
 #: Resolution of the knapsack: the budget (and the line rate) cut into this many units.
 BUDGET_UNITS = 64
 
@@ -109,6 +117,9 @@ class Link:
     taken, released when the transfer ends); ``target_utilisation``: the mean egress share the
     planner may plan onto it, and the router's scarce threshold for it. ``None``: the
     defaults above (:attr:`budget`, :attr:`planned_utilisation` apply them).
+    ``max_refused_share``: the operator's cap on the share of the PD cluster's decisions the
+    link's guard may refuse, within (0, 1] (:func:`link_refused_cap`); ``None`` (default): no
+    cap, refused offloads prefill locally and the planner plans them so.
     """
 
     source: str
@@ -117,6 +128,7 @@ class Link:
     rtt_ms: float = 0.0
     kv_budget_bytes: int | None = None
     target_utilisation: float | None = None
+    max_refused_share: float | None = None
 
     @property
     def key(self) -> str:
@@ -140,6 +152,16 @@ class Link:
     def usable_gbps(self) -> float:
         """What the planner may plan onto the link on average."""
         return max(0.0, self.gbps) * self.planned_utilisation
+
+
+def link_refused_cap(value: float | None) -> float | None:
+    """A link's operator cap on its refused share, checked (``None``: no cap)."""
+    if value is None:
+        return None
+    lo, hi = REFUSED_SHARE_BOUNDS
+    if not (lo < value <= hi) or math.isnan(value):
+        raise ValueError(f"max_refused_share must be within ({lo:g}, {hi:g}], got {value!r}")
+    return float(value)
 
 
 def link_admits(utilisation: float, inflight_bytes: float, nbytes: float, budget: float) -> bool:
@@ -390,6 +412,7 @@ def link_refusal(
     *,
     pool: PoolCrowd | None = None,
     units: int = BUDGET_UNITS,
+    admitted: ArrayLike = 1.0,
 ) -> FloatArray:
     """Probability that the router refuses an offload of each kind, per row: ``rate[k]``
     offloads per second arrive with the mix of row ``k``, each waiting ``wait_s[k]`` on average
@@ -405,9 +428,12 @@ def link_refusal(
     prep = _prepare(mix, wait, gbps, budget_bytes, units)
     held, streams = _dispersions(lam, pool, prep.after_s, prep.streaming_after_s)
     law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
-    _, saturated = _recursion(lam[:, None] * prep.stream_loads, streams)
+    # Only admitted offloads stream (``admitted``: the share the caller's fixed point has
+    # settled on; the untruncated stream count is otherwise an upper bound).
+    kept = np.broadcast_to(np.asarray(admitted, dtype=float), (rows,))
+    _, saturated = _recursion((lam * kept)[:, None] * prep.stream_loads, streams)
     budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
-    refused = 1.0 - (1.0 - budget_block) * (1.0 - saturated[:, None])
+    refused = np.maximum(budget_block, saturated[:, None])
     return np.where(prep.fits[None, :], refused, 1.0)
 
 
@@ -471,7 +497,7 @@ def link_admissible_rate(
     block = (_class_block(law) * np.repeat(prep.budget_weights, points, axis=0)).sum(axis=1)
     share = np.repeat(prep.budget_weights.sum(axis=1), points)
     block = block / np.where(share > 0, share, 1.0)
-    refused = (1.0 - (1.0 - block) * (1.0 - saturated)).reshape(len(idx), points)
+    refused = np.maximum(block, saturated).reshape(len(idx), points)
     for row, k in enumerate(idx):
         r = refused[row]
         ok = r <= target[k]

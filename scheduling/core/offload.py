@@ -7,7 +7,9 @@ Pure Python and numpy: no Django. Arrays run over a grid of thresholds.
 For a threshold t, the requests above t want PrfaaS. The router refuses, every time, those
 whose KV alone exceeds every linked budget (``refused``: always ``link_congested``, so they
 prefill locally); the others are offloaded (``offload``) unless the link is full when they
-arrive. How full it gets depends on the offload rate: ``admit_rate`` is, per threshold, the
+arrive; then they prefill locally too. Only when an operator caps the refused share
+(``max_refused_share`` on a link, :func:`refusal_cap`; no cap by default) is the offload rate
+limited: ``admit_rate`` is, per threshold, the
 largest rate of arrivals at the cluster (req/s) at which the share of offloads refused stays
 within ``(refusal_target - refused) / offload`` (capped at
 :data:`~scheduling.core.link.MAX_OFFLOAD_REFUSAL`), i.e. the decisions the link refuses stay
@@ -27,15 +29,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scheduling.core.fleet import FleetSpec, PdPool, PrfaasPool
 from scheduling.core.link import (
-    DEFAULT_REFUSAL_TARGET,
     MAX_OFFLOAD_REFUSAL,
     Link,
     OffloadMix,
     PoolCrowd,
     link_admissible_rate,
+    link_refusal,
+    link_refused_cap,
     transfer_excess_s,
 )
 from scheduling.core.performance import (
@@ -47,6 +51,10 @@ from scheduling.core.performance import (
 )
 from scheduling.core.queueing import mgc_crowd, mgc_wait
 
+#: Offered rates per threshold at which the link guard's carried rate is computed.
+GUARD_POINTS = 20
+#: The cap on refused decisions for a PD cluster of a fleet with several PrfaaS pools.
+SEVERAL_POOLS_REFUSAL_CAP = 0.01
 #: Thresholds (quantiles of the lengths) at which the admission limit is computed.
 ADMISSION_POINTS = 49
 #: Length nodes the admission model works on (the distribution's own nodes, merged).
@@ -77,6 +85,25 @@ def linked_pools(fleet: FleetSpec, cluster: str) -> list[tuple[Link, PrfaasPool]
         if link.target == cluster and link.gbps > 0 and pool is not None and pool.instances > 0:
             out.append((link, pool))
     return out
+
+
+def refusal_cap(fleet: FleetSpec, cluster: str, override: float | None = None) -> float | None:
+    """The cap on the share of ``cluster``'s decisions its links may refuse: ``override`` when
+    given, else the tightest of its links' ``max_refused_share`` (``None``: no cap, the
+    default; refused offloads prefill locally and the planner plans them so)."""
+    if override is not None:
+        return link_refused_cap(override)
+    caps = [
+        link_refused_cap(link.max_refused_share)
+        for link, _ in linked_pools(fleet, cluster)
+        if link.max_refused_share is not None
+    ]
+    cap = min((c for c in caps if c is not None), default=None)
+    if cap is None and len([p for p in fleet.prfaas if p.instances > 0]) > 1:
+        # Several PrfaaS pools are routed by an LP within their links' line rates; the guard's
+        # spill to local prefill is not modelled there, so their refusals stay capped.
+        return SEVERAL_POOLS_REFUSAL_CAP
+    return cap
 
 
 def fit_limit_tokens(fleet: FleetSpec, budget: float, hi: float) -> float:
@@ -134,14 +161,17 @@ def offload_split(
     thresholds: FloatArray,
     *,
     load: float,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = None,
     exact: bool = False,
 ) -> OffloadSplit:
     """The router's treatment of ``cluster``'s requests at every threshold (see the module).
 
-    ``exact``: compute the admission limit at every threshold given (for a few), instead of
-    on the coarse set of quantiles.
+    ``refusal_target``: the cap on refused decisions (:func:`refusal_cap`); without one (the
+    default) ``admit_rate`` is infinite: the link guard refuses what does not fit and the
+    refused offloads prefill locally. ``exact``: compute the admission limit at every
+    threshold given (for a few), instead of on the coarse set of quantiles.
     """
+    cap = refusal_cap(fleet, cluster.name, refusal_target)
     t = np.atleast_1d(np.asarray(thresholds, dtype=float))
     want = np.asarray(lengths.tail(t), dtype=float)
     want = np.where(want <= 1e-12, 0.0, np.where(want >= 1 - 1e-12, 1.0, want))
@@ -165,9 +195,115 @@ def offload_split(
     l_off = np.clip(l_off, np.maximum(t, lo), hi)
     l_loc = np.clip(l_loc, lo, hi)
     admit = np.full_like(t, math.inf)
-    if links:
-        admit = _admission(fleet, links, lengths, t, offload, refused, load, refusal_target, exact)
+    if links and cap is not None:
+        admit = _admission(fleet, links, lengths, t, offload, refused, load, cap, exact)
     return OffloadSplit(t, want, offload, refused, l_off, l_loc, admit)
+
+
+def guard_rows(lengths: LengthDistribution, thresholds: FloatArray) -> FloatArray:
+    """The coarse thresholds (quantiles of the lengths, and the grid's ends) at which a grid's
+    guard curves are computed; each grid threshold reads the next one up."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=float))
+    rows = lengths.quantile(np.linspace(0.0, 1.0, ADMISSION_POINTS))
+    return np.unique(np.concatenate([[t[0]], np.asarray(rows, dtype=float), [t[-1]]]))
+
+
+@dataclass(frozen=True)
+class GuardCurve:
+    """Per row (threshold): offloads/s offered to a PD cluster's links on a grid of rates
+    (``offered``, rows x points, ascending) and what the links carry of them (``carried``);
+    the guard keeps the rest local."""
+
+    offered: FloatArray
+    carried: FloatArray
+
+    def carried_at(self, row: int, rate: float) -> float:
+        """Offloads/s carried when ``rate`` are offered (beyond the grid: its last value)."""
+        return float(np.interp(rate, self.offered[row], self.carried[row]))
+
+
+def guard_curve(
+    fleet: FleetSpec,
+    cluster: PdPool,
+    lengths: LengthDistribution,
+    thresholds: FloatArray,
+    *,
+    points: int = GUARD_POINTS,
+) -> GuardCurve:
+    """Per threshold, what the links into ``cluster`` carry of the offloads offered to them
+    at rates up to twice what their target share of the line rate carries on average: the
+    guard's refusals (:func:`scheduling.core.link.link_refusal`: budget knapsack, saturation,
+    reservations held for the prefill, the transfer's excess on an idle link and one RTT;
+    no PrfaaS queue), and never more than that target share. Several links share a cluster's
+    offloads in proportion to their pools' instances."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=float))
+    rows = len(t)
+    links = linked_pools(fleet, cluster.name)
+    if not links:
+        zero = np.zeros((rows, points))
+        return GuardCurve(zero, zero)
+    x, w = coarse_nodes(lengths)
+    kv = kv_bytes(fleet.kv_mib, x)
+    budget = max(link.budget for link, _ in links)
+    offered_w = w[None, :] * ((x[None, :] > t[:, None]) & (kv <= budget)[None, :])
+    share = offered_w.sum(axis=1)
+    live = share > 0
+    safe = np.where(live, share, 1.0)
+    mean_kv = np.maximum((offered_w @ kv) / safe, 1.0)
+    line = sum(link.usable_gbps for link, _ in links) * 1e9 / 8 / mean_kv
+    grid = np.where(live, 2.0 * line, 0.0)[:, None] * np.geomspace(1e-3, 1.0, points)[None, :]
+    carried = np.zeros((rows, points))
+    total = sum(j.instances for _, j in links)
+    for link, pool in links:
+        wl = offered_w * (kv <= link.budget)[None, :]
+        sl = wl.sum(axis=1)
+        mix = wl / np.where(sl > 0, sl, 1.0)[:, None]
+        service = prefill_seconds(pool.prefill, x)
+        hold = service + transfer_excess_s(kv, service, link.gbps, 0.0) + link.rtt_ms / 1000.0
+        rate = (grid * (pool.instances / total) * (sl / safe)[:, None]).reshape(-1)
+        mixes = np.repeat(mix, points, axis=0)
+        # Every offered offload counted as streaming (an upper bound on the streams): the
+        # curve ignores the PrfaaS queue and the link's utilisation, which hold reservations
+        # longer, and the bound keeps the capacity plan from counting on them.
+        offers = OffloadMix(mixes, kv, service, hold)
+        refused = link_refusal(rate, offers, 0.0, link.gbps, link.budget)
+        mean = (mixes * refused).sum(axis=1)
+        carried += (rate * (1.0 - mean)).reshape(rows, points)
+    return GuardCurve(grid, np.minimum(carried, line[:, None]))
+
+
+def spill_bound(
+    plain: FloatArray,
+    n_p: FloatArray,
+    share: float,
+    p: FloatArray,
+    t_short: FloatArray,
+    t_long: FloatArray,
+    curve: GuardCurve,
+    rows: NDArray[np.int_],
+) -> FloatArray:
+    """The PD-P bound on Lambda (K x M) when the guard spills to local prefill what the links
+    do not carry: the largest Lambda with s Lambda (1 - p) T(l_short) + (o - C(o)) T(l_long)
+    within n_p, o = s p Lambda offered and C(o) carried (``curve`` row ``rows[k]`` for
+    threshold k). ``plain``: the bound when the links carry everything."""
+    out = np.array(plain, dtype=float, copy=True)
+    n = np.asarray(n_p, dtype=float)
+    for k in range(len(p)):
+        if p[k] <= 0 or share <= 0 or not np.any(curve.offered[rows[k]] > 0):
+            continue
+        # From the origin: below the grid's first rate the links refuse (almost) nothing.
+        o = np.concatenate([[0.0], curve.offered[rows[k]]])
+        c = np.concatenate([[0.0], curve.carried[rows[k]]])
+        lam = o / (share * p[k])
+        per = share * ((1 - p[k]) * t_short[k] + p[k] * t_long[k])
+        if not (per > 0 and math.isfinite(per)):
+            continue
+        local = np.maximum.accumulate(lam * per - c * t_long[k])
+        beyond = (n + c[-1] * t_long[k]) / per
+        within = np.interp(n, local, lam)
+        spilled = np.where(n >= local[-1], beyond, within)
+        out[k] = np.where(np.isnan(spilled), out[k], np.minimum(out[k], spilled))
+    return out
 
 
 def prfaas_at(

@@ -105,6 +105,9 @@ class ClusterAt:
     refused_fraction: float
     ttft_mean_s: float
     ttft_p90_s: float
+    #: share of the offloads offered to the cluster's links (above its threshold) that their
+    #: guard keeps local: prefilled on the cluster, at local TTFT
+    offload_refused_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -248,8 +251,15 @@ def operating_point(
                     np.array([crowd.busy_mean]),
                     np.array([crowd.busy_var]),
                 )
+                admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
                 new = link_refusal(
-                    r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=queued
+                    r.offered_rps,
+                    mix,
+                    wait_s,
+                    r.link.gbps,
+                    r.link.budget,
+                    pool=queued,
+                    admitted=admitted,
                 )[0]
                 updated = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
                 moved = max(moved, float(np.max(np.abs(updated - r.refusal), initial=0.0)))
@@ -328,13 +338,24 @@ def operating_point(
                         np.dot(want * r.share * r.fits, r.refusal)
                         / max(float(np.dot(want * r.share, r.fits)), 1e-300)
                     ),
-                    float(np.dot(carried, kv * hold)),
+                    float(np.dot(carried, kv * np.minimum(hold, 1e9))),
                     r.link.budget,
                 )
             )
         mean_c = ttft_mean(parts)
         p90_c = ttft_quantile(parts, quantile)
-        clusters.append(ClusterAt(c.name, lam, float(away.sum()), refused_here, mean_c, p90_c))
+        offered_share = float(want.sum())
+        clusters.append(
+            ClusterAt(
+                c.name,
+                lam,
+                float(away.sum()),
+                refused_here,
+                mean_c,
+                p90_c,
+                refused_here / offered_share if offered_share > 0 else 0.0,
+            )
+        )
         refused_total += c.share * refused_here
         parts_all.extend(
             TtftPart(p.weights * c.share, p.fixed_s, p.prefill_wait, p.decode_wait) for p in parts
@@ -367,6 +388,7 @@ def operating_point_to_dict(op: OperatingPoint) -> dict[str, Any]:
                 "rate_rps": c.rate_rps,
                 "offload_fraction": c.offload_fraction,
                 "link_congested_fraction": c.refused_fraction,
+                "offload_refused_fraction": c.offload_refused_fraction,
                 "ttft_mean_s": _finite(c.ttft_mean_s),
                 "ttft_p90_s": _finite(c.ttft_p90_s),
             }

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,11 +47,24 @@ from scheduling.core.fleet import (
     Link,
     PdPool,
     PrfaasPool,
+    fleet_cost,
+    fleet_gpus,
+    homogeneous_fleet,
     lengths_of,
+    reference_pd,
 )
 from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
-from scheduling.core.offload import OffloadSplit, fit_limit_tokens, linked_pools, offload_split
+from scheduling.core.offload import (
+    OffloadSplit,
+    fit_limit_tokens,
+    guard_curve,
+    guard_rows,
+    linked_pools,
+    offload_split,
+    refusal_cap,
+    spill_bound,
+)
 from scheduling.core.operating import OperatingPoint, operating_point
 from scheduling.core.performance import (
     FloatArray,
@@ -69,6 +82,8 @@ from scheduling.core.scenario_fleet import (
 )
 from scheduling.core.search import (
     Grid,
+    compute_bound,
+    exact_best,
     fleet_threshold_grid,
     grid_build,
     grid_pick,
@@ -106,6 +121,8 @@ INF = math.inf
 #: The share of its capacity a fleet is planned to run at: link admission (budget refusals,
 #: PrfaaS queueing of reserved bytes) is judged there, and ``at_load`` predicted there.
 DEFAULT_LOAD = 0.8
+#: The naive heterogeneous baseline's cap on link refusals (it has no local prefill).
+NAIVE_REFUSAL_CAP = 0.01
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,16 +229,19 @@ def evaluate(
     *,
     with_ttft: bool = True,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     offloads: Mapping[str, OffloadSplit] | None = None,
 ) -> Evaluation:
     """The throughput model at a given setting: threshold and number of prefill instances
     (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
 
     The links are part of the model as the router applies them: requests whose KV fits no
-    linked budget prefill locally, the mean egress stays within each link's target share,
-    and (``link_budget`` bound) at ``load`` x Lambda the links refuse at most
-    ``refusal_target`` of the cluster's decisions (:mod:`scheduling.core.offload`).
+    linked budget prefill locally, and so do the offloads the link guard refuses: the links
+    carry at most their target share of the line rate, the rest of the offered offloads
+    prefill on the PD cluster (its ``pd_prefill`` bound counts them). Only with a cap on the
+    refused share (``refusal_target``, else the links' ``max_refused_share``; none by
+    default) is there a ``link_budget`` bound: at ``load`` x Lambda the links refuse at most
+    the cap of the cluster's decisions (:mod:`scheduling.core.offload`).
     ``offloads``: that split, already computed for some clusters at their thresholds (one row
     each; the sweeps compute it for a whole grid at once).
     """
@@ -245,17 +265,43 @@ def evaluate(
         )
         p, l_long, l_short = float(sp.offload[0]), float(sp.l_offload[0]), float(sp.l_local[0])
         refused = float(sp.refused[0])
+        cap = refusal_cap(fleet, c.name, refusal_target)
         rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
         theta_d = (c.instances - n_p) * rate
         theta_p = n_p / float(prefill_seconds(c.prefill, l_short)) if p < 1 else None
+        # Without a cap the link guard spills what the link cannot carry to local prefill
+        # (one PrfaaS pool; several are routed by the LP, within their links).
+        curve = (
+            guard_curve(fleet, c, lengths_of(lengths, c.name), np.array([ts[c.name]]))
+            if cap is None and p > 0 and len(fleet.prfaas) <= 1
+            else None
+        )
+        carried = INF
         if c.share > 0:
             bounds[f"pd_prefill:{c.name}"] = (
                 INF if theta_p is None else safe_div(theta_p, (1 - p) * c.share)
             )
+            if curve is not None:
+                t_short = float(prefill_seconds(c.prefill, l_short)) if p < 1 else 0.0
+                lam = float(
+                    spill_bound(
+                        np.array([[bounds[f"pd_prefill:{c.name}"]]]),
+                        np.array([n_p]),
+                        c.share,
+                        np.array([p]),
+                        np.array([t_short]),
+                        np.array([float(prefill_seconds(c.prefill, l_long))]),
+                        curve,
+                        np.array([0]),
+                    )[0, 0]
+                )
+                bounds[f"pd_prefill:{c.name}"] = lam
+                # What the links carry at most (PrfaaS compute is shared out against it).
+                carried = float(np.max(curve.carried[0]))
             bounds[f"pd_decode:{c.name}"] = safe_div(theta_d, c.share)
-            if p > 0:
+            if p > 0 and cap is not None:
                 admission = _admission_bound(float(sp.admit_rate[0]), load, c.share, p)
-                if refused > refusal_target:
+                if refused > cap:
                     admission = 0.0
                 bounds[f"link_budget:{c.name}"] = admission
         per[c.name] = {
@@ -265,6 +311,8 @@ def evaluate(
             "theta_p": theta_p,
             "theta_d": theta_d,
             "refused": refused,
+            "carried": carried,
+            "curve": curve,
         }
 
     demand = {c.name: (c.share * per[c.name]["p"], per[c.name]["l_long"]) for c in fleet.pd}
@@ -272,18 +320,19 @@ def evaluate(
     prfaas_bound = INF
     if offloading and len(fleet.prfaas) <= 1:
         j = fleet.prfaas[0] if fleet.prfaas else None
-        work = (
-            sum(
-                d * float(prefill_seconds(j.prefill, ll))
-                for d, ll in (demand[c.name] for c in offloading)
-            )
-            if j
-            else 0.0
-        )
         key = f"prfaas_compute:{j.name}" if j else "prfaas_compute:none"
-        bounds[key] = safe_div(j.instances if j else 0.0, work)
+        bounds[key] = compute_bound(
+            j.instances if j else 0,
+            [
+                (d, float(prefill_seconds(j.prefill, ll)) if j else 0.0, per[c.name]["carried"])
+                for c in offloading
+                for d, ll in (demand[c.name],)
+            ],
+        )
         prfaas_bound = bounds[key]
         for c in offloading:
+            if math.isfinite(per[c.name]["carried"]):
+                continue  # the guard holds this link: what it cannot carry prefills locally
             d, ll = demand[c.name]
             gbps = fleet.usable_gbps(j.name, c.name) if j else 0.0
             lk = f"link:{j.name if j else 'none'}->{c.name}"
@@ -309,8 +358,19 @@ def evaluate(
     total_egress = 0.0
     for c in fleet.pd:
         v = per[c.name]
-        p = v["p"]
         lam_c = throughput * c.share
+        # What the guard spills at Lambda_max is kept local (and counted refused).
+        p = v["p"]
+        theta_p = v["theta_p"]
+        if v["curve"] is not None and p > 0 and lam_c > 0:
+            carried = v["curve"].carried_at(0, lam_c * p)
+            if carried < lam_c * p * (1 - 1e-6):
+                p = carried / lam_c
+                # The local prefill then serves the spilled offloads too: its throughput is
+                # that of the local mix at Lambda_max.
+                local_bound = bounds.get(f"pd_prefill:{c.name}", INF)
+                theta_p = min(local_bound, throughput) * c.share * (1 - p)
+        spilled = v["p"] - p
         egress = (
             lam_c * p * float(kv_bytes(fleet.kv_mib, v["l_long"])) * 8.0 / 1e9 if p > 0 else 0.0
         )
@@ -344,14 +404,14 @@ def evaluate(
                 n_p=int(ns[c.name]),
                 n_d=c.instances - int(ns[c.name]),
                 theta_prfaas=theta_prf,
-                theta_pd_p=v["theta_p"],
+                theta_pd_p=theta_p,
                 theta_pd_d=v["theta_d"],
                 throughput_rps=lam_c,
                 egress_gbps=egress,
                 link_gbps=sum(fleet.link_gbps(j.name, c.name) for j in fleet.prfaas),
                 ttft_mean_s=float(np.dot(ttft, w)),
                 ttft_p90_s=weighted_quantile(ttft, w, 0.9),
-                refused_fraction=v["refused"],
+                refused_fraction=v["refused"] + spilled,
             )
         )
     tx = np.concatenate(all_x)
@@ -389,7 +449,7 @@ def _search(
     threshold_step: float,
     split_bounds: Mapping[str, tuple[int, int]] | None,
     load: float,
-    refusal_target: float,
+    refusal_target: float | None,
     output_scv: float,
     fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> tuple[dict[str, Grid], dict[str, float], dict[str, int]]:
@@ -420,6 +480,18 @@ def _search(
         g = grids[active[0].name]
         k, m = grid_pick(g.throughput, g.want, g.thresholds, g.n_p)
         choice = {active[0].name: (float(g.thresholds[k]), int(g.n_p[m]))}
+        if g.spill and g.p[k] > 0:
+            # The grid reads the guard's curves at coarse thresholds: check its pick exactly
+            # against the best cell that offloads nothing.
+            choice = exact_best(
+                g,
+                active[0].name,
+                choice,
+                guard_rows(lengths_of(lengths, active[0].name), g.thresholds),
+                lambda pick: _pick_value(
+                    fleet, lengths, output_tokens, g, pick, load, refusal_target
+                ),
+            )
     else:
         choice = joint_search(
             fleet,
@@ -437,6 +509,33 @@ def _search(
     return grids, ts, ns
 
 
+def _pick_value(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    g: Grid,
+    pick: Mapping[str, tuple[float, int]],
+    load: float,
+    refusal_target: float | None,
+) -> float:
+    """Lambda_max of a single-cluster pick, evaluated exactly (0 where the model cannot)."""
+    ts = {c.name: pick.get(c.name, (float(g.thresholds[-1]), 0))[0] for c in fleet.pd}
+    ns = {c.name: pick.get(c.name, (0.0, 0))[1] for c in fleet.pd}
+    try:
+        return evaluate(
+            fleet,
+            lengths,
+            output_tokens,
+            ts,
+            ns,
+            with_ttft=False,
+            load=load,
+            refusal_target=refusal_target,
+        ).throughput_rps
+    except ValueError:
+        return 0.0  # a cell the model cannot evaluate (e.g. no local traffic left to time)
+
+
 def plan_fleet(
     fleet: FleetSpec,
     lengths: Lengths,
@@ -445,7 +544,7 @@ def plan_fleet(
     threshold_step: float = 100,
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     output_scv: float = 0.0,
     fixed: Mapping[str, tuple[float, int]] | None = None,
 ) -> Evaluation:
@@ -477,7 +576,7 @@ def plan_for_ttft(
     threshold_step: float = 100,
     split_bounds: Mapping[str, tuple[int, int]] | None = None,
     load: float = DEFAULT_LOAD,
-    refusal_target: float = DEFAULT_REFUSAL_TARGET,
+    refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
     headroom: float = DEFAULT_SLO_HEADROOM,
@@ -503,7 +602,9 @@ def plan_for_ttft(
         slo_s,
         grids=grids,
         start={c.name: (ts[c.name], ns[c.name]) for c in fleet.pd},
-        capacity_rps=best.throughput_rps,
+        # The fluid bound prices each stage at its mean; the queueing model may differ a
+        # little either way, so the rates tried reach a little beyond it.
+        capacity_rps=best.throughput_rps * 1.2,
         quantile=quantile,
         output_scv=output_scv,
         arrival_scv=arrival_scv,
@@ -524,30 +625,6 @@ def plan_for_ttft(
 
 # --------------------------------------------------------------------------------------------
 # Baselines and the whole plan
-
-
-def _reference_pd(fleet: FleetSpec) -> PdPool:
-    return max(fleet.pd, key=lambda c: (c.instances, -fleet.pd.index(c)))
-
-
-def _gpus(fleet: FleetSpec) -> int:
-    return sum(j.instances * j.gpus_per_instance for j in fleet.prfaas) + sum(
-        c.instances * c.gpus_per_instance for c in fleet.pd
-    )
-
-
-def _cost(fleet: FleetSpec) -> float:
-    return sum(j.instances * j.gpus_per_instance * j.gpu_hour_cost for j in fleet.prfaas) + sum(
-        c.instances * c.gpus_per_instance * c.gpu_hour_cost for c in fleet.pd
-    )
-
-
-def homogeneous_fleet(fleet: FleetSpec, instances: int) -> FleetSpec:
-    """One PD cluster of the PD accelerator (that of the largest PD cluster) holding all the
-    traffic: what the fleet would be without PrfaaS."""
-    ref = _reference_pd(fleet)
-    pool = replace(ref, name="homogeneous", instances=instances, share=1.0)
-    return FleetSpec(fleet.kv_mib, (), (pool,), ())
 
 
 def plan(
@@ -581,16 +658,18 @@ def plan(
         output_scv=output_scv,
         arrival_scv=arrival_scv,
     )
-    ref = _reference_pd(fleet)
-    n_homog = _gpus(fleet) // ref.gpus_per_instance
-    n_equal = math.floor(_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
+    ref = reference_pd(fleet)
+    n_homog = fleet_gpus(fleet) // ref.gpus_per_instance
+    n_equal = math.floor(fleet_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
     homog = plan_fleet(
         homogeneous_fleet(fleet, n_homog), lengths, output_tokens, threshold_step=threshold_step
     )
     equal = plan_fleet(
         homogeneous_fleet(fleet, n_equal), lengths, output_tokens, threshold_step=threshold_step
     )
-    naive = evaluate(fleet, lengths, output_tokens, -1.0, 0)
+    # The paper's naive baseline sends every request to PrfaaS; it has no local prefill for a
+    # guard to spill to, so it is planned within a link that refuses at most 1%.
+    naive = evaluate(fleet, lengths, output_tokens, -1.0, 0, refusal_target=NAIVE_REFUSAL_CAP)
 
     def gain(base: Evaluation) -> float | None:
         return best.throughput_rps / base.throughput_rps if base.throughput_rps > 0 else None

@@ -201,6 +201,9 @@ class Prediction:
     at_rate_ttft_mean_s: float | None = None
     at_rate_ttft_p90_s: float | None = None
     at_rate_link_utilisation: float | None = None
+    #: the share of the offloads offered to the cluster's links that their guard keeps local
+    #: (predicted at the observed rate; scheduling.rebalance.selectors.PREDICTED_REFUSAL_KEY)
+    offload_refused_fraction: float | None = None
 
 
 @dataclass(frozen=True)

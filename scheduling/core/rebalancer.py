@@ -579,6 +579,9 @@ class FleetPlanner:
             at_rate_ttft_mean_s=_finite_or_none(at.ttft_mean_s) if at else None,
             at_rate_ttft_p90_s=_finite_or_none(at.ttft_p90_s) if at else None,
             at_rate_link_utilisation=at.link_utilisation if at else None,
+            offload_refused_fraction=(
+                at.cluster(self.cluster).offload_refused_fraction if at else None
+            ),
         )
 
     def evaluate(self, window: TrafficSummary, setting: Setting) -> Prediction:

@@ -392,6 +392,13 @@ def _scale_targets(value: Any, loc: Loc, kind: str) -> tuple[ScaleTarget, ...]:
         raise error_at((*loc, *exc.loc), exc.message) from None
 
 
+def _share_or_none(body: Mapping[str, Any], loc: Loc, key: str) -> float | None:
+    """An optional share within (0, 1]."""
+    if body.get(key) is None:
+        return None
+    return number_read(body[key], (*loc, key), positive=True, maximum=1.0)
+
+
 def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Link, ...]:
     out = []
     for i, item in enumerate(list_read(value, ("links",))):
@@ -400,7 +407,7 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Link, .
             item,
             loc,
             required=("source", "target", "gbps"),
-            optional=("rtt_ms", "kv_budget_mib", "target_utilisation"),
+            optional=("rtt_ms", "kv_budget_mib", "target_utilisation", "max_refused_share"),
         )
         ends = {}
         for end, kind in (("source", "prfaas"), ("target", "pd")):
@@ -433,16 +440,8 @@ def _links(value: Any, clusters: Mapping[str, ScenarioCluster]) -> tuple[Link, .
                         * MIB
                     )
                 ),
-                target_utilisation=(
-                    None
-                    if body.get("target_utilisation") is None
-                    else number_read(
-                        body["target_utilisation"],
-                        (*loc, "target_utilisation"),
-                        positive=True,
-                        maximum=1.0,
-                    )
-                ),
+                target_utilisation=_share_or_none(body, loc, "target_utilisation"),
+                max_refused_share=_share_or_none(body, loc, "max_refused_share"),
             )
         )
     _unique([(link.key, ("links", i)) for i, link in enumerate(out)], "link")

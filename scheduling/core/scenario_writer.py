@@ -79,6 +79,8 @@ def _link_out(link: Link) -> dict[str, Any]:
         out["kv_budget_mib"] = link.kv_budget_bytes / MIB
     if link.target_utilisation is not None:
         out["target_utilisation"] = link.target_utilisation
+    if link.max_refused_share is not None:
+        out["max_refused_share"] = link.max_refused_share
     return out
 
 

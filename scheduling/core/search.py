@@ -29,15 +29,16 @@ prefill instances: keep traffic local when offloading buys nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.optimize import linprog
 
 from scheduling.core.cells import CellModel, PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
-from scheduling.core.offload import offload_split
+from scheduling.core.offload import guard_curve, guard_rows, offload_split, refusal_cap, spill_bound
 from scheduling.core.performance import (
     FloatArray,
     LengthDistribution,
@@ -150,6 +151,15 @@ class Grid:
     link_total: float  # Gbps the planner may plan onto the cluster's links
     l_long: FloatArray  # K (nan where nothing is offloaded)
     load: float  # the planned load the admission bound is judged at
+    #: no cap on refusals: the link guard keeps the link within its capacity (what it cannot
+    #: carry prefills locally, in ``bound_pd_p``), so the egress needs no check of its own
+    spill: bool = False
+
+    def link_ok(self, lam: float) -> NDArray[np.bool_]:
+        """K: thresholds whose links carry their offloads at ``lam``."""
+        if self.spill:
+            return np.ones(len(self.p), dtype=bool)
+        return np.asarray((self.egress * lam <= self.link_total + 1e-12) | (self.p <= 0))
 
     @property
     def local(self) -> FloatArray:
@@ -172,9 +182,10 @@ def grid_build(
     thresholds: FloatArray,
     n_range: tuple[int, int],
     load: float,
-    refusal_target: float,
+    refusal_target: float | None,
 ) -> Grid:
     sp = offload_split(fleet, c, lengths, thresholds, load=load, refusal_target=refusal_target)
+    cap = refusal_cap(fleet, c.name, refusal_target)
     p = sp.offload
     s = c.share
     long_ok = np.nan_to_num(sp.l_offload, nan=lengths.support[1])
@@ -187,21 +198,45 @@ def grid_build(
         pdp = np.where(local_load[:, None] > 0, n[None, :] / local_load[:, None], INF)
         pdd = (c.instances - n) * rate / s if s > 0 else np.full(n.shape, INF)
         capacity = np.zeros_like(p)
+        compute = np.zeros_like(p)
+        carried = np.zeros_like(p)  # offloads/s the links carry when compute does not bind
         work = np.full_like(p, INF)
         link_total = 0.0
         for j, gbps in usable_links(fleet, c):
             if j.instances <= 0 or gbps <= 0:
                 continue
             t_long = prefill_seconds(j.prefill, long_ok)
-            capacity += np.minimum(
-                j.instances / t_long, gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
-            )
+            line = gbps * 1e9 / (kv_bytes(fleet.kv_mib, long_ok) * 8.0)
+            capacity += np.minimum(j.instances / t_long, line)
+            compute += j.instances / t_long
+            carried += line
             work = np.minimum(work, s * p * t_long)
             link_total += gbps
         demand = s * p
-        prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
-        admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
-        admit = np.where(sp.refused > refusal_target, 0.0, admit)
+        if cap is None:
+            # The link guard: offloads beyond what the links carry prefill locally (at the
+            # PD cluster's own prefill time of the offloaded lengths), so a thin link caps the
+            # offloaded rate instead of Lambda. PrfaaS compute still bounds Lambda (Eq. 3)
+            # where it binds before the links do.
+            coarse = guard_rows(lengths, thresholds)
+            curve = guard_curve(fleet, c, lengths, coarse)
+            # Each threshold takes the smaller bound of the coarse curves on either side.
+            above = np.clip(np.searchsorted(coarse, thresholds), 0, len(coarse) - 1)
+            below = np.clip(np.searchsorted(coarse, thresholds, side="right") - 1, 0, None)
+            peak = curve.carried.max(axis=1)
+            most = np.minimum(carried, np.maximum(peak[above], peak[below]))
+            spills = most < compute
+            prf = np.where((demand > 0) & ~spills, compute / np.where(demand > 0, demand, 1.0), INF)
+            t_local = prefill_seconds(c.prefill, long_ok)
+            pdp = np.minimum(
+                spill_bound(pdp, n, s, p, t_short, t_local, curve, above),
+                spill_bound(pdp, n, s, p, t_short, t_local, curve, below),
+            )
+            admit = np.full_like(p, INF)
+        else:
+            prf = np.where(demand > 0, capacity / np.where(demand > 0, demand, 1.0), INF)
+            admit = np.where(demand > 0, sp.admit_rate / (load * np.where(s > 0, s, 1.0)), INF)
+            admit = np.where(sp.refused > cap, 0.0, admit)
         work = np.where(demand > 0, work, 0.0)
         egress = demand * kv_bytes(fleet.kv_mib, long_ok) * 8.0 / 1e9
     return Grid(
@@ -218,7 +253,54 @@ def grid_build(
         link_total,
         sp.l_offload,
         load,
+        spill=cap is None,
     )
+
+
+def compute_bound(instances: int, flows: list[tuple[float, float, float]]) -> float:
+    """Largest Lambda with sum_c min(d_c Lambda, carried_c) T_c within ``instances`` (each
+    flow: offloads per unit Lambda d_c, PrfaaS seconds T_c, what its links carry)."""
+    full = sum(d * t for d, t, a in flows if not math.isfinite(a))
+    capped = sorted((a / d, d, t, a) for d, t, a in flows if math.isfinite(a) and d > 0)
+    slope = full + sum(d * t for _, d, t, _ in capped)
+    used = 0.0  # compute of the flows already at their link's limit
+    start = 0.0
+    for knee, d, t, a in capped:
+        if slope > 0 and (instances - used) / slope <= knee:
+            return max(start, (instances - used) / slope)
+        used += a * t
+        slope -= d * t
+        start = knee
+    if used > instances:
+        return start
+    return safe_div(instances - used, slope) if slope > 0 else INF
+
+
+def exact_best(
+    g: Grid,
+    name: str,
+    choice: dict[str, tuple[float, int]],
+    coarse: FloatArray,
+    value: Callable[[dict[str, tuple[float, int]]], float],
+) -> dict[str, tuple[float, int]]:
+    """The grid's spill bounds read the guard's curves at ``coarse`` thresholds; by ``value``
+    (Lambda_max evaluated exactly), the best of ``choice``, the best cell that offloads
+    nothing and the best split at each coarse threshold (ties to the earlier: ``choice``,
+    then fewer offloads)."""
+    ks = np.unique(np.clip(np.searchsorted(g.thresholds, coarse), 0, len(g.thresholds) - 1))
+    local = np.flatnonzero(g.p <= 0)
+    order = [int(local[-1])] if local.size else []
+    order += [int(k) for k in ks[::-1] if g.p[k] > 0]
+    candidates = [choice]
+    for k in order:
+        m = int(np.argmax(np.round(g.throughput[k], 12)))
+        candidates.append({name: (float(g.thresholds[k]), int(g.n_p[m]))})
+    best, best_value = choice, -1.0
+    for pick in candidates:
+        v = value(pick)
+        if v > best_value * (1 + 1e-9):
+            best, best_value = pick, v
+    return best
 
 
 def grid_pick(lam: FloatArray, p: FloatArray, t: FloatArray, n: FloatArray) -> tuple[int, int]:
@@ -248,7 +330,7 @@ def _choose(
     for c in active:
         g = grids[c.name]
         local = g.local
-        ok = (local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
+        ok = (local >= lam) & g.link_ok(lam)[:, None]
         ok &= (g.remote >= lam)[:, None]
         rows = np.flatnonzero(ok.any(axis=1))
         if rows.size == 0:
@@ -338,7 +420,7 @@ def joint_search(
 
 def _supports(fleet: FleetSpec, g: Grid, lam: float) -> np.ndarray:
     """Cells (K x M) of a cluster that sustain ``lam`` on their own (local, link, admission)."""
-    ok = (g.local >= lam) & ((g.egress * lam <= g.link_total + 1e-12) | (g.p <= 0))[:, None]
+    ok = (g.local >= lam) & g.link_ok(lam)[:, None]
     return np.asarray(ok & (g.remote >= lam)[:, None])
 
 

@@ -8,7 +8,9 @@ them. :func:`agreement_check` does both and says whether the plan holds:
 * the fleet keeps up: completions while arrivals last, after warm-up, are at least
   ``min_sustained`` of the offered rate (``SimulationResult.sustained_fraction``);
 * the simulated P90 TTFT is within ``[p90_low, p90_high]`` x the predicted one;
-* at most ``max_link_congested`` of the decisions are ``link_congested``.
+* the predicted share of decisions ``link_congested`` (the link guard's refusals, prefilled
+  locally: planned since issue 28, not a constraint) is within ``MAX_REFUSAL_ERROR`` of the
+  simulated one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from scheduling.core.simulator.run import SimulationConfig, SimulationResult, pl
 
 MIN_SUSTAINED = 0.97
 P90_LOW, P90_HIGH = 0.67, 1.5
-MAX_LINK_CONGESTED = 0.02
+MAX_REFUSAL_ERROR = 0.05
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Agreement:
         return (
             self.sustained_fraction >= MIN_SUSTAINED
             and P90_LOW <= self.p90_ratio <= P90_HIGH
-            and self.link_congested <= MAX_LINK_CONGESTED
+            and abs(self.link_congested - self.predicted_link_congested) <= MAX_REFUSAL_ERROR
         )
 
 

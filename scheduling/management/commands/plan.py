@@ -47,6 +47,19 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return format(x, fmt)
 
 
+def _guard_cost(c: dict[str, Any]) -> str:
+    """What the link guard costs a PD cluster: the predicted share of its offers it refuses
+    and the requests it keeps local (prefilled on the cluster, at local TTFT)."""
+    refused = c.get("offload_refused_fraction") or 0.0
+    kept = (c.get("link_congested_fraction") or 0.0) * (c.get("rate_rps") or 0.0)
+    if refused <= 0:
+        return ""
+    return (
+        f"; the link guard refuses {refused:.0%} of the offers (predicted), "
+        f"{kept:.2f} req/s kept local"
+    )
+
+
 def _json_num(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -225,10 +238,14 @@ class Command(BaseCommand):
             f"{slo['throughput_rps']:.2f} req/s)\n"
         )
         for name, c in slo["clusters"].items():
+            here = (at.get("clusters") or {}).get(name) or {}
             out.write(
                 f"  {name}: t = {c['threshold_tokens']:.0f}, N_p/N_d = {c['n_p']}/{c['n_d']}, "
-                f"offload {c['offload_fraction']:.3f}\n"
+                f"offload {here.get('offload_fraction', c['offload_fraction']):.3f}"
             )
+            if here:
+                out.write(_guard_cost(here))
+            out.write("\n")
         self.stdout.write(out.getvalue().rstrip("\n"))
 
     def _print_advice(self, advice: tuple[float, tuple[Advice, ...]], slo: float | None) -> None:
@@ -334,6 +351,18 @@ class Command(BaseCommand):
                 f"{a.link_utilisation:.0%} of its line rate; {a.refused_fraction:.2%} of "
                 f"decisions link_congested\n"
             )
+            for at in a.clusters:
+                out.write(
+                    f"  {at.name}: offload {at.offload_fraction:.3f}"
+                    + _guard_cost(
+                        {
+                            "rate_rps": at.rate_rps,
+                            "link_congested_fraction": at.refused_fraction,
+                            "offload_refused_fraction": at.offload_refused_fraction,
+                        }
+                    )
+                    + "\n"
+                )
         gains = r.gains
         out.write(
             "\nGains: "

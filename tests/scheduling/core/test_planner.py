@@ -449,9 +449,12 @@ def test_several_pd_clusters_never_exceed_a_bound_or_a_link(data: dict[str, Any]
 @PROPERTY_SETTINGS
 @given(scenario_dicts(), st.floats(0, 0.999))
 def test_shrinking_a_link_never_raises_throughput(data: dict[str, Any], factor: float) -> None:
+    # With refusals capped, as before issue 28. (Uncapped, a wider link's bigger budget admits
+    # longer prompts that its guard then refuses and spills to local prefill, so a threshold
+    # plan is not monotone in the line rate: issue 28's report keeps that open.)
     gbps = data["links"][0]["gbps"]
-    wide = plan_fleet(*_load(data))
-    narrow = plan_fleet(*_load(_with_gbps(data, gbps * factor)))
+    wide = plan_fleet(*_load(data), refusal_target=0.01)
+    narrow = plan_fleet(*_load(_with_gbps(data, gbps * factor)), refusal_target=0.01)
     assert narrow.throughput_rps <= wide.throughput_rps * (1 + 1e-12)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from scheduling.core.performance import prefill_seconds
@@ -116,25 +115,17 @@ def _compare(scenario: Scenario) -> tuple[SimulationResult, SimulationResult]:
     return _run(scenario, joint, rate, seed=3), _run(scenario, alone, rate, seed=3)
 
 
-def _per_origin_mean_ttft(result: SimulationResult) -> dict[str, float]:
-    out: dict[str, list[float]] = {}
-    for r in result.per_request:
-        if not r.dropped:
-            out.setdefault(r.origin, []).append(r.first_token_s - r.arrival_s)
-    return {k: float(np.mean(v)) for k, v in out.items()}
-
-
 @pytest.mark.slow
 def test_the_joint_plan_beats_planning_each_alone_on_two_pd_clusters(scenarios_dir: Path) -> None:
-    """pd-south's 10 Gbps line admits only a trickle (its 2.5 GB budget holds two long
-    prompts' KV from decision to landing), so pd-south plans the same either way; pd-east,
-    planned jointly for the rate the fleet can really carry, offloads more and waits less."""
+    """Planned jointly for the rate the fleet can really carry, the fleet waits less than with
+    each PD cluster planned alone. (pd-south's 10 Gbps line, whose 2.5 GB budget holds two
+    long prompts' KV, offloads through its link guard, the refused offloads prefilled locally
+    (issue 28), so the two clusters now share the PrfaaS pool: which of them gains the most
+    is the joint plan's choice, not this test's.)"""
     joint, alone = _compare(scenario_load(scenarios_dir / "two-pd-clusters.yaml"))
     assert joint.sustained_fraction >= 0.97 and alone.sustained_fraction >= 0.97
     assert joint.ttft.mean < alone.ttft.mean
     assert joint.ttft.p90 <= alone.ttft.p90 * 1.01
-    east_joint, east_alone = (_per_origin_mean_ttft(r)["pd-east"] for r in (joint, alone))
-    assert east_joint < 0.95 * east_alone
 
 
 @pytest.mark.slow

@@ -117,8 +117,11 @@ def test_a_candidate_the_analytical_model_likes_but_the_simulation_rejects_is_he
 
     def fluid(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.PlannerPort:
         fleet = rebalance_simulation.inventory_fleet()
+        # No budget, the whole line rate, and (a refusal cap, so no guard spill in the
+        # model) every offload carried as long as the line rate allows: the fluid model.
         unlimited = tuple(
-            replace(link, kv_budget_bytes=10**15, target_utilisation=1.0) for link in fleet.links
+            replace(link, kv_budget_bytes=10**15, target_utilisation=1.0, max_refused_share=1.0)
+            for link in fleet.links
         )
         return rebalancer.FleetPlanner(replace(fleet, links=unlimited), cluster.name)
 

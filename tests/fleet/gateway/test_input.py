@@ -49,9 +49,10 @@ def test_a_long_prompt_is_hashed_without_holding_the_event_loop(
 ) -> None:
     # Finding 9: a canary beside a 5M-token prompt waited up to 712 ms. Here the gateway's own
     # /health (no engine behind it) is polled while 1M-token prompts are hashed: its worst
-    # waits stay below half the time one prompt's hashing took (measured by the gateway, same
-    # run). A loop held while hashing would make each of the three prompts keep one poll
-    # waiting about that long; one stall of the machine (two cores, other tests) is forgiven.
+    # waits are not those of a held loop. Held while it hashes (the time one prompt's hashing
+    # took, measured by the gateway in the same run), the loop keeps, for each of the three
+    # prompts, the poll sent as hashing begins waiting nearly all of it; a machine stall (two
+    # cores, other tests) makes a long wait too, but not one per prompt.
     # The ids are single digits, so that parsing the body (which cannot be sliced) costs
     # little beside hashing (which does not depend on the digits).
     stack = stack_factory(max_prompt_tokens=1_100_000, max_model_len=2_000_000)
@@ -90,8 +91,8 @@ def test_a_long_prompt_is_hashed_without_holding_the_event_loop(
     hashing = (stack.gateway_metric("prfaas_gateway_step_seconds_sum", step="hash") - hash_sum) / (
         stack.gateway_metric("prfaas_gateway_step_seconds_count", step="hash") - hash_n
     )
-    second_worst = sorted(waits)[-2]
-    assert second_worst < hashing / 2, (sorted(waits)[-3:], hashing)
+    held_like = [w for w in waits if w >= 0.9 * hashing]
+    assert len(held_like) < 3, (sorted(waits)[-4:], hashing)
 
 
 def test_bad_openai_fields_are_refused_before_anything_is_decided(

@@ -71,10 +71,12 @@ def test_a_hung_control_plane_costs_long_prompts_one_timeout_then_none(
     long = [s for rid, s, _ in results if rid.startswith("long")]
     short = [s for rid, s, _ in results if rid.startswith("short")]
     # Kept local (nothing can be reserved): at most one control-plane timeout each, and most
-    # none at all: as fast as the short prompts beside them.
+    # none at all: about as fast as the short prompts beside them. The margins (a second
+    # timeout's worth) absorb a loaded 2-core machine, where a 0.5 s timeout fires late; the
+    # failure they guard against waited seconds (p50 6.5 s, max 10.7 s).
     assert all(got.headers["x-prfaas-route"] == "local" for _, _, got in results)
-    assert max(long) <= timeout_s + max(short), (max(long), max(short))
-    assert statistics.median(long) <= 2 * statistics.median(short) + 0.05, (long, short)
+    assert max(long) <= 2 * timeout_s + max(short), (max(long), max(short))
+    assert statistics.median(long) <= 2 * statistics.median(short) + timeout_s, (long, short)
 
 
 def test_health_says_degraded_while_the_control_plane_refuses_the_token(

@@ -499,7 +499,7 @@ class Gateway:
         if len(tokens) > IDS_CHECKED_AT_ONCE:
             await ids_check_async(tokens)
         block_tokens = self.control.snapshot.topology.model.block_tokens
-        return max(1, len(tokens)), await _chain(tokens, block_tokens)
+        return max(1, len(tokens)), await block_keys_async(tokens, block_tokens)
 
     def _length_check(self, n: int) -> None:
         """A prompt longer than ``max_prompt_tokens`` is refused before any hashing."""
@@ -958,7 +958,7 @@ async def ids_check_async(tokens: list[Any]) -> None:
 HASH_SLICE_BLOCKS = 32
 
 
-async def _chain(tokens: list[int], block_tokens: int) -> tuple[int, ...]:
+async def block_keys_async(tokens: list[int], block_tokens: int) -> tuple[int, ...]:
     """The prompt's block keys, hashed in slices with the loop free between them."""
     t = time.perf_counter()
     if len(tokens) // block_tokens <= HASH_SLICE_BLOCKS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from prometheus_client.parser import text_string_to_metric_families
 
 from scheduling.core.service_levels import histogram_quantile
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
@@ -28,7 +30,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 LINK_CAUSES = ("link_budget_exhausted", "offloads_refused")
-NONE = "\u2013"  # what a page shows for a figure it does not have (an en dash)
+NONE = "\u2013"
+DEMO_CLOCK_SPEED = 4.0  # EMULATOR_SPEED in tests/demo_support.py
+OBSERVED_WINDOW = re.compile(
+    r"\((?P<since>\d+) s from the first whole minute.*?(?P<arrivals>\d+) requests\)"
+)  # what a page shows for a figure it does not have (an en dash)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +43,18 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         wait_for("web server", lambda: httpx.get(d.base + "/api/v1/health").is_success, d, 120)
         wait_for("routing decisions", lambda: len(api(d, "/api/v1/decisions/recent")) >= 20, d, 90)
         yield d
+
+
+def decisions_total(demo: Demo) -> float:
+    """Every routing decision the demo's control plane has made (its Prometheus counter)."""
+    text = httpx.get(demo.base + "/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "prfaas_decisions"
+        for sample in family.samples
+        if sample.name == "prfaas_decisions_total"
+    )
 
 
 def api(demo: Demo, path: str, **params: Any) -> Any:
@@ -280,8 +298,15 @@ def test_approving_a_plan_shows_predicted_simulated_then_observed_figures(
     # Until its window holds a whole minute and 100 requests, the observed rate says so.
     assert _outcome(page, "offered_rps")["observed"] == "not enough data"
 
+    # The test's own count of the fleet's arrivals: the control plane's decision counter
+    # (one PD cluster in the demo: every decision is one of its arrivals), sampled on the
+    # wall clock at each reload, to check the page's window and rate against.
+    samples: list[tuple[float, float]] = []
+
     def observed() -> bool:
+        samples.append((time.time(), decisions_total(demo)))
         page.reload()
+        samples.append((time.time(), decisions_total(demo)))
         return _number(_outcome(page, "offered_rps")["observed"]) is not None
 
     wait_for("observed figures after the apply", observed, demo, 180)
@@ -290,9 +315,19 @@ def test_approving_a_plan_shows_predicted_simulated_then_observed_figures(
     assert seen is not None
     window = page.locator('[data-window="observed"]').inner_text()
     print(f"offered rate: planned for {planned}, observed {seen} req/s ({window})")
-    # Offered rate against offered rate, both in the fleet's clock: the same traffic, so the
-    # same order (a clock mixed up would be EMULATOR_SPEED = 4 times off).
-    assert planned / 2.5 <= seen <= planned * 2.5, (planned, seen)
+    shown = OBSERVED_WINDOW.search(window)
+    assert shown is not None, window
+    since_s, arrivals = float(shown["since"]), int(shown["arrivals"])
+    # The page's rate is its own window's requests per second of the fleet's clock (the demo
+    # runs it EMULATOR_SPEED times the wall clock's): a clock mixed up is 4 times off.
+    assert seen == pytest.approx(arrivals / since_s / DEMO_CLOCK_SPEED, rel=0.02, abs=2e-3)
+    # And its window holds the requests the fleet was sent over it: the counter's increase
+    # between the last samples before and after the window (so the count brackets it).
+    end = samples[-1][0]
+    start = end - since_s
+    before_start = max((s for s in samples if s[0] <= start), default=samples[0])
+    counted = samples[-1][1] - before_start[1]
+    assert 0.8 * arrivals <= counted <= 1.25 * arrivals + 5, (arrivals, counted, window)
     page.screenshot(path=str(SCREENSHOTS / "plan-applied.png"), full_page=True)
 
 

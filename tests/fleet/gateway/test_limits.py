@@ -37,6 +37,14 @@ def p99(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+def slowed_by(rounds: list[tuple[list[float], list[float]]]) -> float:
+    """How much the attackers slowed the canaries: the least, over rounds, of the canaries'
+    p99 beside them against their p99 alone in the same round. An attack that slows the
+    gateway does so in every round; a stall of this (two-core, shared) machine lands in one
+    round's samples, and the other rounds still read what the attack did."""
+    return min(p99(beside) / p99(alone) for alone, beside in rounds)
+
+
 def canaries(stack: Stack, n: int) -> list[float]:
     """``n`` requests one after the other on one kept-alive connection: their latencies."""
     out = []
@@ -105,15 +113,14 @@ def test_slow_headers_and_slow_bodies_are_let_go_and_do_not_slow_others(
     stack = stack_factory(**LIMITS)
     canaries(stack, 20)  # warm: pooled upstream connections, code paths
     base_rss = rss(stack)
-    alone: list[float] = []
-    beside: list[float] = []
+    rounds: list[tuple[list[float], list[float]]] = []
     peak = base_rss
     for _round in range(3):
-        alone += canaries(stack, 150)
+        alone = canaries(stack, 150)
         with attackers(stack) as a:
             a.start("slow-header", 500, every_s=1.0, wait_s=30)
             a.start("slow-body", 500, every_s=1.0, wait_s=30)
-            beside += canaries(stack, 150)
+            rounds.append((alone, canaries(stack, 150)))
             peak = max(peak, rss(stack))
             # Every one let go: headers within header_timeout_s, bodies within body_timeout_s
             # (the attackers drip a byte a second; nothing else would close them).
@@ -122,7 +129,7 @@ def test_slow_headers_and_slow_bodies_are_let_go_and_do_not_slow_others(
                 assert got["last_close_s"] < LIMITS["body_timeout_s"] + 5, got
     # (small bodies: what the attackers hold is their connections' own buffers)
     assert peak - base_rss <= LIMITS["body_buffer_bytes"], (base_rss, peak)
-    assert p99(beside) <= 2 * p99(alone), (p99(alone), p99(beside))
+    assert slowed_by(rounds) <= 2, [(p99(a), p99(b)) for a, b in rounds]
     assert stack.gateway_metric("prfaas_gateway_errors_total", kind="body_timeout") >= 1400
 
 
@@ -134,14 +141,13 @@ def test_huge_bodies_are_bounded_by_the_body_budget_and_do_not_slow_others(
     stack = stack_factory(**LIMITS)
     canaries(stack, 20)
     base_rss = rss(stack)
-    alone: list[float] = []
-    beside: list[float] = []
+    rounds: list[tuple[list[float], list[float]]] = []
     peak = base_rss
     for _round in range(3):
-        alone += canaries(stack, 150)
+        alone = canaries(stack, 150)
         with attackers(stack) as a:
             a.start("big-body", 100, body_bytes=15 * MIB, wait_s=30)
-            beside += canaries(stack, 150)
+            rounds.append((alone, canaries(stack, 150)))
             peak = max(peak, rss(stack))
             # Beyond the budget: 503 at once; the admitted ones by the body deadline.
             for got in a.results():
@@ -155,7 +161,7 @@ def test_huge_bodies_are_bounded_by_the_body_budget_and_do_not_slow_others(
     bound = LIMITS["body_buffer_bytes"] + 100 * (64 << 10) + 8 * MIB
     assert peak - base_rss <= bound, (base_rss, peak)
     assert after - base_rss <= LIMITS["body_buffer_bytes"] // 2, (base_rss, after)
-    assert p99(beside) <= 2 * p99(alone), (p99(alone), p99(beside))
+    assert slowed_by(rounds) <= 2, [(p99(a), p99(b)) for a, b in rounds]
     refused = stack.gateway_metric("prfaas_gateway_errors_total", kind="body_buffer_full")
     assert refused >= 3 * 90
 

@@ -78,7 +78,7 @@ def test_a_long_prompt_is_checked_and_hashed_with_the_loop_free_between_slices()
     tokens = [i % 50_000 for i in range(1_000_000)]
     block_tokens = 16
 
-    async def both() -> tuple[tuple[int, int], tuple[tuple[int, ...], int]]:
+    async def both() -> tuple[int, tuple[tuple[int, ...], int]]:
         _, checked = await loop_turns_during(ids_check_async(tokens))
         return checked, await loop_turns_during(block_keys_async(tokens, block_tokens))
 

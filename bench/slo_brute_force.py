@@ -129,28 +129,40 @@ class CeleryWorkers:
 
 
 @contextlib.contextmanager
-def celery_workers(n: int) -> Iterator[CeleryWorkers]:
-    """A private Redis and ``n`` worker processes (each one task at a time), ready; all of
-    them stopped by their ids afterwards."""
+def private_broker() -> Iterator[tuple[Any, Path]]:
+    """A private Redis (the embedded one, in a temporary directory) and this process's Celery
+    app on it, once per bench run (the app reads its broker from the settings once); the
+    directory for the workers' state and log. The Redis is stopped by its id afterwards."""
     with tempfile.TemporaryDirectory(prefix="prfaas-brute-force-") as tmp:
         redis_server = EmbeddedRedis(Path(tmp))
         redis_server.start()
-        procs: list[subprocess.Popen[bytes]] = []
         try:
-            # This process's Celery client (imported here: it reads the settings, which read
-            # REDIS_URL) and the workers share the private Redis; the database is never used.
+            # The database is never used: SQLite under the temporary directory, untouched.
             os.environ["REDIS_URL"] = redis_server.url
             os.environ["VAR_DIR"] = tmp
             os.environ.pop("REDIS_CLUSTER_URL", None)
-            from controlplane.celery import app, worker_argv
+            from controlplane.celery import app
 
-            env = {**os.environ, "LOG_LEVEL": "WARNING"}
-            log = open(Path(tmp) / "workers.log", "ab")  # noqa: SIM115 (the children keep it)
+            yield app, Path(tmp)
+        finally:
+            redis_server.stop()
+
+
+@contextlib.contextmanager
+def celery_workers(broker: tuple[Any, Path], n: int) -> Iterator[CeleryWorkers]:
+    """``n`` worker processes (each one task at a time) on the private broker, ready; each
+    stopped by its id afterwards."""
+    from controlplane.celery import worker_argv
+
+    app, tmp = broker
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(tmp / "workers.log", "ab") as log:
             for i in range(n):
-                argv = [*worker_argv(PY), "-n", f"brute-force-{i}@%h"]
                 procs.append(
                     subprocess.Popen(
-                        argv,
+                        [*worker_argv(PY), "-n", f"brute-force-{i}@%h"],
                         cwd=ROOT,
                         env=env,
                         stdout=log,
@@ -158,17 +170,15 @@ def celery_workers(n: int) -> Iterator[CeleryWorkers]:
                         start_new_session=True,
                     )
                 )
-            log.close()
-            deadline = time.monotonic() + WORKER_READY_S
-            while len(app.control.ping(timeout=1.0) or []) < n:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    tail = (Path(tmp) / "workers.log").read_text(errors="replace")[-2000:]
-                    sys.exit(f"{n} Celery workers did not all start:\n{tail}")
-            yield CeleryWorkers(app)
-        finally:
-            for proc in procs:
-                stop(proc)
-            redis_server.stop()
+        deadline = time.monotonic() + WORKER_READY_S
+        while len(app.control.ping(timeout=1.0) or []) < n:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                tail = (tmp / "workers.log").read_text(errors="replace")[-2000:]
+                sys.exit(f"{n} Celery workers did not all start:\n{tail}")
+        yield CeleryWorkers(app)
+    finally:
+        for proc in procs:
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -323,7 +333,9 @@ def check(paths: list[Path], args: argparse.Namespace, cells: Cells, wave: int) 
     )
 
 
-def speedup(paths: list[Path], args: argparse.Namespace, wave: int) -> None:
+def speedup(
+    paths: list[Path], args: argparse.Namespace, wave: int, broker: tuple[Any, Path]
+) -> None:
     """The brute force of each scenario on 1 then 2 workers: wall times and their ratio."""
     rows = []
     for path in paths:
@@ -332,7 +344,7 @@ def speedup(paths: list[Path], args: argparse.Namespace, wave: int) -> None:
         found: dict[int, dict[str, float]] = {}
         best: dict[int, float] = {}
         for n in (1, 2):
-            with celery_workers(n) as workers:
+            with celery_workers(broker, n) as workers:
                 search = Search(scenario, args.slo, args.requests, workers)
                 _, planned = planned_setting(search, args.slo)
                 # Timed from the first wave sent to the last result back, the workers ready.
@@ -394,10 +406,14 @@ def main() -> None:
             paths.append(path)
         else:
             print(f"{path.name}: skipped (its workload is a trace, not a length distribution)")
+    if args.speedup or args.workers:
+        # By default SIGTERM ends Python without running ``finally``: workers would be left.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.speedup:
-        speedup(paths, args, args.wave or 4)
+        with private_broker() as broker:
+            speedup(paths, args, args.wave or 4, broker)
     elif args.workers:
-        with celery_workers(args.workers) as workers:
+        with private_broker() as broker, celery_workers(broker, args.workers) as workers:
             check(paths, args, workers, args.wave or 2 * args.workers)
     else:
         check(paths, args, InProcess(), args.wave or 1)

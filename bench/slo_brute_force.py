@@ -8,27 +8,46 @@ distribution) and a P90 TTFT target (default 15 s):
 3. brute force: every cell of a grid (thresholds every 2K tokens from 2K to 64K and "never",
    every split with at least one prefill and one decode instance) is simulated, its rate found
    by bisection (sustained >= 97% and simulated P90 within the target; 4,000 requests, seed 3,
-   common random numbers). With several PD clusters, one cluster at a time, the others at
-   their best so far, two rounds. A cell is skipped only when a bound that holds whatever the
-   link does cannot beat the best rate found: its decode slots (N_d x batch / decode time)
-   and its own prefill of the requests below its threshold, which stay local in every case.
-   The planner's link model is never consulted.
+   common random numbers: :func:`scheduling.core.brute_force.slo_cell_goodput`). With several
+   PD clusters, one cluster at a time, the others at their best so far, two rounds. A cell is
+   skipped only when a bound that holds whatever the link does cannot beat the best rate found:
+   its decode slots (N_d x batch / decode time) and its own prefill of the requests below its
+   threshold, which stay local in every case. The planner's link model is never consulted.
+
+Cells are simulated in waves of ``--wave`` (default 1 in this process, twice the workers
+with ``--workers``), the most promising first (highest bound); every cell of a wave is given
+the best rate found before the wave as its floor, so the same wave size gives the same
+goodput per cell in this process or on any number of workers.
+
+``--workers N``: N Celery worker processes (``celery -A controlplane worker``, solo pool) on a
+private Redis (the embedded one, in a temporary directory); each wave is a ``celery.group`` of
+``scheduling.slo_cell_goodput`` tasks. Every process the bench starts is stopped by its id.
+``--speedup``: the brute force of each scenario (not the planner's check) with 1 then 2
+workers, the same waves (``--wave``, default 4): wall times, their ratio, and whether every
+cell's goodput came out identical.
 
 Acceptance: planner / brute force >= 95% and the planner's setting meets the target in the
 simulator. Prints a table; the last line is one JSON object. Slow (minutes per scenario).
 
-    python bench/slo_brute_force.py [--quick] [--slo S] [--requests N] [scenario.yaml ...]
+    python bench/slo_brute_force.py [--quick] [--slo S] [--requests N] [--workers N | --speedup]
+        [--wave W] [scenario.yaml ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
@@ -36,10 +55,16 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
-from scheduling.core.fleet import lengths_of  # noqa: E402
-from scheduling.core.performance import decode_rate_per_instance, prefill_seconds  # noqa: E402
+from bench.support.setup import PY  # noqa: E402
+from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
+from scheduling.core.brute_force import (  # noqa: E402
+    SEED,
+    CellGoodput,
+    Setting,
+    cell_bound,
+    cell_simulate,
+    slo_cell_goodput,
+)
 from scheduling.core.planner import (  # noqa: E402
     fleet_from_scenario,
     plan_for_ttft,
@@ -47,84 +72,153 @@ from scheduling.core.planner import (  # noqa: E402
     workload_output_scv,
 )
 from scheduling.core.scenario import Scenario, scenario_load  # noqa: E402
-from scheduling.core.simulator.policies import fleet_setting  # noqa: E402
-from scheduling.core.simulator.run import SimulationConfig, simulate  # noqa: E402
+from scheduling.core.scenario_writer import scenario_to_dict  # noqa: E402
 
-SEED = 3
-STEPS = 6
 NEVER = 131_100.0
+TASK = "scheduling.slo_cell_goodput"
+WORKER_READY_S = 120.0
+#: A wave's results are awaited this long at most (a cell is a few simulations).
+WAVE_TIMEOUT_S = 3600.0
 
-Setting = dict[str, tuple[float, int, int]]
+Cell = dict[str, tuple[float, int, int]]
+
+
+def cell_key(cell: Setting) -> str:
+    return json.dumps(sorted((name, *v) for name, v in cell.items()))
+
+
+class Cells(Protocol):
+    """Where a wave of cells is simulated: every cell given the same floor."""
+
+    def goodputs(
+        self, scenario: Scenario, cells: list[Cell], floor: float, slo: float, requests: int
+    ) -> list[CellGoodput]: ...
+
+
+class InProcess:
+    def goodputs(
+        self, scenario: Scenario, cells: list[Cell], floor: float, slo: float, requests: int
+    ) -> list[CellGoodput]:
+        return [
+            slo_cell_goodput(scenario, cell, floor, slo_s=slo, requests=requests, seed=SEED)
+            for cell in cells
+        ]
+
+
+class CeleryWorkers:
+    """N real Celery worker processes on a private Redis; a wave is one ``celery.group``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def goodputs(
+        self, scenario: Scenario, cells: list[Cell], floor: float, slo: float, requests: int
+    ) -> list[CellGoodput]:
+        from celery import group
+
+        data = scenario_to_dict(scenario)
+        wave = group(
+            self.app.signature(
+                TASK,
+                args=(data, {k: list(v) for k, v in cell.items()}, floor, slo, requests, SEED),
+            )
+            for cell in cells
+        )
+        results = wave.apply_async().get(timeout=WAVE_TIMEOUT_S)
+        return [CellGoodput(float(r["rate_rps"]), int(r["simulations"])) for r in results]
+
+
+@contextlib.contextmanager
+def private_broker() -> Iterator[tuple[Any, Path]]:
+    """A private Redis (the embedded one, in a temporary directory) and this process's Celery
+    app on it, once per bench run (the app reads its broker from the settings once); the
+    directory for the workers' state and log. The Redis is stopped by its id afterwards."""
+    with tempfile.TemporaryDirectory(prefix="prfaas-brute-force-") as tmp:
+        redis_server = EmbeddedRedis(Path(tmp))
+        redis_server.start()
+        try:
+            # The database is never used: SQLite under the temporary directory, untouched.
+            os.environ["REDIS_URL"] = redis_server.url
+            os.environ["VAR_DIR"] = tmp
+            os.environ.pop("REDIS_CLUSTER_URL", None)
+            from controlplane.celery import app
+
+            yield app, Path(tmp)
+        finally:
+            redis_server.stop()
+
+
+@contextlib.contextmanager
+def celery_workers(broker: tuple[Any, Path], n: int) -> Iterator[CeleryWorkers]:
+    """``n`` worker processes (each one task at a time) on the private broker, ready; each
+    stopped by its id afterwards."""
+    from controlplane.celery import worker_argv
+
+    app, tmp = broker
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(tmp / "workers.log", "ab") as log:
+            for i in range(n):
+                procs.append(
+                    subprocess.Popen(
+                        [*worker_argv(PY), "-n", f"brute-force-{i}@%h"],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + WORKER_READY_S
+        while len(app.control.ping(timeout=1.0) or []) < n:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                tail = (tmp / "workers.log").read_text(errors="replace")[-2000:]
+                sys.exit(f"{n} Celery workers did not all start:\n{tail}")
+        yield CeleryWorkers(app)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the worker (its own process group: it and nothing else), SIGKILL after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class Search:
-    def __init__(self, scenario: Scenario, slo: float, requests: int) -> None:
+    def __init__(self, scenario: Scenario, slo: float, requests: int, cells: Cells) -> None:
         self.scenario = scenario
         self.slo = slo
         self.requests = requests
+        self.cells = cells
         self.fleet = fleet_from_scenario(scenario)
         self.lengths, self.out = workload_lengths(scenario)
         self.sims = 0
+        #: every cell simulated: its goodput (0 when it could not beat its floor)
+        self.found: dict[str, float] = {}
 
     def run(self, setting: Setting, rate: float) -> tuple[float, float, float]:
         """Simulated P90, sustained share and link_congested share of decisions."""
-        fleet = fleet_setting(
-            self.scenario,
-            {c: t for c, (t, _, _) in setting.items()},
-            {c: (p, d) for c, (_, p, d) in setting.items()},
-        )
-        result = simulate(
-            self.scenario,
-            SimulationConfig(policy="prfaas", rate_per_s=rate, requests=self.requests, seed=SEED),
-            fleet=fleet,
-        )
         self.sims += 1
-        decisions = sum(result.reasons.values()) or 1
-        return (
-            result.ttft.p90,
-            result.sustained_fraction,
-            result.reasons.get("link_congested", 0) / decisions,
-        )
-
-    def within(self, setting: Setting, rate: float) -> bool:
-        p90, sustained, _ = self.run(setting, rate)
-        return sustained >= 0.97 and p90 <= self.slo
+        run = cell_simulate(self.scenario, setting, rate, requests=self.requests)
+        return run.ttft_p90_s, run.sustained, run.link_congested
 
     def bound(self, setting: Setting) -> float:
-        """An upper bound on the rate whatever the link does: each PD cluster's decode slots,
-        and its prefill of the requests at or below its threshold (never offloaded)."""
-        out = math.inf
-        for c in self.fleet.pd:
-            if c.share <= 0:
-                continue
-            t, n_p, n_d = setting[c.name]
-            rate = decode_rate_per_instance(c.max_batch, c.step_seconds, self.out)
-            out = min(out, n_d * rate / c.share)
-            x, w = lengths_of(self.lengths, c.name).nodes()
-            local = float(np.dot(np.where(x <= t, w, 0.0), prefill_seconds(c.prefill, x)))
-            if local > 0:
-                out = min(out, n_p / (c.share * local))
-        return out
+        return cell_bound(self.fleet, self.lengths, self.out, setting)
 
-    def best_rate(self, setting: Setting, floor: float) -> float:
-        """The highest rate within the target for this setting if it beats ``floor`` by 1%."""
-        hi = 1.02 * self.bound(setting)
-        lo = floor * 1.01
-        if hi <= lo:
-            return 0.0
-        if lo > 0 and not self.within(setting, lo):
-            return 0.0
-        if lo == 0:
-            lo = 0.3 * hi
-            if not self.within(setting, lo):
-                return 0.0
-        for _ in range(STEPS):
-            mid = (lo + hi) / 2
-            if self.within(setting, mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+    def wave(self, cells: list[Cell], floor: float) -> list[float]:
+        found = self.cells.goodputs(self.scenario, cells, floor, self.slo, self.requests)
+        for cell, f in zip(cells, found, strict=True):
+            self.sims += f.simulations
+            self.found[cell_key(cell)] = f.rate_rps
+        return [f.rate_rps for f in found]
 
 
 def grid(instances: int, quick: bool) -> list[tuple[float, int]]:
@@ -133,22 +227,31 @@ def grid(instances: int, quick: bool) -> list[tuple[float, int]]:
     return [(t, n) for t in thresholds for n in range(1, instances)]
 
 
-def brute_force(search: Search, quick: bool, start: Setting) -> tuple[float, Setting]:
-    best, best_setting = search.best_rate(start, 0.0), dict(start)
+def brute_force(search: Search, quick: bool, start: Cell, wave: int) -> tuple[float, Cell]:
+    (best,) = search.wave([dict(start)], 0.0)
+    best_setting = dict(start)
     clusters = [c for c in search.fleet.pd if c.share > 0]
     for _ in range(2 if len(clusters) > 1 else 1):
         for c in clusters:
-            cells = [
+            cells: list[Cell] = [
                 {**best_setting, c.name: (t, n, c.instances - n)}
                 for t, n in grid(c.instances, quick)
             ]
             cells.sort(key=search.bound, reverse=True)
-            for cell in cells:
-                if 1.02 * search.bound(cell) <= best * 1.01:
-                    break  # sorted: no later cell can beat it either
-                rate = search.best_rate(cell, best)
-                if rate > best:
-                    best, best_setting = rate, cell
+            i = 0
+            while i < len(cells):
+                # Sorted: once a cell's bound cannot beat the best, no later cell can either.
+                batch: list[Cell] = []
+                while i < len(cells) and len(batch) < wave:
+                    if 1.02 * search.bound(cells[i]) <= best * 1.01:
+                        i = len(cells)
+                        break
+                    batch.append(cells[i])
+                    i += 1
+                floor = best
+                for cell, rate in zip(batch, search.wave(batch, floor), strict=True):
+                    if rate > best:
+                        best, best_setting = rate, cell
     return best, best_setting
 
 
@@ -160,35 +263,30 @@ def plannable(path: Path) -> bool:
     return True
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("scenarios", nargs="*", type=Path)
-    parser.add_argument("--quick", action="store_true", help="thresholds every 8K tokens")
-    parser.add_argument("--slo", type=float, default=15.0, help="P90 TTFT target, seconds")
-    parser.add_argument("--requests", type=int, default=4000)
-    args = parser.parse_args()
-    paths = args.scenarios or sorted((ROOT / "scenarios").glob("*.yaml"))
+def planned_setting(search: Search, slo_s: float) -> tuple[Any, Cell]:
+    slo, ev = plan_for_ttft(
+        search.fleet,
+        search.lengths,
+        search.out,
+        slo_s,
+        output_scv=workload_output_scv(search.scenario),
+    )
+    return slo, {c.name: (c.threshold_tokens, c.n_p, c.n_d) for c in ev.clusters}
+
+
+def check(paths: list[Path], args: argparse.Namespace, cells: Cells, wave: int) -> None:
+    """The planner against the brute force, scenario by scenario (the acceptance)."""
     rows = []
     for path in paths:
-        if not plannable(path):
-            print(f"{path.name}: skipped (its workload is a trace, not a length distribution)")
-            continue
         scenario = scenario_load(path)
-        search = Search(scenario, args.slo, args.requests)
+        search = Search(scenario, args.slo, args.requests, cells)
         t0 = time.perf_counter()
-        slo, ev = plan_for_ttft(
-            search.fleet,
-            search.lengths,
-            search.out,
-            args.slo,
-            output_scv=workload_output_scv(scenario),
-        )
+        slo, planned = planned_setting(search, args.slo)
         plan_s = time.perf_counter() - t0
-        planned: Setting = {c.name: (c.threshold_tokens, c.n_p, c.n_d) for c in ev.clusters}
         p90, sustained, congested = search.run(planned, slo.rate_rps)
         predicted = slo.at_rate.refused_fraction if slo.at_rate else float("nan")
         t0 = time.perf_counter()
-        best, best_setting = brute_force(search, args.quick, planned)
+        best, best_setting = brute_force(search, args.quick, planned, wave)
         ratio = slo.rate_rps / best if best > 0 else math.inf
         meets = sustained >= 0.97 and p90 <= args.slo
         row = {
@@ -203,6 +301,7 @@ def main() -> None:
             "brute_force_setting": {k: list(v) for k, v in best_setting.items()},
             "ratio": round(ratio, 3),
             "holds": bool(meets and ratio >= 0.95),
+            "cells": len(search.found),
             "simulations": search.sims,
             "plan_s": round(plan_s, 2),
             "brute_force_s": round(time.perf_counter() - t0, 1),
@@ -213,7 +312,8 @@ def main() -> None:
             f"(sim P90 {row['simulated_p90_s']} s, sustained {row['sustained']}, refused "
             f"{row['predicted_refused']} predicted / {row['simulated_link_congested']} "
             f"simulated); brute force {row['brute_force_rps']} req/s at {best_setting} "
-            f"({row['simulations']} simulations, {row['brute_force_s']} s); "
+            f"({row['cells']} cells, {row['simulations']} simulations, "
+            f"{row['brute_force_s']} s); "
             f"{row['ratio']:.1%} -> {'holds' if row['holds'] else 'DOES NOT HOLD'}",
             flush=True,
         )
@@ -224,11 +324,99 @@ def main() -> None:
                 "requests": args.requests,
                 "seed": SEED,
                 "quick": args.quick,
+                "workers": args.workers,
+                "wave": wave,
                 "holds": all(r["holds"] for r in rows),
                 "scenarios": rows,
             }
         )
     )
+
+
+def speedup(
+    paths: list[Path], args: argparse.Namespace, wave: int, broker: tuple[Any, Path]
+) -> None:
+    """The brute force of each scenario on 1 then 2 workers: wall times and their ratio."""
+    rows = []
+    for path in paths:
+        scenario = scenario_load(path)
+        walls: dict[int, float] = {}
+        found: dict[int, dict[str, float]] = {}
+        best: dict[int, float] = {}
+        for n in (1, 2):
+            with celery_workers(broker, n) as workers:
+                search = Search(scenario, args.slo, args.requests, workers)
+                _, planned = planned_setting(search, args.slo)
+                # Timed from the first wave sent to the last result back, the workers ready.
+                t0 = time.perf_counter()
+                best[n], _ = brute_force(search, args.quick, planned, wave)
+                walls[n] = time.perf_counter() - t0
+                found[n] = search.found
+        row = {
+            "scenario": scenario.name,
+            "cells": len(found[1]),
+            "one_worker_s": round(walls[1], 1),
+            "two_workers_s": round(walls[2], 1),
+            "speedup": round(walls[1] / walls[2], 2),
+            "identical": found[1] == found[2],
+            "brute_force_rps": round(best[2], 3),
+        }
+        rows.append(row)
+        print(
+            f"{row['scenario']}: {row['cells']} cells in waves of {wave}; 1 worker "
+            f"{row['one_worker_s']} s, 2 workers {row['two_workers_s']} s: speedup "
+            f"{row['speedup']}x; every cell's goodput identical: {row['identical']}",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "slo_p90_s": args.slo,
+                "requests": args.requests,
+                "seed": SEED,
+                "quick": args.quick,
+                "wave": wave,
+                "cpus": os.cpu_count(),
+                "identical": all(r["identical"] for r in rows),
+                "scenarios": rows,
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenarios", nargs="*", type=Path)
+    parser.add_argument("--quick", action="store_true", help="thresholds every 8K tokens")
+    parser.add_argument("--slo", type=float, default=15.0, help="P90 TTFT target, seconds")
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument(
+        "--workers", type=int, default=0, help="Celery worker processes (0: this process)"
+    )
+    parser.add_argument(
+        "--speedup", action="store_true", help="the brute force on 1 then 2 workers, timed"
+    )
+    parser.add_argument("--wave", type=int, default=0, help="cells simulated per wave")
+    args = parser.parse_args()
+    if args.workers < 0 or args.wave < 0:
+        parser.error("--workers and --wave must be >= 0")
+    paths = []
+    for path in args.scenarios or sorted((ROOT / "scenarios").glob("*.yaml")):
+        if plannable(path):
+            paths.append(path)
+        else:
+            print(f"{path.name}: skipped (its workload is a trace, not a length distribution)")
+    if args.speedup or args.workers:
+        # By default SIGTERM ends Python without running ``finally``: workers would be left.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.speedup:
+        with private_broker() as broker:
+            speedup(paths, args, args.wave or 4, broker)
+    elif args.workers:
+        with private_broker() as broker, celery_workers(broker, args.workers) as workers:
+            check(paths, args, workers, args.wave or 2 * args.workers)
+    else:
+        check(paths, args, InProcess(), args.wave or 1)
 
 
 if __name__ == "__main__":

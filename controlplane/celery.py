@@ -1,6 +1,7 @@
 """The Celery application: broker and settings come from Django settings (``CELERY_*``)."""
 
 import os
+import sys
 
 from celery import Celery
 
@@ -9,3 +10,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def worker_argv(python: str = sys.executable, loglevel: str = "WARNING") -> list[str]:
+    """``celery -A controlplane worker`` as one process that runs one task at a time (solo
+    pool), without gossip, mingle or heartbeats: what the tests and the brute-force bench
+    start (N of them for N tasks at once), each process stopped by its id."""
+    return [
+        *(python, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo"),
+        *("--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel),
+    ]

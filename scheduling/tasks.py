@@ -14,6 +14,7 @@ Services that enqueue a task (plan approval, what-if start) send it by name
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from datetime import datetime
@@ -26,6 +27,8 @@ from clusters.live.scrape import instances_scrape
 from clusters.models import Cluster, ClusterKind
 from clusters.reachability import instances_reachability_sweep as reachability_sweep
 from scheduling import rebalance as rebalance_services
+from scheduling.core import brute_force
+from scheduling.core.scenario import scenario_parse
 from scheduling.decision_log import decision_log_archive as decision_log_copy
 from scheduling.decisions import control_tick_async
 from scheduling.overview import overview_tick_publish as overview_publish
@@ -139,3 +142,26 @@ def instances_reachability_sweep() -> int:
             result.retired,
         )
     return len(result.marked) + len(result.returned) + len(result.retired)
+
+
+@shared_task(name="scheduling.slo_cell_goodput")
+def slo_cell_goodput(
+    scenario: dict[str, Any],
+    setting: dict[str, list[float]],
+    floor: float,
+    slo_s: float,
+    requests: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One cell of the SLO brute force (``bench/slo_brute_force.py --workers``): the
+    scenario as :func:`scheduling.core.scenario_writer.scenario_to_dict` writes it, the
+    setting as JSON lists; returns the cell's goodput and the simulations it took."""
+    found = brute_force.slo_cell_goodput(
+        scenario_parse(scenario, base_dir=settings.BASE_DIR),
+        {name: (float(t), int(p), int(d)) for name, (t, p, d) in setting.items()},
+        floor,
+        slo_s=slo_s,
+        requests=requests,
+        seed=seed,
+    )
+    return dataclasses.asdict(found)

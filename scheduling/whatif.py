@@ -33,12 +33,13 @@ from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
 from controlplane.redis_connection import redis_sync
-from scheduling.core.goodput import advice_to_dict, sizing_advice
+from scheduling.core.goodput import Sizing, advice_to_dict, sizing_advice
 from scheduling.core.planner import (
     DEFAULT_LOAD,
     FleetSpec,
     fleet_from_scenario,
     plan_fleet,
+    sizing_at_load,
     workload_lengths,
 )
 from scheduling.core.scenario import (
@@ -375,8 +376,8 @@ def sizing_summary(scenario: Scenario) -> dict[str, Any]:
     lengths, output = workload_lengths(scenario)
     fleet = fleet_from_scenario(scenario)
 
-    def planned(f: FleetSpec) -> float:
-        return DEFAULT_LOAD * plan_fleet(f, lengths, output).throughput_rps
+    def planned(f: FleetSpec) -> Sizing:
+        return sizing_at_load(f, lengths, output, load=DEFAULT_LOAD)
 
     return advice_to_dict(*sizing_advice(fleet, planned))
 

@@ -328,9 +328,20 @@ def _cells_within(
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """What sizing advice compares for one fleet: its rate (goodput under the TTFT target, or
+    the planned rate at the load) and the share of requests its links' guards refuse there
+    (``link_congested``: prefilled locally), which a wider link lowers."""
+
+    rate_rps: float
+    refused_fraction: float
+
+
+@dataclass(frozen=True)
 class Advice:
     """One sizing change and what it would bring: the new rate (goodput under the TTFT target,
-    or the planned rate at load when no target is given) and its gain over today's."""
+    or the planned rate at load when no target is given), its gain over today's, and the share
+    of requests the links would refuse at it (today's is :class:`Sizing`'s)."""
 
     change: str
     kind: str  # "prfaas_instances" or "link_gbps"
@@ -338,21 +349,23 @@ class Advice:
     amount: float  # instances added, or Gbps added
     rate_rps: float
     gain: float
+    refused_fraction: float
 
 
 def sizing_advice(
     fleet: FleetSpec,
-    rate_of: Callable[[FleetSpec], float],
+    sizing_of: Callable[[FleetSpec], Sizing],
     *,
     instance_steps: tuple[int, ...] = (1, 2, 4),
     gbps_factors: tuple[float, ...] = (1.5, 2.0),
     min_gain: float = 0.01,
-) -> tuple[float, tuple[Advice, ...]]:
-    """Today's rate and, for each change that raises it by at least ``min_gain``, the change
-    and its gain: more instances in each PrfaaS cluster, more line rate on each live link (its
-    budget, when it follows the line rate, grows with it). ``rate_of`` plans a fleet and
-    returns the rate to compare (goodput under the target, or the planned rate)."""
-    base = rate_of(fleet)
+) -> tuple[Sizing, tuple[Advice, ...]]:
+    """Today's sizing and, for each change that raises its rate by at least ``min_gain``, the
+    change, its gain and the refused share it leaves: more instances in each PrfaaS cluster,
+    more line rate on each live link (its budget, when it follows the line rate, grows with
+    it). ``sizing_of`` plans a fleet and returns what to compare (goodput under the target, or
+    the planned rate), with the refused share at that rate."""
+    base = sizing_of(fleet)
     out: list[Advice] = []
     for pool in fleet.prfaas:
         for step in instance_steps:
@@ -370,7 +383,7 @@ def sizing_advice(
                     pool.name,
                     step,
                     base,
-                    rate_of(bigger),
+                    sizing_of(bigger),
                 )
             )
     for i, link in enumerate(fleet.links):
@@ -382,12 +395,12 @@ def sizing_advice(
             links[i] = replace(link, gbps=link.gbps * factor)
             out.append(
                 _advice(
-                    f"{link.key}: +{more:g} Gbps ({link.gbps * factor:g} Gbps)",
+                    f"{link.key}: +{more:g} Gbps (a {link.gbps * factor:g} Gbps link)",
                     "link_gbps",
                     link.key,
                     more,
                     base,
-                    rate_of(replace(fleet, links=tuple(links))),
+                    sizing_of(replace(fleet, links=tuple(links))),
                 )
             )
     useful = [a for a in out if a.gain >= min_gain]
@@ -395,14 +408,18 @@ def sizing_advice(
     return base, tuple(useful)
 
 
-def _advice(change: str, kind: str, target: str, amount: float, base: float, rate: float) -> Advice:
-    gain = rate / base - 1.0 if base > 0 else (math.inf if rate > 0 else 0.0)
-    return Advice(change, kind, target, float(amount), rate, gain)
+def _advice(
+    change: str, kind: str, target: str, amount: float, base: Sizing, sized: Sizing
+) -> Advice:
+    rate = sized.rate_rps
+    gain = rate / base.rate_rps - 1.0 if base.rate_rps > 0 else (math.inf if rate > 0 else 0.0)
+    return Advice(change, kind, target, float(amount), rate, gain, sized.refused_fraction)
 
 
-def advice_to_dict(base: float, advice: tuple[Advice, ...]) -> dict[str, object]:
+def advice_to_dict(base: Sizing, advice: tuple[Advice, ...]) -> dict[str, object]:
     return {
-        "rate_rps": base,
+        "rate_rps": base.rate_rps,
+        "refused_fraction": base.refused_fraction,
         "changes": [
             {
                 "change": a.change,
@@ -411,6 +428,7 @@ def advice_to_dict(base: float, advice: tuple[Advice, ...]) -> dict[str, object]
                 "amount": a.amount,
                 "rate_rps": a.rate_rps,
                 "gain": a.gain if math.isfinite(a.gain) else None,
+                "refused_fraction": a.refused_fraction,
             }
             for a in advice
         ],

@@ -53,7 +53,7 @@ from scheduling.core.fleet import (
     lengths_of,
     reference_pd,
 )
-from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
+from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, Sizing, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import (
     OffloadSplit,
@@ -112,6 +112,8 @@ __all__ = [
     "plan_fleet",
     "plan_for_ttft",
     "plan_scenario",
+    "sizing_at_load",
+    "sizing_for_ttft",
     "threshold_grid",
     "workload_lengths",
     "workload_output_scv",
@@ -621,6 +623,57 @@ def plan_for_ttft(
         refusal_target=refusal_target,
     )
     return slo, chosen
+
+
+def sizing_at_load(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    *,
+    threshold_step: float = 100,
+    load: float = DEFAULT_LOAD,
+    output_scv: float = 0.0,
+) -> Sizing:
+    """What sizing advice compares without a TTFT target: the planned rate (``load`` x
+    Lambda_max) and the share of requests the link guards refuse there."""
+    ev = plan_fleet(
+        fleet,
+        lengths,
+        output_tokens,
+        threshold_step=threshold_step,
+        load=load,
+        output_scv=output_scv,
+    )
+    rate = load * ev.throughput_rps
+    if rate <= 0:
+        return Sizing(0.0, 0.0)
+    ts, ns = evaluation_settings(ev)
+    at = operating_point(fleet, lengths, output_tokens, ts, ns, rate, output_scv=output_scv)
+    return Sizing(rate, at.refused_fraction)
+
+
+def sizing_for_ttft(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    slo_s: float,
+    *,
+    threshold_step: float = 100,
+    load: float = DEFAULT_LOAD,
+    output_scv: float = 0.0,
+) -> Sizing:
+    """What sizing advice compares under a P90 TTFT target: the goodput
+    (:func:`plan_for_ttft`) and the share of requests the link guards refuse at it."""
+    slo, _ = plan_for_ttft(
+        fleet,
+        lengths,
+        output_tokens,
+        slo_s,
+        threshold_step=threshold_step,
+        load=load,
+        output_scv=output_scv,
+    )
+    return Sizing(slo.rate_rps, slo.at_rate.refused_fraction if slo.at_rate is not None else 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import copy
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -233,9 +234,34 @@ def test_sizing_advice_from_the_command_line(case_file: str) -> None:
     out = json.loads(run_plan(case_file, "--json", "--advise"))
     advice = out["advice"]
     assert advice["rate_rps"] == pytest.approx(0.8 * out["prfaas"]["throughput_rps"])
+    # The case study's link is wide: its guard refuses next to nothing, now or after a change.
+    assert advice["refused_fraction"] < 0.005
     assert advice["changes"] and all(c["gain"] > 0 for c in advice["changes"])
+    assert all(c["refused_fraction"] < 0.005 for c in advice["changes"])
     assert {c["kind"] for c in advice["changes"]} == {"prfaas_instances"}
-    assert "Sizing advice (planned rate at the load" in run_plan(case_file, "--advise")
+    text = run_plan(case_file, "--advise")
+    assert "Sizing advice (planned rate at the load" in text and "refused share" not in text
+
+
+@pytest.mark.slow
+def test_on_a_thin_link_the_advice_says_what_a_wider_link_buys_and_what_it_refuses(
+    scenarios_dir: Path,
+) -> None:
+    text = run_plan(str(scenarios_dir / "thin-link.yaml"), "--ttft-slo", "15", "--advise")
+    now = re.search(
+        r"goodput under 15 s: ([\d.]+) req/s now, the link guard refusing (\d+)% of requests",
+        text,
+    )
+    assert now, text
+    # The link doubled: goodput within the target, its gain, and the refused share it removes.
+    wider = re.search(
+        r"\+8 Gbps \(a 16 Gbps link\): ([\d.]+) req/s within 15 s \(\+[\d.]+%\), "
+        r"refused share (\d+)% -> (\d+)%",
+        text,
+    )
+    assert wider, text
+    assert float(wider[1]) > float(now[1])
+    assert wider[2] == now[2] and int(wider[3]) < int(now[2])
 
 
 @pytest.mark.parametrize(

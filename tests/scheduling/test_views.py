@@ -339,3 +339,5 @@ def test_a_what_if_gives_sizing_advice_the_page_shows(client_as) -> None:
         .content.decode()
     )
     assert "Sizing advice" in page and advice["changes"][0]["change"] in page
+    # Each change with the share of requests its link guards would refuse (none here).
+    assert "Refused by the link guard" in page and "0% &rarr; 0%" in page

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from controlplane.celery import worker_argv
 from tests.support.processes import free_port as free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,20 +94,7 @@ def celery_worker_start(log: IO[bytes] | None = None) -> subprocess.Popen[bytes]
     env["REDIS_URL"] = settings.REDIS_URL
     env["REDIS_CLUSTER_URL"] = settings.REDIS_CLUSTER_URL
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "controlplane",
-            "worker",
-            "--pool=solo",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "WARNING",
-        ],
+        worker_argv(sys.executable),
         cwd=ROOT,
         env=env,
         stdout=log,

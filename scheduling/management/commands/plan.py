@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.core.goodput import Advice, advice_to_dict, sizing_advice
+from scheduling.core.goodput import Advice, Sizing, advice_to_dict, sizing_advice
 from scheduling.core.plan_report import (
     SplitSweep,
     ThresholdSweep,
@@ -31,8 +31,9 @@ from scheduling.core.planner import (
     PlanResult,
     fleet_from_scenario,
     plan,
-    plan_fleet,
     plan_for_ttft,
+    sizing_at_load,
+    sizing_for_ttft,
     workload_lengths,
     workload_output_scv,
 )
@@ -132,7 +133,7 @@ class Command(BaseCommand):
             )
         output_scv = workload_output_scv(scenario)
         slo_out: dict[str, Any] | None = None
-        advice: tuple[float, tuple[Advice, ...]] | None = None
+        advice: tuple[Sizing, tuple[Advice, ...]] | None = None
         try:
             result = plan(
                 fleet,
@@ -156,7 +157,7 @@ class Command(BaseCommand):
                 )
             if opts["advise"]:
                 advice = sizing_advice(
-                    fleet, self._rate_of(lengths, output_tokens, step, load, output_scv, slo)
+                    fleet, self._sizing_of(lengths, output_tokens, step, load, output_scv, slo)
                 )
         except ValueError as exc:
             raise CommandError(f"{scenario.name}: cannot plan: {exc}", returncode=2) from None
@@ -198,20 +199,20 @@ class Command(BaseCommand):
     # ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _rate_of(
+    def _sizing_of(
         lengths: Any,
         output_tokens: float,
         step: float,
         load: float,
         output_scv: float,
         slo: float | None,
-    ) -> Callable[[FleetSpec], float]:
+    ) -> Callable[[FleetSpec], Sizing]:
         """What sizing advice compares: goodput under the TTFT target, else the planned rate
-        at the load."""
+        at the load; with the share of requests the link guards refuse at that rate."""
 
-        def rate(fleet: FleetSpec) -> float:
+        def sizing(fleet: FleetSpec) -> Sizing:
             if slo is not None:
-                found, _ = plan_for_ttft(
+                return sizing_for_ttft(
                     fleet,
                     lengths,
                     output_tokens,
@@ -220,13 +221,11 @@ class Command(BaseCommand):
                     load=load,
                     output_scv=output_scv,
                 )
-                return found.rate_rps
-            ev = plan_fleet(
+            return sizing_at_load(
                 fleet, lengths, output_tokens, threshold_step=step, load=load, output_scv=output_scv
             )
-            return load * ev.throughput_rps
 
-        return rate
+        return sizing
 
     def _print_slo(self, slo: dict[str, Any]) -> None:
         at = slo["at_rate"] or {}
@@ -248,15 +247,27 @@ class Command(BaseCommand):
             out.write("\n")
         self.stdout.write(out.getvalue().rstrip("\n"))
 
-    def _print_advice(self, advice: tuple[float, tuple[Advice, ...]], slo: float | None) -> None:
+    def _print_advice(self, advice: tuple[Sizing, tuple[Advice, ...]], slo: float | None) -> None:
         base, changes = advice
         what = f"goodput under {slo:g} s" if slo is not None else "planned rate at the load"
+        within = f" within {slo:g} s" if slo is not None else ""
         out = io.StringIO()
-        out.write(f"\nSizing advice ({what}: {base:.2f} req/s now):\n")
+        out.write(f"\nSizing advice ({what}: {base.rate_rps:.2f} req/s now")
+        # Shares that print as 0% are left out: a wide link's guard refuses nearly nothing.
+        shown = base.refused_fraction >= 0.005
+        if shown:
+            out.write(f", the link guard refusing {base.refused_fraction:.0%} of requests")
+        out.write("):\n")
         if not changes:
             out.write("  no added PrfaaS instance or link capacity raises it by 1% or more\n")
         for a in changes:
-            out.write(f"  {a.change}: {a.rate_rps:.2f} req/s ({a.gain:+.1%})\n")
+            out.write(f"  {a.change}: {a.rate_rps:.2f} req/s{within} ({a.gain:+.1%})")
+            # What the change buys besides the rate: fewer requests kept local by the guard.
+            if shown or a.refused_fraction >= 0.005:
+                out.write(
+                    f", refused share {base.refused_fraction:.0%} -> {a.refused_fraction:.0%}"
+                )
+            out.write("\n")
         self.stdout.write(out.getvalue().rstrip("\n"))
 
     def _print_table(self, name: str, r: PlanResult) -> None:

@@ -1,0 +1,135 @@
+"""One cell of the independent brute force over the simulator (``bench/slo_brute_force.py``):
+the highest rate at which a setting (threshold and prefill/decode split of every PD cluster)
+meets a P90 TTFT target in the simulator, found by bisection.
+
+Pure Python and numpy: no Django. The bench runs cells here in its own process, or spreads them
+over Celery workers (the ``scheduling.slo_cell_goodput`` task calls :func:`slo_cell_goodput`):
+the same function with the same seed, so a cell's goodput is the same wherever it ran.
+
+The bisection's upper end is a bound that holds whatever the link does, never the planner's
+link model: each PD cluster's decode slots (N_d x batch / decode time), and its own prefill
+of the requests at or below its threshold, which stay local in every case.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduling.core.fleet import FleetSpec, Lengths, lengths_of
+from scheduling.core.performance import decode_rate_per_instance, prefill_seconds
+from scheduling.core.scenario import Scenario
+from scheduling.core.scenario_fleet import fleet_from_scenario, workload_lengths
+from scheduling.core.simulator.policies import fleet_setting
+from scheduling.core.simulator.run import SimulationConfig, simulate
+
+#: A setting: per PD cluster, (threshold in tokens, prefill instances, decode instances).
+Setting = Mapping[str, tuple[float, int, int]]
+
+#: The brute force's common random numbers: every cell sees the same arrivals and lengths.
+SEED = 3
+#: Bisection steps per cell after its bracket: the rate to 1/64 of the bracket.
+STEPS = 6
+#: Sustained share of the offered load a rate must reach (the rest is backlog).
+SUSTAINED = 0.97
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """One simulation of a setting at a rate."""
+
+    ttft_p90_s: float
+    sustained: float
+    link_congested: float  # share of routing decisions the link guard refused
+
+
+@dataclass(frozen=True)
+class CellGoodput:
+    """A cell's goodput (0 when it cannot beat the floor it was given) and the simulations
+    it took."""
+
+    rate_rps: float
+    simulations: int
+
+
+def cell_simulate(
+    scenario: Scenario, setting: Setting, rate: float, *, requests: int, seed: int = SEED
+) -> CellRun:
+    """The setting simulated at ``rate`` (the PrfaaS policy, ``requests`` requests)."""
+    fleet = fleet_setting(
+        scenario,
+        {c: t for c, (t, _, _) in setting.items()},
+        {c: (p, d) for c, (_, p, d) in setting.items()},
+    )
+    result = simulate(
+        scenario,
+        SimulationConfig(policy="prfaas", rate_per_s=rate, requests=requests, seed=seed),
+        fleet=fleet,
+    )
+    decisions = sum(result.reasons.values()) or 1
+    return CellRun(
+        result.ttft.p90,
+        result.sustained_fraction,
+        result.reasons.get("link_congested", 0) / decisions,
+    )
+
+
+def cell_bound(fleet: FleetSpec, lengths: Lengths, output_tokens: float, setting: Setting) -> float:
+    """An upper bound on the setting's rate whatever the link does: each PD cluster's decode
+    slots, and its prefill of the requests at or below its threshold (never offloaded)."""
+    out = math.inf
+    for c in fleet.pd:
+        if c.share <= 0:
+            continue
+        t, n_p, n_d = setting[c.name]
+        rate = decode_rate_per_instance(c.max_batch, c.step_seconds, output_tokens)
+        out = min(out, n_d * rate / c.share)
+        x, w = lengths_of(lengths, c.name).nodes()
+        local = float(np.dot(np.where(x <= t, w, 0.0), prefill_seconds(c.prefill, x)))
+        if local > 0:
+            out = min(out, n_p / (c.share * local))
+    return out
+
+
+def slo_cell_goodput(
+    scenario: Scenario,
+    setting: Setting,
+    floor: float,
+    *,
+    slo_s: float,
+    requests: int,
+    seed: int = SEED,
+) -> CellGoodput:
+    """The highest rate at which the setting sustains >= 97% of its load with its simulated
+    P90 TTFT within ``slo_s``, if that beats ``floor`` by 1% (else 0): bisection between the
+    floor (or 30% of the bound) and 1.02 x :func:`cell_bound`."""
+    fleet = fleet_from_scenario(scenario)
+    lengths, output_tokens = workload_lengths(scenario)
+    runs = 0
+
+    def within(rate: float) -> bool:
+        nonlocal runs
+        runs += 1
+        run = cell_simulate(scenario, setting, rate, requests=requests, seed=seed)
+        return run.sustained >= SUSTAINED and run.ttft_p90_s <= slo_s
+
+    hi = 1.02 * cell_bound(fleet, lengths, output_tokens, setting)
+    lo = floor * 1.01
+    if hi <= lo:
+        return CellGoodput(0.0, runs)
+    if lo > 0 and not within(lo):
+        return CellGoodput(0.0, runs)
+    if lo == 0:
+        lo = 0.3 * hi
+        if not within(lo):
+            return CellGoodput(0.0, runs)
+    for _ in range(STEPS):
+        mid = (lo + hi) / 2
+        if within(mid):
+            lo = mid
+        else:
+            hi = mid
+    return CellGoodput(lo, runs)

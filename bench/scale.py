@@ -3,7 +3,8 @@
 Two cores cannot show three masters' throughput, so this measures what each master *spends*:
 Redis CPU (``INFO cpu``, the main thread's user + system seconds) per 1,000 block events
 ingested and per route lookup, and the time Redis counts its scripts ran (``INFO
-commandstats``: the work itself, which a loaded machine's scheduling does not inflate), memory per index entry, and how the keys spread over the
+commandstats``: the scripts alone, without the event loop and the network; wall time, so a
+loaded machine inflates it as it does the CPU figures), memory per index entry, and how the keys spread over the
 masters. Capacity per master follows: a core's second divided by the cost.
 
 * **ingest**: ``--entries`` (block, instance) entries stored by ``--fill-instances`` instances
@@ -117,9 +118,9 @@ def node_stats(port: int) -> dict[str, float]:
     commands = r.info("commandstats")
     out = {
         "cpu_s": float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"]),
-        # Redis's own count of the time its scripts ran (their inner commands included): what
-        # the work cost the node, without the event loop, the network or a loaded machine's
-        # scheduling, which the main thread's CPU also carries.
+        # Redis's own count of the time its scripts ran (their inner commands included): the
+        # work alone, without the event loop and the network that the main thread's CPU also
+        # carries (wall time inside the command: a loaded machine inflates both).
         "script_s": sum(float(commands.get(name, {}).get("usec", 0)) for name in SCRIPT_COMMANDS)
         / 1e6,
         "memory": float(mem["used_memory"]),

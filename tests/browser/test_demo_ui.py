@@ -290,6 +290,12 @@ def test_approving_a_plan_shows_predicted_simulated_then_observed_figures(
     planned = _number(before["predicted"])
     assert planned is not None and _number(before["simulated"]) is not None, before
     assert before["observed"] == "not applied", before
+    # The share of offloads the link guard keeps local is the planner's own prediction, as the
+    # API gives it (the demo's link is wide: often 0.000, never missing).
+    detail = api(demo, f"/api/v1/plans/{plan['id']}")
+    predicted_refused = detail["predictions"]["proposed"]["offload_refused_fraction"]
+    refused_cell = _number(_outcome(page, "refused_share")["predicted"])
+    assert refused_cell == pytest.approx(predicted_refused, abs=5e-4), (refused_cell, detail)
     page.get_by_role("button", name="Approve").click()  # the confirmation is accepted
     page.wait_for_function(
         "document.getElementById('plan-status').textContent === 'applied'", timeout=150_000

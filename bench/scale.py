@@ -19,7 +19,7 @@ masters. Capacity per master follows: a core's second divided by the cost.
 Every server is started here (``redis-server`` on free ports, no persistence) and stopped at
 the end. The last line printed is the JSON of every figure.
 
-    python bench/scale.py [--entries 1000000] [--lookups 2000]
+    python bench/scale.py [--entries 1000000] [--lookups 2000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -281,29 +281,48 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--masters", type=int, default=3)
     parser.add_argument("--seed", type=int, default=33)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="lookup rounds, each store in turn (median kept)"
+    )
     args = parser.parse_args()
     sizes = [int(float(x)) for x in args.entries.split(",")]
     out: dict[str, Any] = {"entries": sizes, "masters": args.masters}
     with tempfile.TemporaryDirectory(prefix="prfaas-scale-") as tmp:
-        for mode in ("single", "cluster"):
-            store: Any = (
-                Single(Path(tmp))
-                if mode == "single"
-                else Cluster(Path(tmp) / "cluster", args.masters)
-            )
-            groups = 1 if mode == "single" else args.masters
-            try:
-                rng = random.Random(args.seed)
-                idle = idle_cpu_per_s(store.ports)
-                found = [lookups(store, groups, f, args.lookups, rng, idle) for f in FLEETS]
+        stores: dict[str, Any] = {}
+        try:
+            stores["single"] = Single(Path(tmp))
+            stores["cluster"] = Cluster(Path(tmp) / "cluster", args.masters)
+            groups = {"single": 1, "cluster": args.masters}
+            idle = {mode: idle_cpu_per_s(store.ports) for mode, store in stores.items()}
+            # Lookups: each fleet measured on one store then the other, round after round, so
+            # that a machine whose load moves (two cores, shared) weighs on both alike; each
+            # round's ratio is taken, and the median round reported.
+            rounds: dict[str, list[list[dict[str, Any]]]] = {mode: [] for mode in stores}
+            for r in range(args.rounds):
+                for mode in rounds:
+                    rounds[mode].append([])
+                for f in FLEETS:
+                    for mode, store in stores.items():
+                        rng = random.Random(args.seed * 1_000 + r * 10 + FLEETS.index(f))
+                        found = lookups(store, groups[mode], f, args.lookups, rng, idle[mode])
+                        rounds[mode][-1].append(found)
+                        print(f"{mode:8} lookup, round {r + 1}: {json.dumps(found)}")
+            for mode, store in stores.items():
                 store.client.flushall()
-                got = ingest(store, groups, sizes, args.fill_instances, rng, idle)
-                for step in got:
+                steps = ingest(
+                    store,
+                    groups[mode],
+                    sizes,
+                    args.fill_instances,
+                    random.Random(args.seed),
+                    idle[mode],
+                )
+                for step in steps:
                     print(f"{mode:8} ingest to {step['entries']:,}: {json.dumps(step['masters'])}")
-                for f in found:
-                    print(f"{mode:8} lookup {json.dumps(f)}")
-                out[mode] = {"ingest": got, "lookups": found}
-            finally:
+                out[mode] = {"ingest": steps, "lookups": rounds[mode]}
+                store.client.flushall()
+        finally:
+            for store in stores.values():
                 store.stop()
     single, cluster = out["single"], out["cluster"]
     out["ratio_ingest_cpu_per_master"] = [
@@ -314,12 +333,22 @@ def main() -> None:
         )
         for s, c in zip(single["ingest"], cluster["ingest"], strict=True)
     ]
-    out["ratio_lookup_cpu_per_master"] = {
-        str(s["instances"]): round(
-            max(c["redis_cpu_us_per_master"]) / s["redis_cpu_us_per_master"][0], 2
-        )
-        for s, c in zip(single["lookups"], cluster["lookups"], strict=True)
-    }
+
+    def lookup_ratio(key: str) -> dict[str, float]:
+        """Per fleet: the median over rounds of the busiest master's cost over the single
+        Redis's in the same round."""
+        return {
+            str(f): round(
+                statistics.median(
+                    max(c[i][key]) / s[i][key][0]
+                    for s, c in zip(single["lookups"], cluster["lookups"], strict=True)
+                ),
+                2,
+            )
+            for i, f in enumerate(FLEETS)
+        }
+
+    out["ratio_lookup_cpu_per_master"] = lookup_ratio("redis_cpu_us_per_master")
     out["ratio_ingest_script_per_master"] = [
         round(
             max(m["script_us_per_1000_events"] for m in c["masters"])
@@ -328,10 +357,7 @@ def main() -> None:
         )
         for s, c in zip(single["ingest"], cluster["ingest"], strict=True)
     ]
-    out["ratio_lookup_script_per_master"] = {
-        str(s["instances"]): round(max(c["script_us_per_master"]) / s["script_us_per_master"][0], 2)
-        for s, c in zip(single["lookups"], cluster["lookups"], strict=True)
-    }
+    out["ratio_lookup_script_per_master"] = lookup_ratio("script_us_per_master")
     print(
         f"per master, cluster / single: ingest CPU x{out['ratio_ingest_cpu_per_master']} "
         f"(script time x{out['ratio_ingest_script_per_master']}), "

@@ -2,9 +2,7 @@
 
 Two cores cannot show three masters' throughput, so this measures what each master *spends*:
 Redis CPU (``INFO cpu``, the main thread's user + system seconds) per 1,000 block events
-ingested and per route lookup, and the time Redis counts its scripts ran (``INFO
-commandstats``: the scripts alone, without the event loop and the network; wall time, so a
-loaded machine inflates it as it does the CPU figures), memory per index entry, and how the keys spread over the
+ingested and per route lookup, memory per index entry, and how the keys spread over the
 masters. Capacity per master follows: a core's second divided by the cost.
 
 * **ingest**: ``--entries`` (block, instance) entries stored by ``--fill-instances`` instances
@@ -14,7 +12,11 @@ masters. Capacity per master follows: a core's second divided by the cost.
   prefixes; ``--lookups`` route lookups of one chain each through the route path's index read
   (:func:`clusters.live.prefix_index.prefix_matches_bounded_async`: one scripted call per
   group, pipelined per master, the masters in parallel); client CPU and wall p99 per lookup,
-  Redis CPU per lookup on each master.
+  Redis CPU per lookup on each master. Both stores run side by side and take turns, fleet by
+  fleet, for ``--rounds`` rounds: the ratio reported is the median round's, so a load that
+  moves on this shared machine weighs on both alike. (Redis's own ``commandstats`` time is no
+  help here: it is wall time, and three masters and the client on two cores are preempted
+  inside their scripts far more than one Redis is.)
 
 Every server is started here (``redis-server`` on free ports, no persistence) and stopped at
 the end. The last line printed is the JSON of every figure.
@@ -60,7 +62,6 @@ CHAIN = 32
 PREFIXES = 64
 FLEETS = (12, 128, 1024)
 SLICE = 200
-SCRIPT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval")
 
 
 class Single:
@@ -115,14 +116,8 @@ def node_stats(port: int) -> dict[str, float]:
     r = redis.Redis(port=port)
     cpu = r.info("cpu")
     mem = r.info("memory")
-    commands = r.info("commandstats")
     out = {
         "cpu_s": float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"]),
-        # Redis's own count of the time its scripts ran (their inner commands included): the
-        # work alone, without the event loop and the network that the main thread's CPU also
-        # carries (wall time inside the command: a loaded machine inflates both).
-        "script_s": sum(float(commands.get(name, {}).get("usec", 0)) for name in SCRIPT_COMMANDS)
-        / 1e6,
         "memory": float(mem["used_memory"]),
         "keys": float(r.dbsize()),
     }
@@ -199,9 +194,6 @@ def ingest(
                 {
                     "events": events_of[p],
                     "cpu_us_per_1000_events": round(cpu[p] / events_of[p] * 1e9, 1),
-                    "script_us_per_1000_events": round(
-                        (after[p]["script_s"] - before[p]["script_s"]) / events_of[p] * 1e9, 1
-                    ),
                     "entries": total_of[p],
                     "bytes_per_entry": round(mem / total_of[p], 1),
                     "memory_mb": round(mem / 2**20, 1),
@@ -257,14 +249,12 @@ def lookups(
     after = stats(store.ports)
     cpu = work_cpu(before, after, idle, wall)
     per_master = [cpu[p] / n * 1e6 for p in store.ports]
-    scripts = [(after[p]["script_s"] - before[p]["script_s"]) / n * 1e6 for p in store.ports]
     walls.sort()
     return {
         "instances": fleet,
         "client_cpu_us": round(client_cpu / n * 1e6, 1),
         "redis_cpu_us_per_master": [round(x, 1) for x in per_master],
         "redis_cpu_us_total": round(sum(per_master), 1),
-        "script_us_per_master": [round(x, 1) for x in scripts],
         "p50_ms": round(walls[len(walls) // 2] * 1e3, 3),
         "p99_ms": round(walls[int(len(walls) * 0.99)] * 1e3, 3),
     }
@@ -349,20 +339,10 @@ def main() -> None:
         }
 
     out["ratio_lookup_cpu_per_master"] = lookup_ratio("redis_cpu_us_per_master")
-    out["ratio_ingest_script_per_master"] = [
-        round(
-            max(m["script_us_per_1000_events"] for m in c["masters"])
-            / s["masters"][0]["script_us_per_1000_events"],
-            2,
-        )
-        for s, c in zip(single["ingest"], cluster["ingest"], strict=True)
-    ]
-    out["ratio_lookup_script_per_master"] = lookup_ratio("script_us_per_master")
     print(
         f"per master, cluster / single: ingest CPU x{out['ratio_ingest_cpu_per_master']} "
-        f"(script time x{out['ratio_ingest_script_per_master']}), "
         f"lookup CPU {out['ratio_lookup_cpu_per_master']} "
-        f"(script time {out['ratio_lookup_script_per_master']}); entries spread "
+        f"; entries spread "
         f"{cluster['ingest'][-1]['spread_entries']:.1%}, memory spread "
         f"{cluster['ingest'][-1]['spread_memory']:.1%}"
     )

@@ -378,7 +378,7 @@ def evaluate(
         theta_prf = prfaas_bound * c.share * p if p > 0 and math.isfinite(prfaas_bound) else None
         # Queue-free TTFT: prefill time on whichever hardware the threshold sends each length
         # to (transfer is hidden by layer-wise pipelining, docs/paper.md section 7.5); a request
-        # whose KV fits no budget is refused by the link and prefills locally.
+        # no link may ever carry (link_never_fits) is refused by the link and prefills locally.
         x, w = lengths_of(lengths, c.name).nodes() if with_ttft else (np.zeros(1), np.ones(1))
         links = linked_pools(fleet, c.name)
         local_t = prefill_seconds(c.prefill, x)

@@ -409,7 +409,10 @@ def _prepare(
     prefill = np.maximum(np.asarray(mix.prefill_s, dtype=float), 1e-9)
     stream = np.maximum(prefill, kv / line)
     rate_spread = _spread(kv / stream / line * units, units + 1)
-    stream_loads = _loads(rate_spread, w * stream[None, :])
+    # A reservation bigger than the budget streams only while it holds the budget alone: the
+    # budget refuses everything else then, so its stream adds no refusal of its own.
+    alone = (kv > budget_bytes)[None, :]
+    stream_loads = _loads(rate_spread, np.where(alone, 0.0, w) * stream[None, :])
     share = np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)
     after = (w @ np.maximum(hold - prefill, 0.0)) / share
     streaming = (w @ np.maximum(stream - prefill, 0.0)) / share
@@ -478,8 +481,8 @@ def link_admissible_rate(
 ) -> FloatArray:
     """Per row, the largest offload rate (req/s) at which the share of offloads the link
     refuses stays within ``refusal_target`` (the mix must hold only kinds the link may carry,
-    :func:`link_never_fits`: the others are a fixed share the caller accounts for). 0 when even a trickle is
-    refused too often; infinite for an empty row."""
+    :func:`link_never_fits`: the others are a fixed share the caller accounts for). 0 when even
+    a trickle is refused too often; infinite for an empty row."""
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     rows = weights.shape[0]
     target = np.broadcast_to(np.asarray(refusal_target, dtype=float), (rows,))

@@ -71,7 +71,8 @@ NOT_RUN: dict[str, str] = {
         "tests/engines and tests/controlplane/test_serve.py run them"
     ),
     r"^python bench/(agreement|slo_brute_force|instructions|route_api|route_profile|gateway|"
-    r"kv_ingest|login_isolation|ingest_isolation|rebalancer_drift|prefix_layout|scale)\.py\b": (
+    r"kv_ingest|login_isolation|ingest_isolation|rebalancer_drift|prefix_layout|scale|"
+    r"oversize_offloads)\.py\b": (
         "a measurement of minutes on this 2-core machine (make bench runs every bench); its "
         "figures live in one place, with the command and the date"
     ),

@@ -37,8 +37,10 @@ reservations are in one slot of a Redis Cluster (:mod:`clusters.live.keys`).
 
 Reservations are the in-flight KV bytes on a link. ``link_reserve`` is one Lua script: it first
 drops reservations whose transfer has ended, then admits the new one only if the sum stays
-within the budget. Redis runs scripts one at a time, so concurrent routers (any number of
-workers) can never reserve more than the budget together.
+within the budget, or, for one bigger than the whole budget, if nothing else is reserved (the
+router's rule, :func:`scheduling.core.link.link_admits`: it then holds the link alone). Redis
+runs scripts one at a time, so concurrent routers (any number of workers) can never reserve
+more than the budget together, except one such request alone.
 """
 
 from __future__ import annotations
@@ -436,7 +438,9 @@ for _, it in ipairs(cjson.decode(ARGV[3])) do
     end
   end
   local admitted = 0
-  if not fenced[z] and used + want <= it[5] and call('HEXISTS', hb, id) == 0 then
+  -- Within the budget, or bigger than it alone on an idle link (scheduling.core.link.link_admits).
+  local fits = used + want <= it[5] or (used <= 0 and it[5] > 0)
+  if not fenced[z] and fits and call('HEXISTS', hb, id) == 0 then
     admitted = 1
     call('ZADD', z, it[4], id)
     call('HSET', hb, id, want)

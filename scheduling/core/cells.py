@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduling.core.fleet import FleetSpec, PdPool, PrfaasPool
-from scheduling.core.link import Link, OffloadMix, link_refusal, transfer_excess_s
+from scheduling.core.link import (
+    Link,
+    OffloadMix,
+    link_never_fits,
+    link_refusal,
+    transfer_excess_s,
+)
 from scheduling.core.offload import coarse_nodes, linked_pools
 from scheduling.core.performance import FloatArray, LengthDistribution, kv_bytes, prefill_seconds
 from scheduling.core.queueing import mgc_waits, wait_sum_cdf
@@ -123,7 +129,7 @@ def _guarded(
     The refusals, utilisation and PrfaaS wait are settled by a short damped fixed point, as in
     :func:`scheduling.core.operating.operating_point`."""
     kv = kv_bytes(fleet.kv_mib, x)
-    fits = kv <= link.budget
+    fits = ~link_never_fits(kv, link.budget)
     offered = np.where((x[None, :] > t[:, None]) & fits[None, :], w[None, :], 0.0)
     line = link.gbps * 1e9 / 8
     service = prefill_seconds(pool.prefill, x)

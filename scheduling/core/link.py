@@ -5,7 +5,12 @@ Pure Python and numpy: no Django, no Redis. Units: bytes, seconds, Gbps = 10^9 b
 
 **Admission** (the router's rule, :func:`link_admits`): an offload may use a link when the
 link's egress utilisation is below 1 (a saturated link takes nothing more) and the bytes the
-decision reserves fit the link's in-flight budget (reserved + new <= budget).
+decision reserves fit the link's in-flight budget (reserved + new <= budget). A reservation
+bigger than the whole budget is admitted only on an idle link (nothing reserved): it then holds
+the link alone, and every other offload is refused until it lands (issue 28, item 2: on the
+thin-link fleets this beats refusing it every time, docs/planner.md). The router (its
+decision and the server's atomic reservation), the simulator (which routes through the router)
+and the planner (:func:`link_never_fits`, :func:`link_refusal`) apply this one rule.
 
 **Reservation lifetime**: bytes are reserved when the decision is taken (the server's atomic
 Redis reservation, the simulator's dispatch) and released when the transfer ends (the KV has
@@ -27,7 +32,8 @@ Poisson stream of a mix of request kinds (KV bytes, reservation life). Two thing
   holding-time distribution, so only each kind's mean reservation life matters; the waits of
   offloads queued at PrfaaS are assumed independent of each other (they are not quite: a
   queue builds up in bursts), which makes the prediction slightly optimistic near saturation.
-  A request whose KV alone exceeds the budget is always refused (:func:`link_never_fits`).
+  A request whose KV alone exceeds the budget is one kind of reservation that takes the whole
+  budget: the knapsack admits it only when nothing else is reserved, as the router does.
 * saturation: while prefilling, a transfer streams at most ``kv / prefill`` (layer-wise
   pipelining) and at most the line rate, for ``max(prefill, kv / line)`` seconds; the link is
   saturated when the streams' rates add up to the line rate. The concurrent streams are
@@ -166,13 +172,18 @@ def link_refused_cap(value: float | None) -> float | None:
 
 def link_admits(utilisation: float, inflight_bytes: float, nbytes: float, budget: float) -> bool:
     """The router's admission rule for one reservation of ``nbytes`` on a link now carrying
-    ``inflight_bytes`` reserved bytes at egress ``utilisation`` (0..1)."""
-    return utilisation < 1.0 and inflight_bytes + nbytes <= budget
+    ``inflight_bytes`` reserved bytes at egress ``utilisation`` (0..1): within the budget, or,
+    bigger than the budget, alone on an idle link (a link whose budget is 0 takes nothing)."""
+    if not utilisation < 1.0:
+        return False
+    return inflight_bytes + nbytes <= budget or (inflight_bytes <= 0 and budget > 0)
 
 
 def link_never_fits(kv_bytes: ArrayLike, budget: float) -> NDArray[np.bool_]:
-    """Requests whose KV alone is more than the budget: the router refuses them every time."""
-    return np.asarray(np.asarray(kv_bytes, dtype=float) > budget)
+    """Reservations the router refuses every time (:func:`link_admits` on an idle link): only
+    on a link without a budget. One bigger than a positive budget waits for an idle link."""
+    kv = np.asarray(kv_bytes, dtype=float)
+    return np.asarray((kv > budget) & (budget <= 0))
 
 
 def transfer_excess_s(
@@ -384,8 +395,10 @@ def _prepare(
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     kv = np.asarray(mix.kv_bytes, dtype=float)
     line = gbps * GBPS / 8
-    fits = kv <= budget_bytes
+    fits = ~link_never_fits(kv, budget_bytes)
     w = np.where(fits[None, :], weights, 0.0)
+    # A reservation bigger than the budget takes all of it (_spread clips it to the top
+    # class): the knapsack then admits it only when nothing else is reserved, as the router.
     spread = _spread(kv / budget_bytes * units, units + 1)
     hold = np.asarray(mix.hold_s, dtype=float)
     budget_weights = w @ spread
@@ -396,7 +409,10 @@ def _prepare(
     prefill = np.maximum(np.asarray(mix.prefill_s, dtype=float), 1e-9)
     stream = np.maximum(prefill, kv / line)
     rate_spread = _spread(kv / stream / line * units, units + 1)
-    stream_loads = _loads(rate_spread, w * stream[None, :])
+    # A reservation bigger than the budget streams only while it holds the budget alone: the
+    # budget refuses everything else then, so its stream adds no refusal of its own.
+    alone = (kv > budget_bytes)[None, :]
+    stream_loads = _loads(rate_spread, np.where(alone, 0.0, w) * stream[None, :])
     share = np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)
     after = (w @ np.maximum(hold - prefill, 0.0)) / share
     streaming = (w @ np.maximum(stream - prefill, 0.0)) / share
@@ -418,7 +434,7 @@ def link_refusal(
     offloads per second arrive with the mix of row ``k``, each waiting ``wait_s[k]`` on average
     for its PrfaaS prefill before it starts, at the pool ``pool`` describes (None: reservations
     come and go independently, Poisson). Shape ``(rows, kinds)``. Kinds whose KV alone exceeds
-    the budget are refused with probability 1."""
+    the budget take all of it: refused unless the link holds nothing else."""
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     rows = weights.shape[0]
     if gbps <= 0 or budget_bytes <= 0:
@@ -464,9 +480,9 @@ def link_admissible_rate(
     units: int = BUDGET_UNITS,
 ) -> FloatArray:
     """Per row, the largest offload rate (req/s) at which the share of offloads the link
-    refuses stays within ``refusal_target`` (the mix must hold only kinds that fit: the ones
-    that never fit are a fixed share the caller accounts for). 0 when even a trickle is
-    refused too often; infinite for an empty row."""
+    refuses stays within ``refusal_target`` (the mix must hold only kinds the link may carry,
+    :func:`link_never_fits`: the others are a fixed share the caller accounts for). 0 when even
+    a trickle is refused too often; infinite for an empty row."""
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     rows = weights.shape[0]
     target = np.broadcast_to(np.asarray(refusal_target, dtype=float), (rows,))

@@ -4,10 +4,12 @@ may arrive before the link refuses too many (:mod:`scheduling.core.link`).
 
 Pure Python and numpy: no Django. Arrays run over a grid of thresholds.
 
-For a threshold t, the requests above t want PrfaaS. The router refuses, every time, those
-whose KV alone exceeds every linked budget (``refused``: always ``link_congested``, so they
-prefill locally); the others are offloaded (``offload``) unless the link is full when they
-arrive; then they prefill locally too. Only when an operator caps the refused share
+For a threshold t, the requests above t want PrfaaS. The router refuses, every time, only
+those no linked link may ever carry (``refused``: always ``link_congested``, so they prefill
+locally; since issue 28 only on links without a budget, :func:`scheduling.core.link.link_never_fits`:
+one whose KV alone exceeds the budget is admitted alone on an idle link); the others are
+offloaded (``offload``) unless the link is full when they arrive; then they prefill locally
+too. Only when an operator caps the refused share
 (``max_refused_share`` on a link, :func:`refusal_cap`; no cap by default) is the offload rate
 limited: ``admit_rate`` is, per threshold, the
 largest rate of arrivals at the cluster (req/s) at which the share of offloads refused stays
@@ -38,6 +40,7 @@ from scheduling.core.link import (
     OffloadMix,
     PoolCrowd,
     link_admissible_rate,
+    link_never_fits,
     link_refusal,
     link_refused_cap,
     transfer_excess_s,
@@ -68,8 +71,8 @@ class OffloadSplit:
 
     thresholds: FloatArray
     want: FloatArray  # P(L > t)
-    offload: FloatArray  # P(t < L, the KV fits a linked budget)
-    refused: FloatArray  # P(t < L, the KV fits no linked budget): always refused
+    offload: FloatArray  # P(t < L, a linked link may carry it: link_never_fits)
+    refused: FloatArray  # P(t < L, no linked link ever carries it): always refused
     l_offload: FloatArray  # E[L | offloaded] (nan where nothing is)
     l_local: FloatArray  # E[L | prefilled locally] (nan where nothing is)
     admit_rate: FloatArray  # arrivals at the cluster (req/s) the links admit, see the module
@@ -107,15 +110,16 @@ def refusal_cap(fleet: FleetSpec, cluster: str, override: float | None = None) -
 
 
 def fit_limit_tokens(fleet: FleetSpec, budget: float, hi: float) -> float:
-    """The longest prompt (tokens) whose KV fits ``budget`` bytes: every shorter one fits too
-    (0 when even the shortest does not; ``inf`` when all up to ``hi`` fit)."""
+    """The longest prompt (tokens) a link of ``budget`` bytes may carry (the router's rule,
+    :func:`scheduling.core.link.link_never_fits`: one bigger than the budget alone on an idle
+    link, so ``inf`` on any link with a budget; 0 on one without)."""
     return _fit_limit(fleet.kv_mib, float(budget), float(hi))
 
 
 @lru_cache(maxsize=256)
 def _fit_limit(kv_mib: Table, budget: float, hi: float) -> float:
     grid = np.geomspace(1.0, max(hi, 2.0), 4097)
-    over = kv_bytes(kv_mib, grid) > budget
+    over = link_never_fits(kv_bytes(kv_mib, grid), budget)
     if not over.any():
         return math.inf
     first = int(np.argmax(over))
@@ -245,7 +249,7 @@ def guard_curve(
     x, w = coarse_nodes(lengths)
     kv = kv_bytes(fleet.kv_mib, x)
     budget = max(link.budget for link, _ in links)
-    offered_w = w[None, :] * ((x[None, :] > t[:, None]) & (kv <= budget)[None, :])
+    offered_w = w[None, :] * ((x[None, :] > t[:, None]) & ~link_never_fits(kv, budget)[None, :])
     share = offered_w.sum(axis=1)
     live = share > 0
     safe = np.where(live, share, 1.0)
@@ -255,7 +259,7 @@ def guard_curve(
     carried = np.zeros((rows, points))
     total = sum(j.instances for _, j in links)
     for link, pool in links:
-        wl = offered_w * (kv <= link.budget)[None, :]
+        wl = offered_w * ~link_never_fits(kv, link.budget)[None, :]
         sl = wl.sum(axis=1)
         mix = wl / np.where(sl > 0, sl, 1.0)[:, None]
         service = prefill_seconds(pool.prefill, x)
@@ -365,7 +369,7 @@ def _admission(
     # Arrivals at the cluster (req/s) each link admits, summed over the cluster's links.
     per_arrival = np.zeros(len(rows))
     for link, pool in links:
-        fits = kv <= link.budget
+        fits = ~link_never_fits(kv, link.budget)
         mask = (x[None, :] > rows[:, None]) & fits[None, :]
         weights = w[None, :] * mask
         share = weights.sum(axis=1)

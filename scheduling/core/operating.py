@@ -39,6 +39,7 @@ from scheduling.core.link import (
     OffloadMix,
     PoolCrowd,
     link_key,
+    link_never_fits,
     link_refusal,
     transfer_excess_s,
 )
@@ -178,7 +179,7 @@ def operating_point(
                 link,
                 j,
                 np.full(len(x), j.instances / total),
-                (kv <= link.budget).astype(float),
+                (~link_never_fits(kv, link.budget)).astype(float),
                 np.zeros(len(x)),
                 np.zeros(len(x)),
             )

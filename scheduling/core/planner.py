@@ -20,7 +20,8 @@ instances; all of it decodes on its N_d,c PD-D instances. Stage bounds on Lambda
 
 The links as the router applies them (:mod:`scheduling.core.link`, one model for planner, router
 and simulator): a link carries at most its target share of the line rate on average (B_jc above
-is that share), a request whose KV fits no linked budget is refused and prefills locally, and
+is that share), a request no linked link may carry (``link_never_fits``: only a link without a
+budget; one bigger than a budget is admitted alone on an idle link) prefills locally, and
 (``link_budget`` bound) at the planned load F x Lambda the link refuses at most 1% of the
 cluster's decisions, reservations held from the decision to the transfer's end
 (:mod:`scheduling.core.offload`). p_c, l_long,c and l_short,c count what the links admit.
@@ -152,7 +153,7 @@ class ClusterResult:
     link_gbps: float
     ttft_mean_s: float
     ttft_p90_s: float
-    #: share of its requests the links always refuse (their KV fits no budget): prefilled
+    #: share of its requests the links always refuse (no link may carry them): prefilled
     #: locally, each one a ``link_congested`` decision
     refused_fraction: float = 0.0
 
@@ -237,8 +238,8 @@ def evaluate(
     """The throughput model at a given setting: threshold and number of prefill instances
     (``n_p``; the rest decode) per PD cluster. A single number applies to every cluster.
 
-    The links are part of the model as the router applies them: requests whose KV fits no
-    linked budget prefill locally, and so do the offloads the link guard refuses: the links
+    The links are part of the model as the router applies them: requests no linked link may
+    carry prefill locally, and so do the offloads the link guard refuses: the links
     carry at most their target share of the line rate, the rest of the offered offloads
     prefill on the PD cluster (its ``pd_prefill`` bound counts them). Only with a cap on the
     refused share (``refusal_target``, else the links' ``max_refused_share``; none by
@@ -380,7 +381,7 @@ def evaluate(
         theta_prf = prfaas_bound * c.share * p if p > 0 and math.isfinite(prfaas_bound) else None
         # Queue-free TTFT: prefill time on whichever hardware the threshold sends each length
         # to (transfer is hidden by layer-wise pipelining, docs/paper.md section 7.5); a request
-        # whose KV fits no budget is refused by the link and prefills locally.
+        # no link may ever carry (link_never_fits) is refused by the link and prefills locally.
         x, w = lengths_of(lengths, c.name).nodes() if with_ttft else (np.zeros(1), np.ones(1))
         links = linked_pools(fleet, c.name)
         local_t = prefill_seconds(c.prefill, x)

@@ -20,9 +20,11 @@ The rules are the paper's (``docs/paper.md`` sections 3.2, 4.1, 4.2):
   allows transfers and the link budget has room for it).
 * the effective threshold rises under congestion and decays back with hysteresis
   (:func:`control_update`, a pure state transition the caller ticks);
-* a per-link budget of in-flight KV bytes is never exceeded: the decision names the bytes to
-  reserve on one link, checked here against the live in-flight bytes; the server reserves them
-  atomically and, if that fails, calls :func:`route_fallback_local`.
+* a per-link budget of in-flight KV bytes is never exceeded, but by one request bigger than the
+  whole budget, admitted alone on an idle link (:func:`scheduling.core.link.link_admits`): the
+  decision names the bytes to reserve on one link, checked here against the live in-flight
+  bytes; the server reserves them atomically and, if that fails, calls
+  :func:`route_fallback_local`.
 
 Units: tokens, seconds, bytes (MiB = 2**20 bytes in tables), Gbps = 1e9 bit/s.
 Every ``*_at``/``now`` value is seconds on one clock chosen by the caller (epoch seconds for

@@ -272,7 +272,9 @@ def _decide(request: RouteRequest, ctx: DecisionContext, stale: bool) -> RouteDe
 
     if not wanting:
         # Staying local. With abundant bandwidth a longer exact prefix held by a PrfaaS
-        # cluster is moved here (paper 3.4.3), if the link budget has room for it.
+        # cluster is moved here (paper 3.4.3), if the link budget has room for it. (A move is
+        # an optimisation the request can do without: unlike an offload, one bigger than the
+        # budget is not taken even on an idle link.)
         mover: PrfaasOption | None = None
         move_tokens = 0
         for o in options:
@@ -339,7 +341,8 @@ def route_decide_many(
 
     The per-snapshot work (active pools, backlogs) is done once, and every decision books its
     own work (prefill seconds, decode slot, reserved link bytes) for the ones after it, so a
-    batch spreads over the fleet and never reserves more than a link's budget. Every request
+    batch spreads over the fleet and never reserves more than a link's budget (but for one
+    request bigger than it, alone on a link the batch found idle). Every request
     is validated before any is decided; an error carries the failing ``index``.
     """
     for i, request in enumerate(requests):

@@ -19,9 +19,14 @@ from dataclasses import dataclass
 
 from scheduling.core.planner import DEFAULT_LOAD
 from scheduling.core.scenario import Scenario
-from scheduling.core.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
+from scheduling.core.simulator.run import (
+    MIN_SUSTAINED,
+    SimulationConfig,
+    SimulationResult,
+    plan_for,
+    simulate,
+)
 
-MIN_SUSTAINED = 0.97
 P90_LOW, P90_HIGH = 0.67, 1.5
 MAX_REFUSAL_ERROR = 0.05
 

@@ -193,6 +193,7 @@ class Command(BaseCommand):
                     "rate_rps": p.rate_rps,
                     "sustained": p.sustained,
                     "growth_rps": p.backlog_growth_rps,
+                    "sustained_fraction": p.sustained_fraction,
                 }
                 for p in capacity.probes
             ]

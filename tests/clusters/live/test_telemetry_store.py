@@ -62,6 +62,19 @@ def test_reservations_never_exceed_the_budget_and_expire(redis_client: redis.Red
     assert telemetry.link_reserve("L", "late", 1000, now + 30, 1000, now=now + 11)
 
 
+def test_a_reservation_bigger_than_the_budget_is_admitted_alone_on_an_idle_link(
+    redis_client: redis.Redis,
+) -> None:
+    now = 1000.0
+    # Something reserved: refused; once it has ended, the idle link takes it, and holds alone.
+    assert telemetry.link_reserve("B", "small", 100, end_ts=now + 5, budget_bytes=1000, now=now)
+    assert not telemetry.link_reserve("B", "big", 1500, now + 20, 1000, now=now + 1)
+    assert telemetry.link_reserve("B", "big", 1500, now + 20, 1000, now=now + 6)
+    assert not telemetry.link_reserve("B", "next", 1, now + 30, 1000, now=now + 7)
+    # A link whose budget is 0 takes nothing, idle or not.
+    assert not telemetry.link_reserve("Z", "any", 1, now + 5, 0, now=now)
+
+
 def test_concurrent_async_reservations_stay_within_budget(redis_client: redis.Redis) -> None:
     async def run() -> list[bool]:
         # One call first: redis-py's asyncio cluster client reads the slots on its first

@@ -61,7 +61,19 @@ def test_admission_needs_room_in_the_budget_and_a_link_below_saturation() -> Non
     assert link_admits(0.5, 1_500, 500, 2_000)  # exactly full is still within
     assert not link_admits(0.5, 1_600, 500, 2_000)
     assert not link_admits(1.0, 0, 1, 2_000)
-    assert link_never_fits([1.0, 3.0], 2.0).tolist() == [False, True]
+
+
+def test_a_request_bigger_than_the_budget_is_admitted_alone_on_an_idle_link() -> None:
+    assert link_admits(0.0, 0, 3_000, 2_000)
+    assert not link_admits(0.0, 1, 3_000, 2_000)  # anything reserved: refused
+    assert not link_admits(1.0, 0, 3_000, 2_000)  # a saturated link takes nothing
+    # While it holds the link, nothing else fits.
+    assert not link_admits(0.0, 3_000, 1, 2_000)
+    # A link whose budget is 0 takes nothing, idle or not.
+    assert not link_admits(0.0, 0, 1, 0)
+    # So the planner counts as never carried only what a link without a budget is offered.
+    assert link_never_fits([1.0, 3.0], 2.0).tolist() == [False, False]
+    assert link_never_fits([1.0, 3.0], 0.0).tolist() == [True, True]
 
 
 def test_one_kind_of_request_is_refused_as_erlangs_loss_formula_says() -> None:
@@ -71,12 +83,20 @@ def test_one_kind_of_request_is_refused_as_erlangs_loss_formula_says() -> None:
         assert refused == pytest.approx(erlang_b(2, 3.0 * rate), rel=0.02)
 
 
-def test_a_request_larger_than_the_budget_is_always_refused() -> None:
+def test_a_request_larger_than_the_budget_is_refused_unless_the_link_is_idle() -> None:
+    # 1 GB requests (two fit in 2.5 GB) and 3 GB ones (admitted only alone), each held 2 s: the
+    # stochastic knapsack's product form over the states {0, 1, 2 small} and {1 big}.
     mix = OffloadMix(
         np.array([[0.5, 0.5]]), np.array([1e9, 3e9]), np.array([2.0, 2.0]), np.array([2.0, 2.0])
     )
-    refused = link_refusal(0.01, mix, 0.0, 100.0, 2.5e9)[0]
-    assert refused[1] == 1.0 and refused[0] < 0.05
+    for rate in (0.01, 0.1, 0.5):
+        small = big = 0.5 * rate * 2.0  # erlangs of each kind
+        states = {"idle": 1.0, "one": small, "two": small**2 / 2, "big": big}
+        total = sum(states.values())
+        refused = link_refusal(rate, mix, 0.0, 100.0, 2.5e9)[0]
+        assert refused[1] == pytest.approx(1 - states["idle"] / total, rel=0.03)
+        assert refused[0] == pytest.approx((states["two"] + states["big"]) / total, rel=0.03)
+        assert refused[1] > refused[0]
 
 
 def test_a_link_that_one_transfer_saturates_refuses_while_it_streams() -> None:

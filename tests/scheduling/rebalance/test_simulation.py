@@ -100,9 +100,12 @@ def test_a_candidate_the_analytical_model_likes_but_the_simulation_rejects_is_he
     scenarios_dir: Path, redis_client: Any
 ) -> None:
     """A 5 Gbps line holds 1.25 GB in flight from decision to landing: about one long prompt's
-    KV. A fluid model that ignores the budget (the planner before issue 12) sees its 5 Gbps
-    as spare capacity and wants to offload; the router refuses most of those offloads, which
-    then prefill on the two local prefill instances. The simulation shows it; the tick holds."""
+    KV. A fluid model that takes the link for unlimited (no budget, a 1 Tbps line) wants to
+    offload most prompts and give up local prefill; the router refuses most of those offloads,
+    which then prefill on the remaining local prefill instances. The simulation shows it; the
+    tick holds. (Ignoring the budget alone is no longer wrong enough here: since issue 28 the
+    router offloads a prompt bigger than the budget alone on an idle link, and the simulation
+    confirms the budget-blind model's offloads of the longest prompts.)"""
     scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
     thin = tuple(replace(link, gbps=5.0) for link in scenario.links)
     clusters = tuple(
@@ -117,10 +120,16 @@ def test_a_candidate_the_analytical_model_likes_but_the_simulation_rejects_is_he
 
     def fluid(cluster: Cluster, context: Mapping[str, Any]) -> rebalancer.PlannerPort:
         fleet = rebalance_simulation.inventory_fleet()
-        # No budget, the whole line rate, and (a refusal cap, so no guard spill in the
-        # model) every offload carried as long as the line rate allows: the fluid model.
+        # No budget, a line 200 times wider, and (a refusal cap, so no guard spill in the
+        # model) every offload carried: the fluid model of a link it does not see.
         unlimited = tuple(
-            replace(link, kv_budget_bytes=10**15, target_utilisation=1.0, max_refused_share=1.0)
+            replace(
+                link,
+                gbps=1000.0,
+                kv_budget_bytes=10**15,
+                target_utilisation=1.0,
+                max_refused_share=1.0,
+            )
             for link in fleet.links
         )
         return rebalancer.FleetPlanner(replace(fleet, links=unlimited), cluster.name)

@@ -183,6 +183,29 @@ def test_a_full_link_budget_keeps_the_request_local_as_link_congested() -> None:
     assert d.link_refusal == LinkRefusal(PF, PD, "budget")
 
 
+def test_a_request_bigger_than_the_budget_is_offloaded_alone_on_an_idle_link() -> None:
+    # Issue 28, item 2: the KV of 30,000 tokens does not fit a 0.5 GB budget at all.
+    topo = make_topology(budget=5 * 10**8)
+    need = topo.kv_transfer_bytes(30000, 0)
+    assert need > 5 * 10**8
+    idle = fresh(links={LINK: LinkLoad(egress_gbps=0.0, inflight_bytes=0)})
+    d = route_decide(req(30000), make_policy(), topo, idle)
+    assert (d.route, d.reason) == ("prfaas", Reason.ABOVE_THRESHOLD)
+    assert d.reservation == LinkReservation(PF, PD, need)
+    assert reservation_fits(d.reservation, topo, idle)
+    # One byte reserved by anything else: refused, kept local, as the server's reservation.
+    busy = fresh(links={LINK: LinkLoad(egress_gbps=0.0, inflight_bytes=1)})
+    d = route_decide(req(30000), make_policy(), topo, busy)
+    assert (d.route, d.reason) == ("local", Reason.LINK_CONGESTED)
+    assert d.link_refusal == LinkRefusal(PF, PD, "budget")
+    assert not reservation_fits(LinkReservation(PF, PD, need), topo, busy)
+    # In a batch the first takes the idle link and holds it alone: the second stays local.
+    batch = route_decide_many(
+        [req(30000, request_id="a"), req(30000, request_id="b")], make_policy(), topo, idle
+    )
+    assert [d.route for d in batch] == ["prfaas", "local"]
+
+
 def test_a_saturated_link_keeps_the_request_local_as_link_congested() -> None:
     live = fresh(links={LINK: LinkLoad(egress_gbps=100.0)})
     d = route_decide(req(30000), make_policy(), make_topology(), live)

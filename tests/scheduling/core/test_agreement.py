@@ -43,7 +43,7 @@ OWN_SLOW = (
 # what misses (bench/stations.py).
 OPEN = {
     "two-pd-clusters": [
-        pytest.mark.xfail(strict=True, reason="issue 28: refused work under-predicted by ~13%")
+        pytest.mark.xfail(strict=True, reason="issue 28: refused work under-predicted")
     ]
 }
 

@@ -152,7 +152,7 @@ def private_broker() -> Iterator[tuple[Any, Path]]:
 def celery_workers(broker: tuple[Any, Path], n: int) -> Iterator[CeleryWorkers]:
     """``n`` worker processes (each one task at a time) on the private broker, ready; each
     stopped by its id afterwards."""
-    from controlplane.celery import worker_argv
+    from controlplane.celery import worker_argv, worker_stop
 
     app, tmp = broker
     env = {**os.environ, "LOG_LEVEL": "WARNING"}
@@ -178,18 +178,7 @@ def celery_workers(broker: tuple[Any, Path], n: int) -> Iterator[CeleryWorkers]:
         yield CeleryWorkers(app)
     finally:
         for proc in procs:
-            stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the worker (its own process group: it and nothing else), SIGKILL after 20 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            worker_stop(proc)
 
 
 class Search:

@@ -1,6 +1,8 @@
 """The Celery application: broker and settings come from Django settings (``CELERY_*``)."""
 
 import os
+import signal
+import subprocess
 import sys
 
 from celery import Celery
@@ -20,3 +22,15 @@ def worker_argv(python: str = sys.executable, loglevel: str = "WARNING") -> list
         *(python, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo"),
         *("--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel),
     ]
+
+
+def worker_stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to a worker started in its own session (it and nothing else: SIGKILL to
+    crash it), SIGKILL after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

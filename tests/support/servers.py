@@ -5,7 +5,6 @@ redis-server: :class:`tests.support.processes.RedisServer`, the ``own_redis`` fi
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-from controlplane.celery import worker_argv
+from controlplane.celery import worker_argv, worker_stop
 from tests.support.processes import free_port as free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,12 +102,5 @@ def celery_worker_start(log: IO[bytes] | None = None) -> subprocess.Popen[bytes]
     )
 
 
-def celery_worker_stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Send ``sig`` to the worker's session (SIGKILL to crash it); SIGKILL after 20 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+# The tests call it by the name they start workers with (celery_worker_start).
+celery_worker_stop = worker_stop

@@ -321,7 +321,7 @@ def prfaas_at(
     second = (weights @ (service_s * service_s)) / safe
     rows = len(total)
     wait = np.zeros(rows)
-    cols = np.zeros((5, rows))
+    cols = np.zeros((7, rows))
     for k in range(rows):
         if total[k] <= 0 or mean[k] <= 0:
             continue
@@ -335,8 +335,10 @@ def prfaas_at(
             crowd.in_system_var,
             crowd.busy_mean,
             crowd.busy_var,
+            crowd.queue_mean,
+            crowd.queue_var,
         )
-    return wait, PoolCrowd(cols[0], cols[1], cols[2], cols[3], cols[4])
+    return wait, PoolCrowd(*cols)
 
 
 def _admission(

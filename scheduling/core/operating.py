@@ -251,6 +251,8 @@ def operating_point(
                     np.array([crowd.in_system_var]),
                     np.array([crowd.busy_mean]),
                     np.array([crowd.busy_var]),
+                    np.array([crowd.queue_mean]),
+                    np.array([crowd.queue_var]),
                 )
                 admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
                 new = link_refusal(

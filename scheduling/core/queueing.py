@@ -199,13 +199,16 @@ def mgc_wait(
 
 @dataclass(frozen=True)
 class Crowd:
-    """Mean and variance of how many requests are at a station (queued or in service) and of
-    how many are in service, under the law assumed in :func:`mgc_crowd`."""
+    """Mean and variance of how many requests are at a station (queued or in service), of
+    how many are in service and of how many wait, under the law assumed in
+    :func:`mgc_crowd`."""
 
     in_system_mean: float
     in_system_var: float
     busy_mean: float
     busy_var: float
+    queue_mean: float = 0.0
+    queue_var: float = 0.0
 
 
 def mgc_crowd(
@@ -222,7 +225,9 @@ def mgc_crowd(
     wait = mgc_wait(rate, mean_service_s, scv_service, servers, scv_arrival=scv_arrival)
     c = int(servers)
     if rate <= 0 or mean_service_s <= 0 or c <= 0 or not wait.stable:
-        return Crowd(0.0, 0.0, 0.0, 0.0) if rate <= 0 else Crowd(math.inf, math.inf, c, 0.0)
+        if rate <= 0:
+            return Crowd(0.0, 0.0, 0.0, 0.0)
+        return Crowd(math.inf, math.inf, c, 0.0, math.inf, math.inf)
     offered = rate * mean_service_s
     p_wait = wait.p_wait
     # Below c: a^n / n!, scaled to the mass 1 - P(wait).
@@ -244,8 +249,14 @@ def mgc_crowd(
     second = head_sq + p_wait * (c * c + 2 * c * k_mean + k_sq)
     busy_mean = head_mean + p_wait * c
     busy_second = head_sq + p_wait * c * c
+    queue_mean = p_wait * k_mean
     return Crowd(
-        mean, max(0.0, second - mean * mean), busy_mean, max(0.0, busy_second - busy_mean**2)
+        mean,
+        max(0.0, second - mean * mean),
+        busy_mean,
+        max(0.0, busy_second - busy_mean**2),
+        queue_mean,
+        max(0.0, p_wait * k_sq - queue_mean**2),
     )
 
 

@@ -108,18 +108,33 @@ def test_a_link_that_one_transfer_saturates_refuses_while_it_streams() -> None:
     assert refused == pytest.approx(1 - math.exp(-rate * 6.4), rel=0.05)
 
 
+def pool(queue_mean: float, queue_var: float) -> PoolCrowd:
+    """A pool of 3 busy prefills on average (the link's share of its arrivals: 1/4)."""
+    return PoolCrowd(
+        rate=np.array([0.4]),
+        in_system_mean=np.array([3.0 + queue_mean]),
+        in_system_var=np.array([1.0 + queue_var]),
+        busy_mean=np.array([3.0]),
+        busy_var=np.array([1.0]),
+        queue_mean=np.array([queue_mean]),
+        queue_var=np.array([queue_var]),
+    )
+
+
 def test_queueing_behind_a_busy_pool_bunches_reservations_and_refuses_more() -> None:
     mix = one_kind(1e9, 3.0)
     alone = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9)[0, 0])
-    crowd = PoolCrowd(
-        rate=np.array([0.4]),
-        in_system_mean=np.array([4.0]),
-        in_system_var=np.array([16.0]),
-        busy_mean=np.array([3.0]),
-        busy_var=np.array([1.0]),
-    )
-    bunched = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9, pool=crowd)[0, 0])
+    bunched = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9, pool=pool(1.0, 15.0))[0, 0])
     assert bunched > alone > 0
+
+
+def test_prefills_in_progress_do_not_bunch_reservations_only_the_queue_does() -> None:
+    # A pool with nobody waiting: its prefills end independently of each other, so the
+    # link's reservations come and go as if alone (Poisson), however busy the pool is.
+    mix = one_kind(1e9, 3.0)
+    alone = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9)[0, 0])
+    idle_queue = float(link_refusal(0.1, mix, 1.0, 100.0, 4.2e9, pool=pool(0.0, 0.0))[0, 0])
+    assert idle_queue == pytest.approx(alone)
 
 
 def test_the_admissible_rate_is_where_the_refusals_reach_the_target() -> None:

@@ -54,6 +54,11 @@ def test_the_crowd_at_a_station_matches_mmc_exactly() -> None:
     assert crowd.in_system_mean == pytest.approx(float(np.dot(n, law)))
     assert crowd.in_system_var == pytest.approx(float(np.dot(n * n, law) - np.dot(n, law) ** 2))
     assert crowd.busy_mean == pytest.approx(3.2)
+    queued = np.maximum(n - 4, 0)
+    assert crowd.queue_mean == pytest.approx(float(np.dot(queued, law)))
+    assert crowd.queue_var == pytest.approx(
+        float(np.dot(queued * queued, law) - np.dot(queued, law) ** 2)
+    )
 
 
 def test_a_sum_of_two_waits_has_the_hypoexponential_law() -> None:

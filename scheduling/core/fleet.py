@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
+from numpy.typing import ArrayLike
+
 from scheduling.core.link import Link
-from scheduling.core.performance import LengthDistribution, Table
+from scheduling.core.performance import FloatArray, LengthDistribution, Table
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,15 @@ class FleetSpec:
     prfaas: tuple[PrfaasPool, ...]
     pd: tuple[PdPool, ...]
     links: tuple[Link, ...] = ()
+    #: Share of every prompt its origin PD cluster holds cached (the lengths the planner is
+    #: given are the uncached rest): an offload's PrfaaS prefill needs that prefix, moved
+    #: over the link when bandwidth is abundant, else prefilled again (the router's rule).
+    prefix_hit: float = 0.0
+
+    def prefix_tokens(self, uncached: ArrayLike) -> FloatArray:
+        """The cached prefix of prompts whose uncached part is ``uncached`` tokens."""
+        h = self.prefix_hit
+        return np.asarray(uncached, dtype=float) * (h / (1.0 - h) if h < 1.0 else np.inf)
 
     def link_gbps(self, source: str, target: str) -> float:
         return sum(

@@ -63,6 +63,9 @@ DEFAULT_LINK_BUDGET_SECONDS = 2.0
 #: A link whose target utilisation is not given is planned to at most this egress share (the
 #: router's default ``RouteGuards.scarce_utilisation``).
 DEFAULT_TARGET_UTILISATION = 0.8
+#: At or below this egress share a link's bandwidth is abundant again, and the router moves
+#: cached prefixes over it (the router's ``RouteGuards.abundant_utilisation`` default).
+DEFAULT_ABUNDANT_UTILISATION = 0.6
 #: By default nothing caps the share of decisions a link refuses (``link_congested``): a
 #: refused offload prefills locally, and the planner plans that (issue 28). An operator may cap
 #: it per link (``max_refused_share``, within :data:`REFUSED_SHARE_BOUNDS`); then the planner
@@ -205,12 +208,19 @@ class OffloadMix:
     situation, e.g. per threshold): ``weights[k, i]`` the share of kind ``i`` in row ``k``
     (each row sums to 1, or to 0 when nothing is offered), ``kv_bytes[i]`` what it reserves,
     ``prefill_s[i]`` how long its KV streams, ``hold_s[i]`` how long its reservation lives after
-    its prefill starts (prefill, the transfer's excess, one RTT)."""
+    its prefill starts (prefill, the transfer's excess, one RTT).
+
+    ``move_bytes[i]``, ``move_s[i]`` (None: no kind moves anything): a prefix the origin holds,
+    moved into PrfaaS over the link before the prefill (the router does so when bandwidth is
+    abundant): it is reserved with the KV, streams at the line rate and is released when it
+    lands ``move_s`` later; the KV's reservation lives through the move too."""
 
     weights: FloatArray
     kv_bytes: FloatArray
     prefill_s: FloatArray
     hold_s: FloatArray
+    move_bytes: FloatArray | None = None
+    move_s: FloatArray | None = None
 
 
 def _recursion(loads: FloatArray, dispersion: ArrayLike = 1.0) -> tuple[FloatArray, FloatArray]:
@@ -407,29 +417,97 @@ def _prepare(
 ) -> _Prepared:
     weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
     kv = np.asarray(mix.kv_bytes, dtype=float)
+    zeros = np.zeros_like(kv)
+    moved = zeros if mix.move_bytes is None else np.asarray(mix.move_bytes, dtype=float)
+    move_s = zeros if mix.move_s is None else np.asarray(mix.move_s, dtype=float)
+    size = kv + moved
     line = gbps * GBPS / 8
-    fits = ~link_never_fits(kv, budget_bytes)
+    fits = ~link_never_fits(size, budget_bytes)
     w = np.where(fits[None, :], weights, 0.0)
     # A reservation bigger than the budget takes all of it (_spread clips it to the top
     # class): the knapsack then admits it only when nothing else is reserved, as the router.
-    spread = _spread(kv / budget_bytes * units, units + 1)
+    spread = _spread(size / budget_bytes * units, units + 1)
     hold = np.asarray(mix.hold_s, dtype=float)
+    # A kind that moves a prefix first holds kv + moved bytes for the move, then kv alone: as
+    # one class of its admitted size, for the time that keeps its mean bytes held (Little).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kv_share = np.where(size > 0, kv / np.where(size > 0, size, 1.0), 1.0)
+    held = move_s + kv_share * hold
+    budget_loads = _loads(spread, w * (wait_s[:, None] * kv_share[None, :] + held[None, :]))
     budget_weights = w @ spread
-    budget_loads = wait_s[:, None] * budget_weights + _loads(spread, w * hold[None, :])
     budget_loads[:, 0] = 0.0
     # Saturation: while prefilling, a transfer streams at most kv / prefill (and the line
-    # rate), for max(prefill, kv / line) seconds.
+    # rate), for max(prefill, kv / line) seconds; a moved prefix streams at the line rate.
     prefill = np.maximum(np.asarray(mix.prefill_s, dtype=float), 1e-9)
     stream = np.maximum(prefill, kv / line)
     rate_spread = _spread(kv / stream / line * units, units + 1)
     # A reservation bigger than the budget streams only while it holds the budget alone: the
     # budget refuses everything else then, so its stream adds no refusal of its own.
-    alone = (kv > budget_bytes)[None, :]
+    alone = (size > budget_bytes)[None, :]
     stream_loads = _loads(rate_spread, np.where(alone, 0.0, w) * stream[None, :])
+    stream_loads[:, units] += np.where(alone, 0.0, w) @ np.maximum(move_s, 0.0)
     share = np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)
     after = (w @ np.maximum(hold - prefill, 0.0)) / share
     streaming = (w @ np.maximum(stream - prefill, 0.0)) / share
     return _Prepared(budget_weights, budget_loads, stream_loads, spread, fits, after, streaming)
+
+
+@dataclass(frozen=True)
+class GuardOutlook:
+    """What an offload finds on a link, per row: ``budget_block[k, i]`` the probability that
+    a kind-``i`` reservation finds no room in the budget, ``saturated[k]`` that the link's
+    egress is at its line rate, ``abundant[k]`` that it is at most ``abundant_at`` of it (the
+    router then moves prefixes)."""
+
+    budget_block: FloatArray
+    saturated: FloatArray
+    abundant: FloatArray
+    fits: NDArray[np.bool_]
+
+    def refusal(self) -> FloatArray:
+        """Probability that the router refuses each kind (:func:`link_refusal`)."""
+        refused = np.maximum(self.budget_block, self.saturated[:, None])
+        return np.where(self.fits[None, :], refused, 1.0)
+
+
+def link_outlook(
+    rate: ArrayLike,
+    mix: OffloadMix,
+    wait_s: ArrayLike,
+    gbps: float,
+    budget_bytes: float,
+    *,
+    pool: PoolCrowd | None = None,
+    units: int = BUDGET_UNITS,
+    admitted: ArrayLike = 1.0,
+    abundant_at: float = DEFAULT_ABUNDANT_UTILISATION,
+) -> GuardOutlook:
+    """The link's guard as :func:`link_refusal` sees it, in parts (:class:`GuardOutlook`)."""
+    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
+    rows = weights.shape[0]
+    if gbps <= 0 or budget_bytes <= 0:
+        ones = np.ones(rows)
+        return GuardOutlook(
+            np.ones_like(weights), ones, np.zeros(rows), np.zeros(weights.shape[1], bool)
+        )
+    lam = np.broadcast_to(np.asarray(rate, dtype=float), (rows,))
+    wait = np.broadcast_to(np.asarray(wait_s, dtype=float), (rows,)).astype(float)
+    prep = _prepare(mix, wait, gbps, budget_bytes, units)
+    # Only admitted offloads stream, and only they join the PrfaaS pool's crowd (``admitted``:
+    # the share the caller's fixed point has settled on; the untruncated stream count is
+    # otherwise an upper bound).
+    kept = np.broadcast_to(np.asarray(admitted, dtype=float), (rows,))
+    held, streams = _dispersions(lam * kept, pool, prep.after_s, prep.streaming_after_s)
+    law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
+    stream_law, saturated = _recursion((lam * kept)[:, None] * prep.stream_loads, streams)
+    # P(egress <= abundant_at) = P(<= abundant_at | below the line rate) x P(below it).
+    calm = stream_law[:, : math.floor(abundant_at * units + 1e-9) + 1].sum(axis=1)
+    below = stream_law[:, :units].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        given = np.where(below > 0, calm / np.where(below > 0, below, 1.0), 0.0)
+    abundant = np.clip(given * (1.0 - saturated), 0.0, 1.0)
+    budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
+    return GuardOutlook(budget_block, saturated, abundant, prep.fits)
 
 
 def link_refusal(
@@ -448,23 +526,9 @@ def link_refusal(
     for its PrfaaS prefill before it starts, at the pool ``pool`` describes (None: reservations
     come and go independently, Poisson). Shape ``(rows, kinds)``. Kinds whose KV alone exceeds
     the budget take all of it: refused unless the link holds nothing else."""
-    weights = np.atleast_2d(np.asarray(mix.weights, dtype=float))
-    rows = weights.shape[0]
-    if gbps <= 0 or budget_bytes <= 0:
-        return np.ones_like(weights)
-    lam = np.broadcast_to(np.asarray(rate, dtype=float), (rows,))
-    wait = np.broadcast_to(np.asarray(wait_s, dtype=float), (rows,)).astype(float)
-    prep = _prepare(mix, wait, gbps, budget_bytes, units)
-    # Only admitted offloads stream, and only they join the PrfaaS pool's crowd (``admitted``:
-    # the share the caller's fixed point has settled on; the untruncated stream count is
-    # otherwise an upper bound).
-    kept = np.broadcast_to(np.asarray(admitted, dtype=float), (rows,))
-    held, streams = _dispersions(lam * kept, pool, prep.after_s, prep.streaming_after_s)
-    law, _ = _recursion(lam[:, None] * prep.budget_loads, held)
-    _, saturated = _recursion((lam * kept)[:, None] * prep.stream_loads, streams)
-    budget_block = _class_block(law) @ prep.spread.T  # rows x kinds
-    refused = np.maximum(budget_block, saturated[:, None])
-    return np.where(prep.fits[None, :], refused, 1.0)
+    return link_outlook(
+        rate, mix, wait_s, gbps, budget_bytes, pool=pool, units=units, admitted=admitted
+    ).refusal()
 
 
 def link_mean_refusal(

@@ -17,9 +17,15 @@ Pure Python and numpy: no Django. The model of each piece:
 * a request's TTFT = its prefill wait + prefill + (offloaded: transfer excess + RTT) + its
   decode wait, the waits independent (:mod:`scheduling.core.queueing`).
 
-Limits: the M/G/c shape is an approximation (see :mod:`scheduling.core.queueing`); prefix-cache
-hits are not modelled here (lengths are the uncached ones, and cache transfers are ignored);
-bursty arrivals can be given as their squared coefficient of variation ``arrival_scv``
+* a prefix cached at the origin (``FleetSpec.prefix_hit``, lengths being the uncached rest)
+  is moved into PrfaaS before an offload's prefill when the link's egress is abundant (its
+  bytes reserved with the KV and streamed at the line rate first), and prefilled again with
+  the rest at PrfaaS when it is not, as the router decides; the share of each is the
+  probability that an offload finds the egress at most the router's abundant share
+  (:func:`scheduling.core.link.link_outlook`).
+
+Limits: the M/G/c shape is an approximation (see :mod:`scheduling.core.queueing`); a trace's
+hashed prefixes are not modelled (its lengths are planned whole); bursty arrivals can be given as their squared coefficient of variation ``arrival_scv``
 (1 = Poisson) and enter the prefill stations' waits only; with several PrfaaS pools linked to
 one PD cluster, its offloads are split between them in proportion to their instances.
 """
@@ -40,7 +46,7 @@ from scheduling.core.link import (
     PoolCrowd,
     link_key,
     link_never_fits,
-    link_refusal,
+    link_outlook,
     transfer_excess_s,
 )
 from scheduling.core.offload import coarse_nodes, linked_pools
@@ -134,16 +140,123 @@ class OperatingPoint:
 
 @dataclass
 class _Route:
-    """Offloads of one PD cluster over one link (mutable scratch of the fixed point)."""
+    """Offloads of one PD cluster over one link (mutable scratch of the fixed point).
+
+    With a cached prefix at the origin (``FleetSpec.prefix_hit``) an offload goes one of two
+    ways (:func:`scheduling.core.routing.candidates.prfaas_evaluate`): on a link whose egress
+    is abundant the prefix is moved into PrfaaS first and PrfaaS prefills the rest ("moved");
+    otherwise PrfaaS prefills the whole prompt ("plain"). Without one, every offload is plain
+    and both ways are the same."""
 
     link: Link
     pool: PrfaasPool
     share: FloatArray  # per node: share of the cluster's wanting requests sent this way
     fits: FloatArray  # per node: 1 where the KV fits this link's budget
     refusal: FloatArray  # per node, current estimate
-    excess: FloatArray
+    service: FloatArray  # per node: PrfaaS prefill seconds, plain
+    service_moved: FloatArray  # per node: PrfaaS prefill seconds after a move
+    move_bytes: FloatArray  # per node: the prefix's bytes (0 without a cached prefix)
+    excess: FloatArray  # per node: the transfer's excess over its prefill, plain
+    excess_moved: FloatArray
+    move_s: FloatArray  # per node: seconds until a moved prefix has landed
+    moved: FloatArray  # per node: share of the carried offloads that move their prefix
+    abundant: float = 1.0  # probability that an offload finds the link's egress abundant
     offered_rps: float = 0.0
     utilisation: float = 0.0
+
+    @property
+    def moves(self) -> bool:
+        return bool(np.any(self.move_bytes > 0))
+
+    def ways(self, carried: FloatArray) -> tuple[_Way, ...]:
+        """How the ``carried`` offloads go: plain, and moved when there is a prefix."""
+        rtt = self.link.rtt_ms / 1000.0
+        none = np.zeros_like(carried)
+        plain = _Way(carried * (1.0 - self.moved), none, self.service, self.excess + rtt, none)
+        if not self.moves:
+            return (plain,)
+        moved = _Way(
+            carried * self.moved,
+            self.move_s,
+            self.service_moved,
+            self.excess_moved + rtt,
+            self.move_bytes,
+        )
+        return plain, moved
+
+
+@dataclass(frozen=True)
+class _Way:
+    """Offloads of a route that go one way, per node: their weights, the seconds before their
+    PrfaaS prefill can queue (a prefix moving), the prefill, the seconds after it (the
+    transfer's excess and one RTT), and the prefix bytes moved."""
+
+    weights: FloatArray
+    before_s: FloatArray
+    service: FloatArray
+    after_s: FloatArray
+    moved_bytes: FloatArray
+
+
+def _route_update(
+    r: _Route, offered: FloatArray, kv: FloatArray, wait_s: float, pool: PoolCrowd
+) -> float:
+    """One round of the fixed point for route ``r`` offered ``offered`` req/s per node: its
+    utilisation, transfer and move times, refusals and share moved (damped); returns how
+    much its refusals moved."""
+    r.offered_rps = float(offered.sum())
+    line = r.link.gbps * GBPS / 8
+    carried = offered * (1.0 - r.refusal)
+    sent = float(np.dot(carried, kv + r.moved * r.move_bytes))
+    r.utilisation = min(1.0, sent / line) if line > 0 else 1.0
+    r.excess = transfer_excess_s(kv, r.service, r.link.gbps, r.utilisation)
+    r.excess_moved = transfer_excess_s(kv, r.service_moved, r.link.gbps, r.utilisation)
+    rtt = r.link.rtt_ms / 1000.0
+    free = line * (1.0 - r.utilisation)
+    with np.errstate(divide="ignore"):
+        r.move_s = np.where(r.move_bytes > 0, r.move_bytes / free + rtt if free > 0 else 1e9, 0.0)
+    if r.offered_rps <= 0:
+        return 0.0
+    share = offered / r.offered_rps
+    admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
+    plain_hold = r.service + np.minimum(r.excess, 1e9) + rtt
+    if not r.moves:
+        mix = OffloadMix(share[None, :], kv, r.service, plain_hold)
+        out = link_outlook(
+            r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
+        )
+        new = out.refusal()[0]
+        new_moved = np.zeros_like(new)
+    else:
+        # Each node as two kinds: plain (the link busy) and moved (its egress abundant).
+        a = r.abundant
+        n = len(kv)
+        none = np.zeros(n)
+        mix = OffloadMix(
+            np.concatenate([share * (1.0 - a), share * a])[None, :],
+            np.concatenate([kv, kv]),
+            np.concatenate([r.service, r.service_moved]),
+            np.concatenate([plain_hold, r.service_moved + np.minimum(r.excess_moved, 1e9) + rtt]),
+            move_bytes=np.concatenate([none, r.move_bytes]),
+            move_s=np.concatenate([none, np.minimum(r.move_s, 1e9)]),
+        )
+        out = link_outlook(
+            r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
+        )
+        plain, moving = out.budget_block[0, :n], out.budget_block[0, n:]
+        # A move happens only on an abundant link, never saturated: its budget alone refuses
+        # it. The others find the link busy, saturated with probability P(sat) / (1 - a).
+        busy = min(1.0, float(out.saturated[0]) / (1.0 - a)) if a < 1.0 else 0.0
+        new = a * moving + (1.0 - a) * np.maximum(plain, busy)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new_moved = np.where(new < 1.0, a * (1.0 - moving) / (1.0 - new), 0.0)
+        r.abundant = 0.5 * r.abundant + 0.5 * float(out.abundant[0])
+    new = np.where(r.fits > 0, new, 1.0)
+    updated = 0.5 * r.refusal + 0.5 * new
+    change = float(np.max(np.abs(updated - r.refusal), initial=0.0))
+    r.refusal = updated
+    r.moved = np.clip(0.5 * r.moved + 0.5 * new_moved, 0.0, 1.0)
+    return change
 
 
 def _finite(x: float) -> float | None:
@@ -174,12 +287,20 @@ def operating_point(
         kv = kv_bytes(fleet.kv_mib, x)
         linked = linked_pools(fleet, c.name)
         total = sum(j.instances for _, j in linked)
+        prefix = fleet.prefix_tokens(x)
+        moving = kv_bytes(fleet.kv_mib, x + prefix) - kv
         routes[c.name] = [
             _Route(
                 link,
                 j,
                 np.full(len(x), j.instances / total),
                 (~link_never_fits(kv, link.budget)).astype(float),
+                np.zeros(len(x)),
+                prefill_seconds(j.prefill, x + prefix),
+                prefill_seconds(j.prefill, x),
+                np.where(prefix > 0, moving, 0.0) if link.gbps > 0 else np.zeros(len(x)),
+                np.zeros(len(x)),
+                np.zeros(len(x)),
                 np.zeros(len(x)),
                 np.zeros(len(x)),
             )
@@ -202,11 +323,11 @@ def operating_point(
         }
         for c in fleet.pd:
             lam = rate_rps * c.share
-            x, _ = nodes[c.name]
             for r in routes[c.name]:
                 carried = lam * wanting(c.name) * r.share * r.fits * (1.0 - r.refusal)
-                load[r.pool.name][0].append(prefill_seconds(r.pool.prefill, x))
-                load[r.pool.name][1].append(carried)
+                for way in r.ways(carried):
+                    load[r.pool.name][0].append(way.service)
+                    load[r.pool.name][1].append(way.weights)
         for pool in fleet.prfaas:
             services, weight = load[pool.name]
             if not weight:
@@ -223,50 +344,25 @@ def operating_point(
             )
         # Links: what each is offered, how busy it is, what it refuses.
         for c in fleet.pd:
-            lam = rate_rps * c.share
-            x, _ = nodes[c.name]
-            kv = kv_of[c.name]
             for r in routes[c.name]:
-                offered = lam * wanting(c.name) * r.share * r.fits
-                r.offered_rps = float(offered.sum())
-                line = r.link.gbps * GBPS / 8
-                carried_bytes = float(np.dot(offered * (1.0 - r.refusal), kv))
-                r.utilisation = min(1.0, carried_bytes / line) if line > 0 else 1.0
-                service = prefill_seconds(r.pool.prefill, x)
-                r.excess = transfer_excess_s(kv, service, r.link.gbps, r.utilisation)
-                if r.offered_rps <= 0:
-                    continue
                 wait = prfaas_wait[r.pool.name]
-                mix = OffloadMix(
-                    (offered / r.offered_rps)[None, :],
-                    kv,
-                    service,
-                    service + np.minimum(r.excess, 1e9) + r.link.rtt_ms / 1000.0,
-                )
-                wait_s = wait.mean_s if wait.stable else 1e9
                 crowd = prfaas_crowd[r.pool.name]
-                queued = PoolCrowd(
-                    np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
-                    np.array([crowd.in_system_mean]),
-                    np.array([crowd.in_system_var]),
-                    np.array([crowd.busy_mean]),
-                    np.array([crowd.busy_var]),
-                    np.array([crowd.queue_mean]),
-                    np.array([crowd.queue_var]),
+                settled = _route_update(
+                    r,
+                    rate_rps * c.share * wanting(c.name) * r.share * r.fits,
+                    kv_of[c.name],
+                    wait.mean_s if wait.stable else 1e9,
+                    PoolCrowd(
+                        np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
+                        np.array([crowd.in_system_mean]),
+                        np.array([crowd.in_system_var]),
+                        np.array([crowd.busy_mean]),
+                        np.array([crowd.busy_var]),
+                        np.array([crowd.queue_mean]),
+                        np.array([crowd.queue_var]),
+                    ),
                 )
-                admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
-                new = link_refusal(
-                    r.offered_rps,
-                    mix,
-                    wait_s,
-                    r.link.gbps,
-                    r.link.budget,
-                    pool=queued,
-                    admitted=admitted,
-                )[0]
-                updated = 0.5 * r.refusal + 0.5 * np.where(r.fits > 0, new, 1.0)
-                moved = max(moved, float(np.max(np.abs(updated - r.refusal), initial=0.0)))
-                r.refusal = updated
+                moved = max(moved, settled)
         if moved < 1e-4:
             break  # the refusals have settled (at once when the links refuse nothing)
 
@@ -324,24 +420,28 @@ def operating_point(
         parts = [TtftPart(local_w, local_s, local_wait, decode_wait)]
         for r in routes[c.name]:
             weights = want * r.share * r.fits * (1.0 - r.refusal)
-            fixed = prefill_seconds(r.pool.prefill, x) + r.excess + r.link.rtt_ms / 1000.0
-            parts.append(TtftPart(weights, fixed, prfaas_wait[r.pool.name], decode_wait))
             kv = kv_of[c.name]
+            reserved = 0.0
+            for way in r.ways(weights):
+                fixed = way.before_s + way.service + way.after_s
+                parts.append(TtftPart(way.weights, fixed, prfaas_wait[r.pool.name], decode_wait))
+                hold = np.minimum(prfaas_wait[r.pool.name].mean_s + fixed, 1e9)
+                bytes_s = kv * hold + way.moved_bytes * np.minimum(way.before_s, 1e9)
+                reserved += float(np.dot(lam * way.weights, bytes_s))
             carried = lam * weights
-            hold = prfaas_wait[r.pool.name].mean_s + fixed
             link_rows.append(
                 LinkAt(
                     r.link.source,
                     r.link.target,
                     r.link.gbps,
-                    float(np.dot(carried, kv)) * 8 / GBPS,
+                    float(np.dot(carried, kv + r.moved * r.move_bytes)) * 8 / GBPS,
                     r.utilisation,
                     r.offered_rps,
                     float(
                         np.dot(want * r.share * r.fits, r.refusal)
                         / max(float(np.dot(want * r.share, r.fits)), 1e-300)
                     ),
-                    float(np.dot(carried, kv * np.minimum(hold, 1e9))),
+                    reserved,
                     r.link.budget,
                 )
             )

@@ -44,8 +44,15 @@ def fleet_from_scenario(scenario: Scenario) -> FleetSpec:
                     cost(c.accelerator),
                 )
             )
+    workload = scenario.workload
+    # A trace's lengths are planned whole (its prefixes are hashed blocks, not a share).
+    hit = workload.prefix_hit_fraction if workload is not None and workload.trace is None else 0
     return FleetSpec(
-        Table.from_points(scenario.model.kv_cache_mib), tuple(prfaas), tuple(pd), scenario.links
+        Table.from_points(scenario.model.kv_cache_mib),
+        tuple(prfaas),
+        tuple(pd),
+        scenario.links,
+        prefix_hit=min(float(hit or 0.0), 1.0),
     )
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from scheduling.core.kinds import ClusterKind, InstanceRole, InstanceState, KvConnector
 from scheduling.core.link import (
+    DEFAULT_ABUNDANT_UTILISATION,
+    DEFAULT_TARGET_UTILISATION,
     Link,
     link_target_utilisation,
 )
@@ -394,8 +396,8 @@ class RouteGuards:
     * ``decode_kv_usage_max``: a decode instance with KV usage at or above this has no room.
     """
 
-    scarce_utilisation: float = 0.8
-    abundant_utilisation: float = 0.6
+    scarce_utilisation: float = DEFAULT_TARGET_UTILISATION
+    abundant_utilisation: float = DEFAULT_ABUNDANT_UTILISATION
     prfaas_backlog_s: float = 4.0
     prfaas_backlog_clear_s: float = 2.0
     prfaas_backlog_reject_s: float = 30.0

@@ -2,7 +2,8 @@
 and for scenarios of thin links (5-40 Gbps), dense and heavier KV and two or three PD clusters
 sharing one PrfaaS cluster (tests/scheduling/scenarios), the simulator at the planner's
 ``at_load`` rate (80% of capacity, 6,000 requests, seed 3) keeps up, sees a P90 TTFT within
-[0.67, 1.5] x the prediction, and refuses at most 2% of the decisions ``link_congested``.
+[0.67, 1.5] x the prediction, and refuses ``link_congested`` within 5 points of the predicted
+share of decisions (issue 28).
 
 A representative subset runs by default; the rest of the sweep is marked slow.
 """
@@ -24,8 +25,16 @@ from scheduling.core.simulator.agreement import (
 
 OWN = Path(__file__).resolve().parent.parent / "scenarios"
 
-SHARED_FAST = ("paper-case-study", "two-pd-clusters")
-SHARED_SLOW = ("drift", "mooncake-conversation")
+#: thin-link-25g-4x: prefix hits at the origin, moved into PrfaaS over the link when its egress
+#: is abundant (the planner models the move since issue 28).
+SHARED_FAST = ("paper-case-study", "two-pd-clusters", "thin-link-25g-4x")
+SHARED_SLOW = (
+    "drift",
+    "mooncake-conversation",
+    "thin-link",
+    "thin-link-5g",
+    "thin-link-10g-two-pd",
+)
 OWN_FAST = ("thin-5gbps", "three-pd-clusters", "dense-kv-100gbps")
 OWN_SLOW = (
     "thin-20gbps-short",

@@ -10,6 +10,7 @@ import pytest
 
 from scheduling.core import routing
 from scheduling.core.link import (
+    DEFAULT_ABUNDANT_UTILISATION,
     DEFAULT_LINK_BUDGET_SECONDS,
     DEFAULT_TARGET_UTILISATION,
     OffloadMix,
@@ -19,6 +20,7 @@ from scheduling.core.link import (
     link_budget_bytes,
     link_mean_refusal,
     link_never_fits,
+    link_outlook,
     link_refusal,
     link_target_utilisation,
     transfer_excess_s,
@@ -48,6 +50,7 @@ def test_the_defaults_are_the_routers() -> None:
         == DEFAULT_TARGET_UTILISATION
         == routing.RouteGuards().scarce_utilisation
     )
+    assert routing.RouteGuards().abundant_utilisation == DEFAULT_ABUNDANT_UTILISATION
     assert link_target_utilisation(0.5) == 0.5
     with pytest.raises(ValueError, match="within"):
         link_target_utilisation(1.5)
@@ -163,3 +166,40 @@ def test_a_transfer_outlasts_its_prefill_only_when_the_link_is_slower_than_it() 
     # Sharing the link fairly at 50% utilisation halves what this transfer gets.
     assert transfer_excess_s(1e9, 2.0, 2.0, 0.5)[()] == pytest.approx(6.0)
     assert math.isinf(transfer_excess_s(1e9, 2.0, 0.0, 0.0)[()])
+
+
+def test_moving_a_prefix_first_reserves_more_for_longer_and_is_refused_more() -> None:
+    plain = one_kind(1e9, 3.0, prefill_s=2.0)
+    moving = OffloadMix(
+        plain.weights,
+        plain.kv_bytes,
+        plain.prefill_s,
+        plain.hold_s,
+        np.array([1e9]),
+        np.array([0.5]),
+    )
+    alone = float(link_refusal(0.3, plain, 0.5, 25.0, 6e9)[0, 0])
+    moved = float(link_refusal(0.3, moving, 0.5, 25.0, 6e9)[0, 0])
+    assert moved > alone > 0
+
+
+def test_a_moving_prefix_streams_at_the_line_rate_and_leaves_the_link_less_often_abundant() -> None:
+    plain = one_kind(1e9, 3.0, prefill_s=2.0)
+    moving = OffloadMix(
+        plain.weights,
+        plain.kv_bytes,
+        plain.prefill_s,
+        plain.hold_s,
+        np.array([1e9]),
+        np.array([0.5]),
+    )
+    calm = link_outlook(0.3, plain, 0.5, 25.0, 6e9)
+    busy = link_outlook(0.3, moving, 0.5, 25.0, 6e9)
+    # 1 GB over 2 s streams at 0.16 of a 25 Gbps line: it takes seven at once to saturate it.
+    assert float(calm.saturated[0]) < 1e-3
+    assert float(busy.saturated[0]) > 0.05
+    assert float(busy.abundant[0]) < float(calm.abundant[0]) <= 1.0
+    # Refusals are the larger of the budget's and saturation's, kind by kind.
+    assert busy.refusal()[0, 0] == pytest.approx(
+        max(float(busy.budget_block[0, 0]), float(busy.saturated[0]))
+    )

@@ -4,6 +4,7 @@ of refusals (stochastic knapsack, saturation, crowding behind a queued PrfaaS po
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -168,16 +169,15 @@ def test_a_transfer_outlasts_its_prefill_only_when_the_link_is_slower_than_it() 
     assert math.isinf(transfer_excess_s(1e9, 2.0, 0.0, 0.0)[()])
 
 
+def moving_first(mix: OffloadMix, nbytes: float, seconds: float) -> OffloadMix:
+    """``mix`` whose every kind first moves a prefix of ``nbytes`` for ``seconds``."""
+    kinds = len(mix.kv_bytes)
+    return replace(mix, move_bytes=np.full(kinds, nbytes), move_s=np.full(kinds, seconds))
+
+
 def test_moving_a_prefix_first_reserves_more_for_longer_and_is_refused_more() -> None:
     plain = one_kind(1e9, 3.0, prefill_s=2.0)
-    moving = OffloadMix(
-        plain.weights,
-        plain.kv_bytes,
-        plain.prefill_s,
-        plain.hold_s,
-        np.array([1e9]),
-        np.array([0.5]),
-    )
+    moving = moving_first(plain, 1e9, 0.5)
     alone = float(link_refusal(0.3, plain, 0.5, 25.0, 6e9)[0, 0])
     moved = float(link_refusal(0.3, moving, 0.5, 25.0, 6e9)[0, 0])
     assert moved > alone > 0
@@ -185,14 +185,7 @@ def test_moving_a_prefix_first_reserves_more_for_longer_and_is_refused_more() ->
 
 def test_a_moving_prefix_streams_at_the_line_rate_and_leaves_the_link_less_often_abundant() -> None:
     plain = one_kind(1e9, 3.0, prefill_s=2.0)
-    moving = OffloadMix(
-        plain.weights,
-        plain.kv_bytes,
-        plain.prefill_s,
-        plain.hold_s,
-        np.array([1e9]),
-        np.array([0.5]),
-    )
+    moving = moving_first(plain, 1e9, 0.5)
     calm = link_outlook(0.3, plain, 0.5, 25.0, 6e9)
     busy = link_outlook(0.3, moving, 0.5, 25.0, 6e9)
     # 1 GB over 2 s streams at 0.16 of a 25 Gbps line: it takes seven at once to saturate it.

@@ -25,9 +25,10 @@ Pure Python and numpy: no Django. The model of each piece:
   (:func:`scheduling.core.link.link_outlook`).
 
 Limits: the M/G/c shape is an approximation (see :mod:`scheduling.core.queueing`); a trace's
-hashed prefixes are not modelled (its lengths are planned whole); bursty arrivals can be given as their squared coefficient of variation ``arrival_scv``
-(1 = Poisson) and enter the prefill stations' waits only; with several PrfaaS pools linked to
-one PD cluster, its offloads are split between them in proportion to their instances.
+hashed prefixes are not modelled (its lengths are planned whole); bursty arrivals can be given
+as their squared coefficient of variation ``arrival_scv`` (1 = Poisson) and enter the prefill
+stations' waits only; with several PrfaaS pools linked to one PD cluster, its offloads are
+split between them in proportion to their instances.
 """
 
 from __future__ import annotations

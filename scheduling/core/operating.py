@@ -221,17 +221,11 @@ def _route_update(
     share = offered / r.offered_rps
     admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
     plain_hold = r.service + np.minimum(r.excess, 1e9) + rtt
-    if not r.moves:
-        mix = OffloadMix(share[None, :], kv, r.service, plain_hold)
-        out = link_outlook(
-            r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
-        )
-        new = out.refusal()[0]
-        new_moved = np.zeros_like(new)
-    else:
+    n = len(kv)
+    a = r.abundant if r.moves else 0.0
+    mix = OffloadMix(share[None, :], kv, r.service, plain_hold)
+    if r.moves:
         # Each node as two kinds: plain (the link busy) and moved (its egress abundant).
-        a = r.abundant
-        n = len(kv)
         none = np.zeros(n)
         mix = OffloadMix(
             np.concatenate([share * (1.0 - a), share * a])[None, :],
@@ -241,16 +235,18 @@ def _route_update(
             move_bytes=np.concatenate([none, r.move_bytes]),
             move_s=np.concatenate([none, np.minimum(r.move_s, 1e9)]),
         )
-        out = link_outlook(
-            r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
-        )
-        plain, moving = out.budget_block[0, :n], out.budget_block[0, n:]
-        # A move happens only on an abundant link, never saturated: its budget alone refuses
-        # it. The others find the link busy, saturated with probability P(sat) / (1 - a).
-        busy = min(1.0, float(out.saturated[0]) / (1.0 - a)) if a < 1.0 else 0.0
-        new = a * moving + (1.0 - a) * np.maximum(plain, busy)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            new_moved = np.where(new < 1.0, a * (1.0 - moving) / (1.0 - new), 0.0)
+    out = link_outlook(
+        r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
+    )
+    plain = out.budget_block[0, :n]
+    moving = out.budget_block[0, n:] if r.moves else plain
+    # A move happens only on an abundant link, never saturated: its budget alone refuses it.
+    # The others find the link busy, saturated with probability P(sat) / (1 - a).
+    busy = min(1.0, float(out.saturated[0]) / (1.0 - a)) if a < 1.0 else 0.0
+    new = a * moving + (1.0 - a) * np.maximum(plain, busy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        new_moved = np.where(new < 1.0, a * (1.0 - moving) / (1.0 - new), 0.0)
+    if r.moves:
         r.abundant = 0.5 * r.abundant + 0.5 * float(out.abundant[0])
     new = np.where(r.fits > 0, new, 1.0)
     updated = 0.5 * r.refusal + 0.5 * new

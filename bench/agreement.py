@@ -1,6 +1,6 @@
 """Plans that hold (issue 12, acceptance 1), as a table: for each scenario, the planner's
 ``at_load`` prediction at 80% of its capacity against the simulator at that rate (6,000
-requests, seed 3), with the acceptance verdict. The test ``tests/scheduling/core/
+requests, or a whole trace, seed 3), with the acceptance verdict. The test ``tests/scheduling/core/
 test_agreement.py`` asserts the same on the same scenarios; this prints the numbers.
 
     python bench/agreement.py [SCENARIO.yaml ...]

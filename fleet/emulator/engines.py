@@ -16,8 +16,8 @@ from fleet.emulator.journal import ReportingPrefixCache
 from fleet.emulator.workload import RequestStream
 from scheduling.core import routing
 from scheduling.core.kinds import InstanceRole, KvConnector
+from scheduling.core.prefix_cache import HybridPrefixCache
 from scheduling.core.scenario import Scenario
-from scheduling.core.simulator.cache import HybridPrefixCache
 from scheduling.core.simulator.engine import OFF, Simulation
 from scheduling.core.simulator.fleet import ACTIVE, DOWN, DecodeInstance, PrefillInstance
 from scheduling.core.simulator.link import FluidLink

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from fleet.agent.kv import KvStream
 from scheduling.core import kv_vllm
 from scheduling.core.kv_events import BlocksRemoved, BlocksStored, KvEvent
-from scheduling.core.simulator.cache import HybridPrefixCache
+from scheduling.core.prefix_cache import HybridPrefixCache
 
 # Block hashes per published batch (a vLLM step publishes a few hundred at most).
 MAX_HASHES_PER_BATCH = 2000

@@ -34,7 +34,7 @@ split between them in proportion to their instances.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +274,98 @@ def operating_point(
 ) -> OperatingPoint:
     """Predict the fleet at ``rate_rps`` total arrivals (shared out by each PD cluster's
     ``share``) with ``thresholds`` and ``splits`` (prefill instances) per PD cluster."""
+    return _operating(
+        fleet,
+        lengths,
+        output_tokens,
+        thresholds,
+        splits,
+        rate_rps,
+        output_scv=output_scv,
+        arrival_scv=arrival_scv,
+        quantile=quantile,
+    )[0]
+
+
+@dataclass(frozen=True)
+class WorkloadWindow:
+    """One stretch of a workload that changes over time (a trace, cut in consecutive
+    windows): ``share`` of its requests, arriving at ``rate_factor`` x the workload's mean
+    rate, with their own uncached lengths and outputs."""
+
+    share: float
+    rate_factor: float
+    lengths: Lengths
+    output_tokens: float
+    output_scv: float = 0.0
+
+
+def operating_windows(
+    fleet: FleetSpec,
+    windows: Sequence[WorkloadWindow],
+    thresholds: Mapping[str, float],
+    splits: Mapping[str, int],
+    rate_rps: float,
+    *,
+    arrival_scv: float = 1.0,
+    quantile: float = 0.9,
+) -> OperatingPoint:
+    """Predict a workload replayed window after window at ``rate_rps`` mean arrivals: each
+    window at its own rate and mix, as if it lasted (its queues settle within it), the TTFTs
+    of all windows pooled by their share of the requests. The links, clusters and stations
+    reported are those of the busiest window (the highest station utilisation)."""
+    points: list[OperatingPoint] = []
+    parts: list[TtftPart] = []
+    for w in windows:
+        point, window_parts = _operating(
+            fleet,
+            w.lengths,
+            w.output_tokens,
+            thresholds,
+            splits,
+            rate_rps * w.rate_factor,
+            output_scv=w.output_scv,
+            arrival_scv=arrival_scv,
+            quantile=quantile,
+        )
+        points.append(point)
+        parts.extend(
+            TtftPart(p.weights * w.share, p.fixed_s, p.prefill_wait, p.decode_wait)
+            for p in window_parts
+        )
+    if not points:
+        raise ValueError("a workload needs at least one window")
+    busiest = max(points, key=lambda op: max((s.utilisation for s in op.stations), default=0.0))
+    total = sum(w.share for w in windows)
+    return OperatingPoint(
+        rate_rps=rate_rps,
+        ttft_mean_s=ttft_mean(parts),
+        ttft_p90_s=ttft_quantile(parts, quantile),
+        link_utilisation=max(op.link_utilisation for op in points),
+        refused_fraction=sum(
+            w.share * op.refused_fraction for w, op in zip(windows, points, strict=True)
+        )
+        / total,
+        stable=all(op.stable for op in points),
+        clusters=busiest.clusters,
+        links=busiest.links,
+        stations=busiest.stations,
+    )
+
+
+def _operating(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    thresholds: Mapping[str, float],
+    splits: Mapping[str, int],
+    rate_rps: float,
+    *,
+    output_scv: float,
+    arrival_scv: float,
+    quantile: float,
+) -> tuple[OperatingPoint, list[TtftPart]]:
+    """:func:`operating_point`, and the TTFT mixture it was read from."""
     if not (rate_rps >= 0 and math.isfinite(rate_rps)):
         raise ValueError(f"the rate must be a finite number >= 0, got {rate_rps!r}")
     nodes: dict[str, tuple[FloatArray, FloatArray]] = {}
@@ -461,7 +553,7 @@ def operating_point(
             TtftPart(p.weights * c.share, p.fixed_s, p.prefill_wait, p.decode_wait) for p in parts
         )
     shares = sum(c.share for c in fleet.pd)
-    return OperatingPoint(
+    point = OperatingPoint(
         rate_rps=rate_rps,
         ttft_mean_s=ttft_mean(parts_all),
         ttft_p90_s=ttft_quantile(parts_all, quantile),
@@ -472,6 +564,7 @@ def operating_point(
         links=tuple(link_rows),
         stations=tuple(stations),
     )
+    return point, parts_all
 
 
 def operating_point_to_dict(op: OperatingPoint) -> dict[str, Any]:

@@ -36,7 +36,7 @@ the JSON reports are :mod:`scheduling.core.plan_report`; a scenario becomes a fl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,12 @@ from scheduling.core.offload import (
     refusal_cap,
     spill_bound,
 )
-from scheduling.core.operating import OperatingPoint, operating_point
+from scheduling.core.operating import (
+    OperatingPoint,
+    WorkloadWindow,
+    operating_point,
+    operating_windows,
+)
 from scheduling.core.performance import (
     FloatArray,
     LengthDistribution,
@@ -77,9 +82,11 @@ from scheduling.core.performance import (
 )
 from scheduling.core.scenario import Scenario
 from scheduling.core.scenario_fleet import (
+    PlannedWorkload,
     fleet_from_scenario,
     workload_lengths,
     workload_output_scv,
+    workload_planned,
 )
 from scheduling.core.search import (
     Grid,
@@ -104,6 +111,7 @@ __all__ = [
     "Link",
     "PdPool",
     "PlanResult",
+    "PlannedWorkload",
     "PrfaasPool",
     "evaluate",
     "evaluation_settings",
@@ -113,11 +121,13 @@ __all__ = [
     "plan_fleet",
     "plan_for_ttft",
     "plan_scenario",
+    "plan_workload",
     "sizing_at_load",
     "sizing_for_ttft",
     "threshold_grid",
     "workload_lengths",
     "workload_output_scv",
+    "workload_planned",
 ]
 
 INF = math.inf
@@ -194,8 +204,12 @@ class PlanResult:
     threshold_step: float
     output_tokens: float
     mean_input_tokens: float
-    #: the optimum's queue-aware prediction at ``load`` x its Lambda_max
+    #: the optimum's queue-aware prediction at ``load`` x its Lambda_max (for a workload in
+    #: windows, at ``load`` x ``window_capacity_rps``)
     at_load: OperatingPoint | None = None
+    #: a workload in windows (a trace): the mean rate at which every window is sustained at
+    #: the optimum's setting (its heaviest window bounds it)
+    window_capacity_rps: float | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,9 +704,15 @@ def plan(
     load: float = DEFAULT_LOAD,
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> PlanResult:
     """The optimum and the baselines, and the optimum's queue-aware prediction at ``load``
     x its Lambda_max (``at_load``, :func:`scheduling.core.operating.operating_point`).
+
+    ``windows``: the workload as consecutive stretches (a trace, ``lengths`` being all of
+    it): the setting is planned for the whole, and the prediction is made at ``load`` x the
+    rate its heaviest window sustains (``window_capacity_rps``), each window at its own rate
+    and mix (:func:`scheduling.core.operating.operating_windows`).
 
     * homogeneous: every GPU of the fleet replaced by the PD accelerator, as whole instances
       (floor of GPUs / GPUs per PD instance), optimal split;
@@ -702,16 +722,27 @@ def plan(
     """
     best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
     ts, ns = evaluation_settings(best)
-    at_load = operating_point(
-        fleet,
-        lengths,
-        output_tokens,
-        ts,
-        ns,
-        load * best.throughput_rps,
-        output_scv=output_scv,
-        arrival_scv=arrival_scv,
-    )
+    window_capacity: float | None = None
+    if windows:
+        window_capacity = min(
+            evaluate(fleet, w.lengths, w.output_tokens, ts, ns, with_ttft=False).throughput_rps
+            / w.rate_factor
+            for w in windows
+        )
+        at_load = operating_windows(
+            fleet, windows, ts, ns, load * window_capacity, arrival_scv=arrival_scv
+        )
+    else:
+        at_load = operating_point(
+            fleet,
+            lengths,
+            output_tokens,
+            ts,
+            ns,
+            load * best.throughput_rps,
+            output_scv=output_scv,
+            arrival_scv=arrival_scv,
+        )
     ref = reference_pd(fleet)
     n_homog = fleet_gpus(fleet) // ref.gpus_per_instance
     n_equal = math.floor(fleet_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)
@@ -744,6 +775,7 @@ def plan(
         output_tokens=output_tokens,
         mean_input_tokens=lengths.mean,
         at_load=at_load,
+        window_capacity_rps=window_capacity,
     )
 
 
@@ -751,12 +783,28 @@ def plan_scenario(
     scenario: Scenario, *, threshold_step: float = 100, load: float = DEFAULT_LOAD
 ) -> PlanResult:
     """Plan a scenario's fleet for its workload, with the baselines."""
-    lengths, output_tokens = workload_lengths(scenario)
-    return plan(
+    return plan_workload(
         fleet_from_scenario(scenario),
-        lengths,
-        output_tokens,
+        workload_planned(scenario),
         threshold_step=threshold_step,
         load=load,
-        output_scv=workload_output_scv(scenario),
+    )
+
+
+def plan_workload(
+    fleet: FleetSpec,
+    workload: PlannedWorkload,
+    *,
+    threshold_step: float = 100,
+    load: float = DEFAULT_LOAD,
+) -> PlanResult:
+    """:func:`plan` for a scenario's workload as the planner reads it."""
+    return plan(
+        fleet,
+        workload.lengths,
+        workload.output_tokens,
+        threshold_step=threshold_step,
+        load=load,
+        output_scv=workload.output_scv,
+        windows=workload.windows,
     )

@@ -65,19 +65,26 @@ class Agreement:
 def agreement_check(
     scenario: Scenario, *, load: float = DEFAULT_LOAD, requests: int = 6000, seed: int = 3
 ) -> tuple[Agreement, SimulationResult]:
-    """Plan at ``load``, simulate at the predicted rate, compare (see the module)."""
+    """Plan at ``load``, simulate ``requests`` at the predicted rate, compare (see the
+    module). A trace is replayed whole: its plan is made for all of it, window by window."""
     plan = plan_for(scenario, load=load)
     at = plan.at_load
     assert at is not None
+    traced = scenario.workload is not None and scenario.workload.trace is not None
     result = simulate(
         scenario,
-        SimulationConfig(policy="prfaas", rate_per_s=at.rate_rps, requests=requests, seed=seed),
+        SimulationConfig(
+            policy="prfaas",
+            rate_per_s=at.rate_rps,
+            requests=None if traced else requests,
+            seed=seed,
+        ),
         plan=plan,
     )
     decisions = sum(result.reasons.values())
     row = Agreement(
         scenario=scenario.name,
-        capacity_rps=plan.prfaas.throughput_rps,
+        capacity_rps=plan.window_capacity_rps or plan.prfaas.throughput_rps,
         rate_rps=at.rate_rps,
         predicted_ttft_mean_s=at.ttft_mean_s,
         predicted_ttft_p90_s=at.ttft_p90_s,

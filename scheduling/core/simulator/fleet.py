@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduling.core.simulator.cache import HybridPrefixCache
+from scheduling.core.prefix_cache import HybridPrefixCache
 
 ACTIVE = "active"
 DRAINING = "draining"

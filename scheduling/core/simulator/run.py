@@ -19,19 +19,24 @@ import numpy as np
 
 from scheduling.core import routing
 from scheduling.core.link import link_key
-from scheduling.core.performance import length_distribution
-from scheduling.core.planner import DEFAULT_LOAD, PlanResult, fleet_from_scenario, plan_scenario
-from scheduling.core.planner import plan as planner_plan
-from scheduling.core.scenario import LinkEvent, Scenario, StateEvent, empirical_from_lengths
-from scheduling.core.simulator.cache import HybridPrefixCache
+from scheduling.core.planner import (
+    DEFAULT_LOAD,
+    PlanResult,
+    fleet_from_scenario,
+    plan_scenario,
+    plan_workload,
+)
+from scheduling.core.prefix_cache import HybridPrefixCache, prefix_block_bytes
+from scheduling.core.scenario import LinkEvent, Scenario, StateEvent
+from scheduling.core.scenario_fleet import trace_workload
 from scheduling.core.simulator.engine import OFF, FleetEvent, Simulation
 from scheduling.core.simulator.fleet import ACTIVE, DecodeInstance, PrefillInstance, SimRequest
 from scheduling.core.simulator.link import FluidLink
 from scheduling.core.simulator.policies import fleet_plan, origin_map
 from scheduling.core.simulator.replan import PlannerReplanner
 from scheduling.core.simulator.routing import FleetPlan, Replanner, RouterDispatcher
-from scheduling.core.simulator.trace import trace_read
 from scheduling.core.simulator.workload import Workload, workload_build
+from scheduling.core.trace import trace_read
 
 GIB = float(1 << 30)
 
@@ -289,10 +294,7 @@ def simulation_build(
     block = scenario.model.block_tokens
     has_blocks = any(r.hash_ids is not None for r in workload.requests)
     max_blocks = max((r.input_tokens // block for r in workload.requests), default=0) + 1
-    block_bytes = [
-        float(topology.prefix_bytes((i + 1) * block) - topology.prefix_bytes(i * block))
-        for i in range(max_blocks)
-    ]
+    block_bytes = prefix_block_bytes(topology.prefix_bytes, block, max_blocks)
 
     def cache_for(gib: float) -> HybridPrefixCache | None:
         if not has_blocks or gib <= 0:
@@ -394,13 +396,9 @@ def plan_for(
     read = trace_read(
         spec.path, spec.format, skip_bad=skip_bad, block_tokens=scenario.model.block_tokens
     )
-    lengths = length_distribution(
-        empirical_from_lengths([row.input_tokens for row in read.rows], bin_tokens=16)
+    return plan_workload(
+        fleet_from_scenario(scenario), trace_workload(scenario, read.rows), load=load
     )
-    outputs = np.array([row.output_tokens for row in read.rows], dtype=float)
-    output = float(outputs.mean())
-    scv = float(outputs.var() / output**2) if output > 0 else 0.0
-    return planner_plan(fleet_from_scenario(scenario), lengths, output, load=load, output_scv=scv)
 
 
 def simulate(

@@ -25,7 +25,7 @@ import numpy as np
 
 from scheduling.core.performance import LengthDistribution, length_distribution
 from scheduling.core.scenario import RateEvent, Scenario, ScenarioError, WorkloadSpec
-from scheduling.core.simulator.trace import trace_dequantize, trace_read
+from scheduling.core.trace import trace_dequantize, trace_read
 
 
 class WorkloadError(ValueError):

@@ -30,12 +30,11 @@ from scheduling.core.planner import (
     FleetSpec,
     PlanResult,
     fleet_from_scenario,
-    plan,
     plan_for_ttft,
+    plan_workload,
     sizing_at_load,
     sizing_for_ttft,
-    workload_lengths,
-    workload_output_scv,
+    workload_planned,
 )
 from scheduling.core.scenario import ScenarioError, scenario_load
 
@@ -122,7 +121,7 @@ class Command(BaseCommand):
         try:
             scenario = scenario_load(opts["file"])
             fleet = fleet_from_scenario(scenario)
-            lengths, output_tokens = workload_lengths(scenario)
+            workload = workload_planned(scenario)
         except ScenarioError as exc:
             raise CommandError(str(exc), returncode=2) from None
         pd_names = [c.name for c in fleet.pd]
@@ -131,18 +130,15 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--cluster: {cluster!r} is not a pd cluster ({', '.join(pd_names)})", returncode=2
             )
-        output_scv = workload_output_scv(scenario)
+        lengths, output_tokens, output_scv = (
+            workload.lengths,
+            workload.output_tokens,
+            workload.output_scv,
+        )
         slo_out: dict[str, Any] | None = None
         advice: tuple[Sizing, tuple[Advice, ...]] | None = None
         try:
-            result = plan(
-                fleet,
-                lengths,
-                output_tokens,
-                threshold_step=step,
-                load=load,
-                output_scv=output_scv,
-            )
+            result = plan_workload(fleet, workload, threshold_step=step, load=load)
             if slo is not None:
                 slo_out = slo_plan_to_dict(
                     *plan_for_ttft(

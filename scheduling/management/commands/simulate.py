@@ -21,8 +21,8 @@ from scheduling.core.simulator.policies import POLICIES, PolicyError
 from scheduling.core.simulator.report import report_write, requests_csv_write
 from scheduling.core.simulator.routing import ROUTING_LENGTHS
 from scheduling.core.simulator.run import SimulationConfig, SimulationResult, plan_for, simulate
-from scheduling.core.simulator.trace import TraceError
 from scheduling.core.simulator.workload import WorkloadError
+from scheduling.core.trace import TraceError
 
 DEFAULT_REQUESTS = 10_000
 MAX_REQUESTS = 10_000_000

@@ -1,4 +1,5 @@
-"""The building blocks: the hybrid prefix cache and the fluid link."""
+"""The building blocks: the fluid link (the prefix cache: tests/scheduling/core/
+test_prefix_cache.py)."""
 
 from __future__ import annotations
 
@@ -6,49 +7,7 @@ import math
 
 import pytest
 
-from scheduling.core.simulator.cache import HybridPrefixCache
 from scheduling.core.simulator.link import Flow, FluidLink
-
-BLOCK_BYTES = [100.0] * 16
-
-
-def test_a_prefix_is_usable_only_up_to_a_linear_state_checkpoint() -> None:
-    cache = HybridPrefixCache(10_000, BLOCK_BYTES, state_bytes=50)
-    cache.store((1, 2, 3, 4), 4)  # blocks 1-4 and a checkpoint after block 4
-    assert cache.match_blocks((1, 2, 3, 4, 5, 6), 6) == 4
-    # Same first two blocks but a different third: the blocks match partially, yet no
-    # checkpoint sits at exactly two blocks, so nothing is usable.
-    assert cache.match_blocks((1, 2, 9, 10), 4) == 0
-    cache.store((1, 2), 2)
-    assert cache.match_blocks((1, 2, 9, 10), 4) == 2
-
-
-def test_a_checkpoint_without_its_blocks_is_not_a_hit() -> None:
-    cache = HybridPrefixCache(450, BLOCK_BYTES, state_bytes=50)
-    cache.store((1, 2, 3, 4), 4)  # 400 + 50 bytes: full
-    cache.store((7,), 1)  # 150 more: the oldest entries (blocks 1, 2) are evicted
-    assert cache.evictions >= 1
-    assert cache.used_bytes <= 450
-    assert cache.match_blocks((1, 2, 3, 4), 4) == 0
-    assert cache.match_blocks((7,), 1) == 1
-
-
-def test_least_recently_used_entries_are_evicted_first() -> None:
-    cache = HybridPrefixCache(3 * 150, BLOCK_BYTES, state_bytes=50)
-    cache.store((1,), 1)
-    cache.store((2,), 1)
-    cache.store((3,), 1)
-    cache.touch((1,), 1)
-    cache.store((4,), 1)  # evicts prefix 2, the least recently used
-    assert cache.match_blocks((1,), 1) == 1
-    assert cache.match_blocks((2,), 1) == 0
-    assert cache.match_blocks((3,), 1) == 1
-
-
-def test_a_zero_capacity_cache_holds_nothing() -> None:
-    cache = HybridPrefixCache(0, BLOCK_BYTES, state_bytes=50)
-    cache.store((1, 2), 2)
-    assert len(cache) == 0
 
 
 def _run_link(link: FluidLink, until: float) -> list[tuple[float, Flow]]:

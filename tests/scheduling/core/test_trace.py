@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.core.simulator.trace import TraceError, trace_dequantize, trace_read
+from scheduling.core.trace import TraceError, trace_dequantize, trace_read
 
 GOOD = [
     {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},

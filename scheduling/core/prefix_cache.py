@@ -1,4 +1,5 @@
-"""The hybrid prefix cache of one simulated instance.
+"""The hybrid prefix cache of one instance (the simulator's and the emulator's engines), and
+a trace replayed through one (the uncached lengths the planner plans a trace from).
 
 A hybrid model keeps two kinds of reusable state for a prompt prefix:
 
@@ -17,7 +18,7 @@ checkpoint. Both kinds share one byte budget with least-recently-used eviction.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 class HybridPrefixCache:
@@ -102,3 +103,37 @@ class HybridPrefixCache:
         block_bytes = self.block_bytes
         last = len(block_bytes) - 1
         return sum(block_bytes[min(i, last)] for i in range(blocks)) + self.state_bytes
+
+
+def prefix_block_bytes(
+    prefix_bytes: Callable[[int], float], block_tokens: int, blocks: int
+) -> list[float]:
+    """What each of a prompt's first ``blocks`` whole blocks adds to a cached prefix, from a
+    prefix's bytes by its length in tokens (a cache's ``block_bytes``)."""
+    return [
+        float(prefix_bytes((i + 1) * block_tokens) - prefix_bytes(i * block_tokens))
+        for i in range(blocks)
+    ]
+
+
+def prefix_replay(
+    prompts: Iterable[tuple[int, Sequence[int] | None]],
+    cache: HybridPrefixCache,
+    block_tokens: int,
+) -> list[int]:
+    """The uncached tokens of each prompt (``input_tokens``, ``hash_ids``), in arrival order,
+    with one cache holding every prefix earlier prompts left: what a prefix-aware router
+    finds when it sends each prompt where its prefix is (the simulator's router does).
+    Prefills keep their whole blocks and a checkpoint at the last one, as an engine does; at
+    least one token is always prefilled. A prompt without hash ids hits nothing."""
+    out: list[int] = []
+    for tokens, hash_ids in prompts:
+        if not hash_ids:
+            out.append(tokens)
+            continue
+        full = min(tokens // block_tokens, len(hash_ids))
+        blocks = cache.match_blocks(hash_ids, full)
+        cache.touch(hash_ids, blocks)
+        out.append(tokens - min(blocks * block_tokens, tokens - 1))
+        cache.store(hash_ids, full)
+    return out

@@ -5,6 +5,7 @@ server processes are still running (the leak check)."""
 from __future__ import annotations
 
 import glob
+import random
 import shutil
 import socket
 import subprocess
@@ -23,10 +24,39 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_NAMES = ("redis-server", "uvicorn", "celery", "chromium", "granian", "postgres", "vllm")
 
 
+#: Test servers listen below the kernel's ephemeral range, from this port up.
+SERVER_PORTS_FROM = 15000
+
+
 def free_port() -> int:
+    """A port nothing listens on, for a server a test starts. Picked below the kernel's
+    ephemeral range: a port the kernel hands out (bind to port 0) is soon the source port of
+    some client connection, and a server started on it a moment later cannot bind (a fake
+    engine exited "address already in use" beside the gateway's 1,000-connection test)."""
+    first_ephemeral = _ephemeral_ports()[0]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        if first_ephemeral - SERVER_PORTS_FROM < 1000:
+            break  # an unusual range: leave the choice to the kernel
+        port = rng.randrange(SERVER_PORTS_FROM, first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of client ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def postgres_bin_dir() -> Path:

@@ -44,7 +44,6 @@ from scheduling.core.fleet import FleetSpec, Lengths, PrfaasPool, lengths_of
 from scheduling.core.link import (
     Link,
     OffloadMix,
-    PoolCrowd,
     link_key,
     link_never_fits,
     link_outlook,
@@ -54,10 +53,8 @@ from scheduling.core.offload import coarse_nodes, linked_pools
 from scheduling.core.performance import FloatArray, kv_bytes, prefill_seconds
 from scheduling.core.queueing import (
     NO_WAIT,
-    Crowd,
     TtftPart,
     Wait,
-    mgc_crowd,
     mgc_wait,
     moments,
     ttft_mean,
@@ -199,9 +196,7 @@ class _Way:
     moved_bytes: FloatArray
 
 
-def _route_update(
-    r: _Route, offered: FloatArray, kv: FloatArray, wait_s: float, pool: PoolCrowd
-) -> float:
+def _route_update(r: _Route, offered: FloatArray, kv: FloatArray, wait_s: float) -> float:
     """One round of the fixed point for route ``r`` offered ``offered`` req/s per node: its
     utilisation, transfer and move times, refusals and share moved (damped); returns how
     much its refusals moved."""
@@ -219,7 +214,6 @@ def _route_update(
     if r.offered_rps <= 0:
         return 0.0
     share = offered / r.offered_rps
-    admitted = 1.0 - float(np.dot(offered, r.refusal)) / r.offered_rps
     plain_hold = r.service + np.minimum(r.excess, 1e9) + rtt
     n = len(kv)
     a = r.abundant if r.moves else 0.0
@@ -235,15 +229,16 @@ def _route_update(
             move_bytes=np.concatenate([none, r.move_bytes]),
             move_s=np.concatenate([none, np.minimum(r.move_s, 1e9)]),
         )
-    out = link_outlook(
-        r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget, pool=pool, admitted=admitted
-    )
-    plain = out.budget_block[0, :n]
-    moving = out.budget_block[0, n:] if r.moves else plain
-    # A move happens only on an abundant link, never saturated: its budget alone refuses it.
-    # The others find the link busy, saturated with probability P(sat) / (1 - a).
-    busy = min(1.0, float(out.saturated[0]) / (1.0 - a)) if a < 1.0 else 0.0
-    new = a * moving + (1.0 - a) * np.maximum(plain, busy)
+    out = link_outlook(r.offered_rps, mix, wait_s, r.link.gbps, r.link.budget)
+    if r.moves:
+        # A move happens only on an abundant link, never saturated: its budget alone refuses
+        # it, as full as it is while the egress is abundant. The others find the link busy
+        # (its egress above the abundant share).
+        moving = out.refused_calm[0, n:]
+        new = a * moving + (1.0 - a) * out.refused_busy[0, :n]
+    else:
+        moving = out.budget_block[0, :n]
+        new = out.refused[0, :n]
     with np.errstate(divide="ignore", invalid="ignore"):
         new_moved = np.where(new < 1.0, a * (1.0 - moving) / (1.0 - new), 0.0)
     if r.moves:
@@ -398,7 +393,6 @@ def _operating(
     kv_of = {name: kv_bytes(fleet.kv_mib, x) for name, (x, _) in nodes.items()}
     prfaas_wait: dict[str, Wait] = {p.name: NO_WAIT for p in fleet.prfaas}
     prfaas_rate: dict[str, float] = {p.name: 0.0 for p in fleet.prfaas}
-    prfaas_crowd: dict[str, Crowd] = {p.name: Crowd(0.0, 0.0, 0.0, 0.0) for p in fleet.prfaas}
 
     def wanting(name: str) -> FloatArray:
         x, w = nodes[name]
@@ -428,28 +422,15 @@ def _operating(
             prfaas_wait[pool.name] = mgc_wait(
                 prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
             )
-            prfaas_crowd[pool.name] = mgc_crowd(
-                prfaas_rate[pool.name], mean, scv, pool.instances, scv_arrival=arrival_scv
-            )
         # Links: what each is offered, how busy it is, what it refuses.
         for c in fleet.pd:
             for r in routes[c.name]:
                 wait = prfaas_wait[r.pool.name]
-                crowd = prfaas_crowd[r.pool.name]
                 settled = _route_update(
                     r,
                     rate_rps * c.share * wanting(c.name) * r.share * r.fits,
                     kv_of[c.name],
                     wait.mean_s if wait.stable else 1e9,
-                    PoolCrowd(
-                        np.array([max(prfaas_rate[r.pool.name], r.offered_rps)]),
-                        np.array([crowd.in_system_mean]),
-                        np.array([crowd.in_system_var]),
-                        np.array([crowd.busy_mean]),
-                        np.array([crowd.busy_var]),
-                        np.array([crowd.queue_mean]),
-                        np.array([crowd.queue_var]),
-                    ),
                 )
                 moved = max(moved, settled)
         if moved < 1e-4:

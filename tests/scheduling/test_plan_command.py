@@ -292,12 +292,6 @@ def test_bad_load_or_ttft_target_exits_with_status_2(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28, open: two-pd-clusters at load 0.8 under-predicts the work the link "
-    "guard refuses to pd-south's local prefill, which near its saturation (0.93 simulated, "
-    "0.84 predicted) doubles the wait (simulated P90 11.0 s against 6.7 s predicted)",
-)
 def test_the_commands_plan_at_load_and_the_simulator_keeps_up_there(scenarios_dir: Path) -> None:
     """Acceptance 1 through the two commands, as an operator would run them."""
     path = str(scenarios_dir / "two-pd-clusters.yaml")

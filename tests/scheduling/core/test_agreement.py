@@ -47,18 +47,6 @@ OWN_SLOW = (
 )
 
 
-# Issue 28, open: pd-south's refused offloads prefill locally, and the link model predicts
-# less of that work than the simulator refuses (26.6% of its offers refused predicted,
-# 28.9-30.3% simulated over four seeds; its local prefill at 0.84 predicted, 0.93 simulated);
-# M/G/c at the simulated load over-predicts the simulated wait, so the queue model is not
-# what misses (bench/stations.py).
-OPEN = {
-    "two-pd-clusters": [
-        pytest.mark.xfail(strict=True, reason="issue 28: refused work under-predicted")
-    ]
-}
-
-
 def _cases() -> list[object]:
     cases: list[object] = []
     for group, names, slow in (
@@ -68,10 +56,7 @@ def _cases() -> list[object]:
         ("own", OWN_SLOW, True),
     ):
         marks = [pytest.mark.slow] if slow else []
-        cases.extend(
-            pytest.param(group, name, marks=[*marks, *OPEN.get(name, [])], id=name)
-            for name in names
-        )
+        cases.extend(pytest.param(group, name, marks=marks, id=name) for name in names)
     return cases
 
 

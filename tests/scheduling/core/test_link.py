@@ -192,7 +192,39 @@ def test_a_moving_prefix_streams_at_the_line_rate_and_leaves_the_link_less_often
     assert float(calm.saturated[0]) < 1e-3
     assert float(busy.saturated[0]) > 0.05
     assert float(busy.abundant[0]) < float(calm.abundant[0]) <= 1.0
-    # Refusals are the larger of the budget's and saturation's, kind by kind.
-    assert busy.refusal()[0, 0] == pytest.approx(
-        max(float(busy.budget_block[0, 0]), float(busy.saturated[0]))
+    # While the egress is abundant, fewer transfers are in flight: the budget is emptier.
+    assert float(busy.refused_calm[0, 0]) < float(busy.budget_block[0, 0])
+    # Refused when there is no room or the line is saturated: their union, on one joint law.
+    block, saturated = float(busy.budget_block[0, 0]), float(busy.saturated[0])
+    assert max(block, saturated) < float(busy.refusal()[0, 0]) < block + saturated
+
+
+def test_with_a_line_no_stream_can_fill_the_guard_is_the_budgets_knapsack() -> None:
+    # Streams at under a hundredth of a 10 Tbps line: only the budget refuses, and the joint
+    # law gives what the knapsack alone does (Kaufman-Roberts), kind by kind.
+    mix = OffloadMix(
+        np.array([[0.5, 0.3, 0.2]]),
+        np.array([0.4e9, 1.0e9, 2.0e9]),
+        np.array([1.0, 2.0, 4.0]),
+        np.array([1.5, 3.0, 5.0]),
     )
+    out = link_outlook(1.0, mix, 0.5, 10_000.0, 2.5e9)
+    assert float(out.saturated[0]) == 0.0
+    np.testing.assert_allclose(out.refusal(), out.budget_block, atol=1e-12)
+    np.testing.assert_allclose(
+        out.refusal(), link_refusal(1.0, mix, 0.5, 10_000.0, 2.5e9), atol=1e-12
+    )
+    assert 0.05 < float(out.refusal()[0, 2]) < 1.0
+
+
+def test_streams_the_budget_cannot_hold_together_never_saturate_the_line() -> None:
+    # 1 GB streamed over its 1.8 s prefill runs at 0.44 of a 10 Gbps line: three at once
+    # saturate it. A 2.5 GB budget never holds three; a 3.5 GB one does.
+    mix = one_kind(1e9, 2.5, prefill_s=1.8)
+    two = link_outlook(1.0, mix, 0.0, 10.0, 2.5e9)
+    assert float(two.saturated[0]) == 0.0
+    assert float(two.refusal()[0, 0]) == pytest.approx(float(two.budget_block[0, 0]))
+    three = link_outlook(1.0, mix, 0.0, 10.0, 3.5e9)
+    assert float(three.saturated[0]) > 0.05
+    # Three in flight fill the line and leave no room for a fourth: one cause, counted once.
+    assert float(three.refusal()[0, 0]) == pytest.approx(float(three.budget_block[0, 0]))

@@ -217,6 +217,8 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
     prfaas = evaluation_to_dict(result.prfaas)
     if result.at_load is not None:
         prfaas["at_load"] = {"load": result.prfaas.load, **operating_point_to_dict(result.at_load)}
+    if result.window_capacity_rps is not None:
+        prfaas["window_capacity_rps"] = result.window_capacity_rps
     return {
         "prfaas": prfaas,
         "baselines": {

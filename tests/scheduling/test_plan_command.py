@@ -72,6 +72,24 @@ def test_the_json_report_of_two_pd_clusters_lists_each_under_clusters(scenarios_
     assert out["prfaas"]["n_prfaas"] == 6
 
 
+def test_a_trace_is_predicted_at_the_rate_its_heaviest_window_sustains(
+    scenarios_dir: Path,
+) -> None:
+    path = str(scenarios_dir / "mooncake-synthetic.yaml")
+    out = json.loads(run_plan(path, "--json"))["prfaas"]
+    # Its early requests decode longer outputs: they, not the whole mix, bound the rate.
+    assert out["window_capacity_rps"] < out["throughput_rps"]
+    assert out["at_load"]["rate_rps"] == pytest.approx(0.8 * out["window_capacity_rps"])
+    assert "heaviest stretch sustains" in run_plan(path)
+    # A workload of distributions has no windows.
+    assert (
+        "window_capacity_rps"
+        not in json.loads(run_plan(str(scenarios_dir / "paper-case-study.yaml"), "--json"))[
+            "prfaas"
+        ]
+    )
+
+
 def test_the_human_report_is_a_table_with_baselines_and_gains(case_file: str) -> None:
     text = run_plan(case_file)
     assert "PrfaaS-PD" in text and "Homogeneous PD" in text and "Naive heterog." in text

@@ -350,6 +350,13 @@ class Command(BaseCommand):
                     f"p = {c.offload_fraction:.3f}, N_p/N_d = {c.n_p}/{c.n_d}, "
                     f"{c.throughput_rps:.2f} req/s, egress {c.egress_gbps:.1f} of {c.link_gbps:g} Gbps\n"
                 )
+        if r.window_capacity_rps is not None:
+            out.write(
+                f"\nThe trace replayed window by window: its heaviest stretch sustains "
+                f"{r.window_capacity_rps:.2f} req/s at this setting (its whole mix "
+                f"{r.prfaas.throughput_rps:.2f}); the prediction below is made at "
+                f"{r.prfaas.load:.0%} of it.\n"
+            )
         if r.at_load is not None:
             a = r.at_load
             out.write(

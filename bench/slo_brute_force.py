@@ -252,11 +252,13 @@ def brute_force(search: Search, quick: bool, start: Cell, wave: int) -> tuple[fl
 
 
 def plannable(path: Path) -> bool:
+    """A scenario whose workload is length distributions (a trace's cells would replay it)."""
     try:
-        workload_lengths(scenario_load(path))
+        scenario = scenario_load(path)
+        workload_lengths(scenario)
     except (ValueError, TypeError):
         return False
-    return True
+    return scenario.workload is not None and scenario.workload.trace is None
 
 
 def planned_setting(search: Search, slo_s: float) -> tuple[Any, Cell]:

@@ -18,7 +18,7 @@ cluster's lengths (and the Lambda_max plan's own), not on every 100 tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,7 +27,12 @@ from scheduling.core.cells import PoolLoad, cell_model, pool_costed
 from scheduling.core.fleet import FleetSpec, Lengths, PdPool, PrfaasPool, lengths_of
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import refusal_cap
-from scheduling.core.operating import OperatingPoint, operating_point
+from scheduling.core.operating import (
+    OperatingPoint,
+    WorkloadWindow,
+    operating_point,
+    operating_windows,
+)
 from scheduling.core.search import Grid, grid_pick
 
 #: Coarse thresholds per cluster for the SLO search (quantiles of its lengths).
@@ -82,12 +87,24 @@ def slo_rate(
     arrival_scv: float = 1.0,
     refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     headroom: float = DEFAULT_SLO_HEADROOM,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> tuple[float, OperatingPoint | None]:
     """The highest rate (below ``upper_rps``) at which this setting's predicted ``quantile``
     TTFT is within ``slo_s`` and the fleet admissible even ``headroom`` above it, with the
-    prediction at the rate itself (0, None when no rate is)."""
+    prediction at the rate itself (0, None when no rate is). ``windows``: the workload
+    replayed window by window (a trace): predicted so (:func:`operating_windows`)."""
 
     def at(rate: float) -> OperatingPoint:
+        if windows:
+            return operating_windows(
+                fleet,
+                windows,
+                thresholds,
+                splits,
+                rate,
+                arrival_scv=arrival_scv,
+                quantile=quantile,
+            )
         return operating_point(
             fleet,
             lengths,
@@ -146,10 +163,12 @@ def plan_for_slo(
     arrival_scv: float = 1.0,
     refusal_target: float | None = DEFAULT_REFUSAL_TARGET,
     headroom: float = DEFAULT_SLO_HEADROOM,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> SloPlan:
     """The setting and rate of highest goodput under ``slo_s`` (see the module). ``grids`` and
     ``start`` are the Lambda_max search's (:func:`scheduling.core.planner.plan_for_ttft` builds
-    them); ``capacity_rps`` bounds the rates tried."""
+    them); ``capacity_rps`` bounds the rates tried; ``windows``: a trace's, each setting's
+    rate is then judged window by window (:func:`slo_rate`)."""
     if not (slo_s > 0 and math.isfinite(slo_s)):
         raise ValueError(f"the TTFT target must be a positive number of seconds, got {slo_s!r}")
     if not 0 < quantile < 1:
@@ -186,6 +205,7 @@ def plan_for_slo(
             arrival_scv=arrival_scv,
             refusal_target=refusal_target,
             headroom=headroom,
+            windows=windows,
         )
 
     best_rate, best_op = exact(pick, capacity_rps)

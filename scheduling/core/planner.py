@@ -597,10 +597,12 @@ def plan_for_ttft(
     output_scv: float = 0.0,
     arrival_scv: float = 1.0,
     headroom: float = DEFAULT_SLO_HEADROOM,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> tuple[SloPlan, Evaluation]:
     """Goodput planning: the threshold and split of every PD cluster with the highest arrival
     rate whose predicted ``quantile`` TTFT is within ``slo_s``
-    (:func:`scheduling.core.goodput.plan_for_slo`), and that setting's Lambda_max model."""
+    (:func:`scheduling.core.goodput.plan_for_slo`), and that setting's Lambda_max model.
+    ``windows``: a trace's (:func:`plan`), each rate judged window by window."""
     grids, ts, ns = _search(
         fleet,
         lengths,
@@ -627,6 +629,7 @@ def plan_for_ttft(
         arrival_scv=arrival_scv,
         refusal_target=refusal_target,
         headroom=headroom,
+        windows=windows,
     )
     chosen = evaluate(
         fleet,

@@ -149,6 +149,7 @@ class Command(BaseCommand):
                         threshold_step=step,
                         load=load,
                         output_scv=output_scv,
+                        windows=workload.windows,
                     )
                 )
             if opts["advise"]:

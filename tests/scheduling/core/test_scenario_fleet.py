@@ -28,6 +28,12 @@ def _with_trace(scenario: Scenario, path: Path) -> Scenario:
     return replace(scenario, workload=replace(scenario.workload, trace=trace))
 
 
+def _drifting(scenarios_dir: Path, tmp_path: Path, long_output: int, short_output: int) -> Scenario:
+    """The synthetic trace's fleet replaying :func:`_drifting_trace` (two windows)."""
+    path = _drifting_trace(tmp_path, 2 * TRACE_WINDOW_MIN_REQUESTS, long_output, short_output)
+    return _with_trace(scenario_load(scenarios_dir / "mooncake-synthetic.yaml"), path)
+
+
 def _drifting_trace(tmp_path: Path, rows: int, long_output: int, short_output: int) -> Path:
     """One request a second, no shared prefixes; the first half decodes long outputs."""
     path = tmp_path / "drift.jsonl"
@@ -65,9 +71,7 @@ def test_a_trace_is_planned_from_what_the_simulated_caches_leave(scenarios_dir: 
 def test_a_trace_is_cut_in_windows_that_follow_its_drift(
     scenarios_dir: Path, tmp_path: Path
 ) -> None:
-    rows = 2 * TRACE_WINDOW_MIN_REQUESTS
-    path = _drifting_trace(tmp_path, rows, long_output=400, short_output=50)
-    scenario = _with_trace(scenario_load(scenarios_dir / "mooncake-synthetic.yaml"), path)
+    scenario = _drifting(scenarios_dir, tmp_path, long_output=400, short_output=50)
     planned = workload_planned(scenario)
     assert [w.share for w in planned.windows] == [0.5, 0.5]
     assert [w.output_tokens for w in planned.windows] == [400, 50]
@@ -80,9 +84,7 @@ def test_a_trace_is_cut_in_windows_that_follow_its_drift(
 def test_the_heaviest_window_bounds_a_traces_planned_rate(
     scenarios_dir: Path, tmp_path: Path
 ) -> None:
-    rows = 2 * TRACE_WINDOW_MIN_REQUESTS
-    path = _drifting_trace(tmp_path, rows, long_output=2000, short_output=20)
-    scenario = _with_trace(scenario_load(scenarios_dir / "mooncake-synthetic.yaml"), path)
+    scenario = _drifting(scenarios_dir, tmp_path, long_output=2000, short_output=20)
     fleet = fleet_from_scenario(scenario)
     planned = workload_planned(scenario)
     result = plan_workload(fleet, planned, load=0.8)
@@ -106,9 +108,7 @@ def test_the_heaviest_window_bounds_a_traces_planned_rate(
 
 
 def test_a_traces_goodput_is_judged_window_by_window(scenarios_dir: Path, tmp_path: Path) -> None:
-    rows = 2 * TRACE_WINDOW_MIN_REQUESTS
-    path = _drifting_trace(tmp_path, rows, long_output=2000, short_output=20)
-    scenario = _with_trace(scenario_load(scenarios_dir / "mooncake-synthetic.yaml"), path)
+    scenario = _drifting(scenarios_dir, tmp_path, long_output=2000, short_output=20)
     fleet = fleet_from_scenario(scenario)
     planned = workload_planned(scenario)
     mixed, _ = plan_for_ttft(fleet, planned.lengths, planned.output_tokens, 15.0)

@@ -347,6 +347,10 @@ class ControlPlane:
         self._sampled = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._flush_now = asyncio.Event()
+        # One flush at a time: the background loop and a caller (shutdown, a test) may both
+        # flush, and two flushes would send the same head of the queue and pop it twice.
+        self._flush_lock = asyncio.Lock()
+        self._in_flight = 0  # outcomes taken off the queue by the flush now sending them
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -599,28 +603,38 @@ class ControlPlane:
 
     @property
     def outcomes_pending(self) -> int:
-        return len(self._outcomes) + self._groups.requests
+        return len(self._outcomes) + self._in_flight + self._groups.requests
 
     async def flush(self) -> int:
         """Send what is queued: whole outcomes first (they release reservations), then the
         summed groups, in batches within the control plane's body limit; returns how many
         requests went. Raises RouterUnavailableError when the control plane is away (they
         stay queued)."""
-        sent = 0
-        self._sampled = 0
-        self._pending_groups += self._groups.take()
-        while self._outcomes:
-            batch = _batch(self._outcomes, self.config.outcome_batch)
-            await self._report(batch, [])
-            for _ in batch:
-                self._outcomes.popleft()
-            sent += len(batch)
-        while self._pending_groups:
-            batch = _batch(self._pending_groups, 1000)
-            await self._report([], batch)
-            del self._pending_groups[: len(batch)]
-            sent += len(batch)
-        return sent
+        async with self._flush_lock:
+            sent = 0
+            self._sampled = 0
+            self._pending_groups += self._groups.take()
+            while self._outcomes:
+                # Taken off the queue before the await: outcome_add may drop the oldest while
+                # this batch is on its way, and must not drop (or we pop) the wrong ones.
+                batch = _batch(self._outcomes, self.config.outcome_batch)
+                for _ in batch:
+                    self._outcomes.popleft()
+                self._in_flight = len(batch)
+                try:
+                    await self._report(batch, [])
+                except BaseException:  # away, or cancelled at shutdown: they stay queued
+                    self._outcomes.extendleft(reversed(batch))
+                    raise
+                finally:
+                    self._in_flight = 0
+                sent += len(batch)
+            while self._pending_groups:
+                batch = _batch(self._pending_groups, 1000)
+                await self._report([], batch)
+                del self._pending_groups[: len(batch)]
+                sent += len(batch)
+            return sent
 
     async def _report(self, outcomes: list[bytes], groups: list[bytes]) -> None:
         try:

@@ -132,6 +132,28 @@ def test_outcomes_retried_past_a_stalled_control_plane_are_applied_once(plane: A
     assert ids == sorted(f"st-{i}" for i in range(10))
 
 
+def test_two_flushes_at_once_send_each_outcome_once(plane: Any) -> None:
+    # The flush loop and a caller (shutdown) may flush together: each outcome goes once.
+    base, _ = plane
+    cfg = config(base, outcome_batch=3)
+
+    async def run() -> list[int]:
+        control = ControlPlane(cfg)
+        try:
+            for i in range(10):
+                control.outcome_add(an_outcome(f"tw-{i}", f"tw-{i}/a"), notable=True)
+            sent = await asyncio.gather(control.flush(), control.flush(), control.flush())
+            assert control.outcomes_pending == 0
+            return list(sent)
+        finally:
+            await control.close()
+
+    sent = asyncio.run(run())
+    assert sum(sent) == 10
+    ids = sorted(r["request_id"] for r in recent(base))
+    assert ids == sorted(f"tw-{i}" for i in range(10))
+
+
 def test_a_refused_outcome_is_counted_and_the_others_release_their_reservations(
     plane: Any,
 ) -> None:
@@ -144,6 +166,8 @@ def test_a_refused_outcome_is_counted_and_the_others_release_their_reservations(
         control = ControlPlane(cfg)
         await control.start()
         try:
+            # Read before queueing: the gateway's own flush loop may send them meanwhile.
+            before = metrics.OUTCOMES_REJECTED.labels("invalid")._value.get()
             link = routing.LinkReservation(PRFAAS, PD, 300_000_000, None)
             for i in range(4):
                 taken = await asyncio.to_thread(control.client.link_reserve, link, 60.0)
@@ -153,7 +177,6 @@ def test_a_refused_outcome_is_counted_and_the_others_release_their_reservations(
                 if i == 1:
                     item["prompt_tokens"] = 15_000_000
                 control.outcome_add(item, notable=True)
-            before = metrics.OUTCOMES_REJECTED.labels("invalid")._value.get()
             await control.flush()
             assert metrics.OUTCOMES_REJECTED.labels("invalid")._value.get() == before + 1
         finally:

@@ -59,6 +59,7 @@ from scheduling.core.queueing import (
     moments,
     ttft_mean,
     ttft_quantile,
+    wait_transient,
 )
 
 GBPS = 1e9
@@ -286,13 +287,15 @@ def operating_point(
 class WorkloadWindow:
     """One stretch of a workload that changes over time (a trace, cut in consecutive
     windows): ``share`` of its requests, arriving at ``rate_factor`` x the workload's mean
-    rate, with their own uncached lengths and outputs."""
+    rate, with their own uncached lengths and outputs; ``requests``: how many there are (the
+    window's length in time at a given rate), 0 for a window that lasts (its queues settle)."""
 
     share: float
     rate_factor: float
     lengths: Lengths
     output_tokens: float
     output_scv: float = 0.0
+    requests: int = 0
 
 
 def operating_windows(
@@ -306,26 +309,44 @@ def operating_windows(
     quantile: float = 0.9,
 ) -> OperatingPoint:
     """Predict a workload replayed window after window at ``rate_rps`` mean arrivals: each
-    window at its own rate and mix, as if it lasted (its queues settle within it), the TTFTs
-    of all windows pooled by their share of the requests. The links, clusters and stations
-    reported are those of the busiest window (the highest station utilisation)."""
+    window at its own rate and mix, the TTFTs of all windows pooled by their share of the
+    requests. A window of ``requests`` lasts ``requests / (rate x rate_factor)`` seconds:
+    its stations' waits are their mean over that stretch, started from the backlog the window
+    before left (the first from an empty fleet), not their steady state
+    (:func:`scheduling.core.queueing.wait_transient`): near saturation a queue takes far
+    longer to build than a window lasts (mooncake-synthetic's first window, its PrfaaS pool at
+    98%: a 15.6 s steady wait predicted, 2.5 s simulated over its 80 s). The links, clusters
+    and stations reported are those of the busiest window (the highest station utilisation),
+    with steady waits."""
     points: list[OperatingPoint] = []
     parts: list[TtftPart] = []
+    backlog: dict[tuple[str, str], float] = {}
     for w in windows:
-        point, window_parts = _operating(
+        rate = rate_rps * w.rate_factor
+        duration = w.requests / rate if w.requests > 0 and rate > 0 else 0.0
+        point, window_parts, waits = _operating(
             fleet,
             w.lengths,
             w.output_tokens,
             thresholds,
             splits,
-            rate_rps * w.rate_factor,
+            rate,
             output_scv=w.output_scv,
             arrival_scv=arrival_scv,
             quantile=quantile,
         )
         points.append(point)
+        # The parts hold their stations' Wait objects: each is swapped for its transient.
+        lived: dict[int, Wait] = {}
+        for key, wait in waits.items():
+            lived[id(wait)], backlog[key] = wait_transient(wait, duration, backlog.get(key, 0.0))
         parts.extend(
-            TtftPart(p.weights * w.share, p.fixed_s, p.prefill_wait, p.decode_wait)
+            TtftPart(
+                p.weights * w.share,
+                p.fixed_s,
+                lived.get(id(p.prefill_wait), p.prefill_wait),
+                lived.get(id(p.decode_wait), p.decode_wait),
+            )
             for p in window_parts
         )
     if not points:
@@ -359,8 +380,9 @@ def _operating(
     output_scv: float,
     arrival_scv: float,
     quantile: float,
-) -> tuple[OperatingPoint, list[TtftPart]]:
-    """:func:`operating_point`, and the TTFT mixture it was read from."""
+) -> tuple[OperatingPoint, list[TtftPart], dict[tuple[str, str], Wait]]:
+    """:func:`operating_point`, the TTFT mixture it was read from, and each station's wait
+    (keyed by kind and name, as :class:`StationAt`; the mixture's parts hold these objects)."""
     if not (rate_rps >= 0 and math.isfinite(rate_rps)):
         raise ValueError(f"the rate must be a finite number >= 0, got {rate_rps!r}")
     nodes: dict[str, tuple[FloatArray, FloatArray]] = {}
@@ -453,6 +475,7 @@ def _operating(
             )
         )
     refused_total = 0.0
+    station_waits: dict[tuple[str, str], Wait] = {}
     for c in fleet.pd:
         lam = rate_rps * c.share
         x, w = nodes[c.name]
@@ -472,6 +495,8 @@ def _operating(
         local_wait = mgc_wait(lam * float(local_w.sum()), mean, scv, n_p, scv_arrival=arrival_scv)
         decode_s = output_tokens * c.step_seconds
         decode_wait = mgc_wait(lam, decode_s, output_scv, n_d * c.max_batch)
+        station_waits[("pd_prefill", c.name)] = local_wait
+        station_waits[("decode", c.name)] = decode_wait
         stations.append(
             StationAt(
                 "pd_prefill",
@@ -545,7 +570,9 @@ def _operating(
         links=tuple(link_rows),
         stations=tuple(stations),
     )
-    return point, parts_all
+    waits = {("prfaas", name): wait for name, wait in prfaas_wait.items()}
+    waits.update(station_waits)
+    return point, parts_all, waits
 
 
 def operating_point_to_dict(op: OperatingPoint) -> dict[str, Any]:

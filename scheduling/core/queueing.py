@@ -26,6 +26,16 @@ servers.
 decode admission's); a mixture over kinds of request (lengths, routes). Two atom-plus-
 exponential waits add up to a closed-form law (hypoexponential), so the mixture's CDF is exact
 for the assumed wait laws and a quantile is found by bisection on it.
+
+**A stretch of finite length** (:func:`wait_transient`): the waits above are steady states. A
+queue near saturation takes long to build one: in heavy traffic the workload is a reflected
+Brownian motion whose relaxation time is ``tau = 2 rho E[W | wait] / (1 - rho)`` (its
+variance over its drift squared), and started empty its mean reaches ``E[W] (1 - H1(t /
+tau))`` at time t, H1 the first-moment function of Abate and Whitt (1987, "Transient behavior
+of regulated Brownian motion I"): ``H1(u) = 2 ((1 + u) Phi^c(sqrt u) - sqrt(u) phi(sqrt u))``.
+A workload replayed window after window (a trace) meets each window's queue in this
+transient, carried over from the window before; a backlog above the new steady state drains
+as a fluid, at ``1 - rho`` seconds of wait per second.
 """
 
 from __future__ import annotations
@@ -271,6 +281,73 @@ def thinned_dispersion(
         return 1.0
     var = q * q * crowd_var + q * (1.0 - q) * crowd_mean + extra
     return max(1.0, var / mean)
+
+
+#: Gauss-Legendre nodes for a transient's mean over a stretch (in sqrt(time): the mean rises
+#: like sqrt(t) from an empty start, smooth in that variable).
+_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(24)
+
+
+def _rise(u: FloatArray) -> FloatArray:
+    """``1 - H1(u)``: the mean of a reflected Brownian motion started empty, at ``u``
+    relaxation times, as a share of its steady mean (0 at 0, -> 1)."""
+    r = np.sqrt(np.maximum(u, 0.0))
+    tail = 0.5 * np.vectorize(math.erfc)(r / math.sqrt(2.0))
+    density = np.exp(-0.5 * r * r) / math.sqrt(2.0 * math.pi)
+    return np.asarray(np.clip(1.0 - 2.0 * ((1.0 + u) * tail - r * density), 0.0, 1.0))
+
+
+def _rise_age(share: float) -> float:
+    """The age (in relaxation times) at which an empty start's mean is ``share`` of the
+    steady one: a backlog carried in counts as that much time already spent."""
+    if share <= 0.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while float(_rise(np.array([hi]))[0]) < share and hi < 1e6:
+        lo, hi = hi, hi * 4.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if float(_rise(np.array([mid]))[0]) < share:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def wait_transient(wait: Wait, duration_s: float, backlog_s: float = 0.0) -> tuple[Wait, float]:
+    """A station's wait averaged over a stretch of ``duration_s`` seconds that starts with a
+    mean wait of ``backlog_s`` (0: empty), rather than its steady state (see the module); and
+    the mean wait it leaves at its end, for the next stretch. ``duration_s`` <= 0 or not
+    finite: the stretch lasts, and the steady state holds. An unstable station keeps its
+    infinite wait and leaves its backlog grown by ``(rho - 1) x duration_s``."""
+    if not (duration_s > 0 and math.isfinite(duration_s)):
+        return wait, wait.mean_s
+    if not wait.stable:
+        return wait, max(backlog_s, 0.0) + (wait.rho - 1.0) * duration_s
+    steady = wait.mean_s
+    if steady <= 0.0:
+        return wait, 0.0
+    if backlog_s >= steady:
+        # Above its steady state: the excess drains as a fluid.
+        drain = 1.0 - wait.rho
+        excess = backlog_s - steady
+        gone_s = excess / drain if drain > 0 else math.inf
+        if gone_s >= duration_s:
+            mean = backlog_s - drain * duration_s / 2.0
+        else:
+            mean = steady + excess * gone_s / (2.0 * duration_s)
+        end = max(steady, backlog_s - drain * duration_s)
+    else:
+        tau = 2.0 * wait.rho * wait.conditional_mean_s / (1.0 - wait.rho)
+        u0 = _rise_age(backlog_s / steady)
+        u1 = u0 + duration_s / tau
+        # The mean over [u0, u1], integrated in v = sqrt(u) (du = 2 v dv).
+        v0, v1 = math.sqrt(u0), math.sqrt(u1)
+        v = 0.5 * (v1 - v0) * _GL_NODES + 0.5 * (v1 + v0)
+        area = 0.5 * (v1 - v0) * float(np.dot(_GL_WEIGHTS, _rise(v * v) * 2.0 * v))
+        mean = steady * area / (u1 - u0)
+        end = steady * float(_rise(np.array([u1]))[0])
+    return Wait(wait.p_wait, mean, wait.rho), end
 
 
 def moments(values: ArrayLike, weights: ArrayLike) -> tuple[float, float]:

@@ -193,7 +193,9 @@ def trace_workload(scenario: Scenario, rows: Sequence[TraceRow]) -> PlannedWorkl
         # Each window's own arrival rate against the trace's (1 where time does not tell).
         within = float(arrivals[part[-1]] - arrivals[part[0]])
         factor = (len(part) / within) / (len(rows) / span) if within > 0 and span > 0 else 1.0
-        windows.append(WorkloadWindow(len(part) / len(rows), factor, lengths, output, scv))
+        windows.append(
+            WorkloadWindow(len(part) / len(rows), factor, lengths, output, scv, len(part))
+        )
     lengths, output, scv = _lengths_of(np.asarray(inputs), outputs)
     return PlannedWorkload(lengths, output, scv, tuple(windows))
 

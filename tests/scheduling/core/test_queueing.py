@@ -19,6 +19,7 @@ from scheduling.core.queueing import (
     ttft_mean,
     ttft_quantile,
     wait_sum_cdf,
+    wait_transient,
 )
 
 
@@ -85,3 +86,59 @@ def test_moments_of_a_discrete_law() -> None:
     mean, scv = moments([1.0, 3.0], [1.0, 1.0])
     assert mean == 2.0 and scv == pytest.approx(0.25)
     assert moments([1.0], [0.0]) == (0.0, 0.0)
+
+
+def mm1_waits(rho: float, duration_s: float, backlog_s: float, seed: int) -> tuple[float, float]:
+    """Monte Carlo of an M/M/1 queue (unit service) by Lindley's recursion, 4,000 runs that
+    start with ``backlog_s`` of work: the mean wait of the arrivals within ``duration_s``,
+    and of those arriving near its end."""
+    rng = np.random.default_rng(seed)
+    runs, n = 4000, int(rho * duration_s * 1.5) + 50
+    gaps = rng.exponential(1 / rho, (runs, n))
+    service = rng.exponential(1.0, (runs, n))
+    at = np.cumsum(gaps, axis=1) - gaps[:, :1]
+    w = np.zeros((runs, n))
+    w[:, 0] = backlog_s
+    for k in range(1, n):
+        w[:, k] = np.maximum(0.0, w[:, k - 1] + service[:, k - 1] - gaps[:, k])
+    return float(w[at < duration_s].mean()), float(w[np.abs(at - duration_s) < 2].mean())
+
+
+@pytest.mark.parametrize(("rho", "duration_s"), [(0.9, 100.0), (0.95, 200.0), (0.98, 100.0)])
+def test_a_stretch_from_an_empty_station_waits_as_a_simulated_queue_does(
+    rho: float, duration_s: float
+) -> None:
+    steady = mgc_wait(rho, 1.0, 1.0, 1)
+    lived, end = wait_transient(steady, duration_s)
+    simulated, simulated_end = mm1_waits(rho, duration_s, 0.0, seed=7)
+    # Far below the steady state (19 s at 0.95), as the queue has not built yet.
+    assert lived.mean_s < 0.6 * steady.mean_s
+    assert lived.mean_s == pytest.approx(simulated, rel=0.12)
+    assert end == pytest.approx(simulated_end, rel=0.12)
+    assert (lived.p_wait, lived.rho) == (steady.p_wait, steady.rho)
+
+
+def test_a_backlog_above_the_steady_state_drains_at_the_spare_capacity() -> None:
+    steady = mgc_wait(0.9, 1.0, 1.0, 1)  # 9 s
+    lived, end = wait_transient(steady, 100.0, backlog_s=40.0)
+    simulated, simulated_end = mm1_waits(0.9, 100.0, 40.0, seed=11)
+    assert lived.mean_s == pytest.approx(35.0)  # 40 s draining at 0.1 s per second
+    assert end == pytest.approx(30.0)
+    assert lived.mean_s == pytest.approx(simulated, rel=0.1)
+    assert end == pytest.approx(simulated_end, rel=0.1)
+
+
+def test_a_stretch_that_lasts_keeps_the_steady_wait() -> None:
+    steady = mgc_wait(0.95, 1.0, 1.0, 1)
+    assert wait_transient(steady, 0.0) == (steady, steady.mean_s)
+    assert wait_transient(steady, math.inf) == (steady, steady.mean_s)
+    long, end = wait_transient(steady, 1e7)
+    assert long.mean_s == pytest.approx(steady.mean_s, rel=0.01)
+    assert end == pytest.approx(steady.mean_s, rel=1e-3)
+
+
+def test_an_unstable_stretch_keeps_an_infinite_wait_and_grows_its_backlog() -> None:
+    over = mgc_wait(1.2, 1.0, 1.0, 1)
+    lived, end = wait_transient(over, 50.0, backlog_s=5.0)
+    assert not lived.stable and math.isinf(lived.mean_s)
+    assert end == pytest.approx(5.0 + 0.2 * 50.0)

@@ -135,3 +135,32 @@ def test_one_window_of_the_whole_workload_is_its_operating_point(scenarios_dir: 
     assert windowed.ttft_p90_s == pytest.approx(result.at_load.ttft_p90_s, rel=1e-3)
     assert windowed.ttft_mean_s == pytest.approx(result.at_load.ttft_mean_s, rel=1e-3)
     assert windowed.refused_fraction == pytest.approx(result.at_load.refused_fraction)
+
+
+def test_a_short_window_has_not_built_its_steady_queue(scenarios_dir: Path) -> None:
+    scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
+    fleet = fleet_from_scenario(scenario)
+    planned = workload_planned(scenario)
+    result = plan_workload(fleet, planned, load=0.95)
+    assert result.at_load is not None
+    ts, ns = evaluation_settings(result.prfaas)
+    rate = result.at_load.rate_rps
+    lasting = WorkloadWindow(1.0, 1.0, planned.lengths, planned.output_tokens, planned.output_scv)
+
+    def p90(requests: int) -> float:
+        window = replace(lasting, requests=requests)
+        return operating_windows(fleet, (window,), ts, ns, rate).ttft_p90_s
+
+    # 300 requests from an empty fleet wait less than the steady state; a long stretch as much.
+    assert p90(300) < 0.9 * result.at_load.ttft_p90_s
+    assert p90(10_000_000) == pytest.approx(result.at_load.ttft_p90_s, rel=0.01)
+    # A second window starts from the backlog the first left, so it waits longer than alone.
+    short = replace(lasting, share=0.5, requests=300)
+    two = operating_windows(fleet, (short, short), ts, ns, rate).ttft_p90_s
+    assert p90(300) < two < result.at_load.ttft_p90_s
+
+
+def test_a_traces_windows_count_its_requests(scenarios_dir: Path) -> None:
+    scenario = scenario_load(scenarios_dir / "mooncake-synthetic.yaml")
+    planned = workload_planned(scenario)
+    assert sum(w.requests for w in planned.windows) == len(trace_rows(scenario))

@@ -142,7 +142,7 @@ def _guarded(
         utilisation = np.clip(rate * (carried @ kv) / line, 0.0, 1.0) if line > 0 else 1.0
         excess = np.stack(
             [
-                transfer_excess_s(kv, service, link.gbps, float(u))
+                transfer_excess_s(kv, service, link.gbps, float(u), link.budget)
                 for u in np.broadcast_to(utilisation, (len(t),))
             ]
         )

@@ -192,16 +192,30 @@ def link_never_fits(kv_bytes: ArrayLike, budget: float) -> NDArray[np.bool_]:
 
 
 def transfer_excess_s(
-    kv_bytes: ArrayLike, prefill_s: ArrayLike, gbps: float, utilisation: float
+    kv_bytes: ArrayLike,
+    prefill_s: ArrayLike,
+    gbps: float,
+    utilisation: float,
+    budget: float | None = None,
 ) -> FloatArray:
     """Seconds a transfer outlasts its prefill (layer-wise pipelining hides the rest) on a link
-    shared fairly at ``utilisation``; infinite on a link that is down or saturated."""
+    shared fairly at ``utilisation``; infinite on a link that is down or saturated. With the
+    link's ``budget``: a reservation bigger than it is admitted only alone
+    (:func:`link_admits`), so it streams at the full line (dense-kv-40gbps at its goodput
+    rate: 80.5% of offers refused predicted at the shared rate, 74.1% alone, 73.2% simulated)."""
     x = np.asarray(kv_bytes, dtype=float)
     t = np.asarray(prefill_s, dtype=float)
-    rate = gbps * GBPS / 8 * max(0.0, 1.0 - utilisation)
-    if rate <= 0:
+    line = gbps * GBPS / 8
+    if line <= 0:
         return np.where(x > 0, math.inf, 0.0)
-    return np.asarray(np.maximum(0.0, x / rate - t))
+    shared = line * max(0.0, 1.0 - utilisation)
+    alone = (x > budget) if budget is not None and budget > 0 else np.zeros(x.shape, bool)
+    with np.errstate(divide="ignore", over="ignore"):
+        rate = np.where(alone, line, shared)
+        out = np.where(
+            rate > 0, x / np.where(rate > 0, rate, 1.0) - t, np.where(x > 0, math.inf, 0)
+        )
+    return np.asarray(np.maximum(0.0, out))
 
 
 @dataclass(frozen=True)

@@ -377,7 +377,9 @@ def _admission(
         share = weights.sum(axis=1)
         mix_w = weights / np.where(share > 0, share, 1.0)[:, None]
         service = prefill_seconds(pool.prefill, x)
-        excess = transfer_excess_s(kv, service, link.gbps, load * link.planned_utilisation)
+        excess = transfer_excess_s(
+            kv, service, link.gbps, load * link.planned_utilisation, link.budget
+        )
         mix = OffloadMix(mix_w, kv, service, service + excess + link.rtt_ms / 1000.0)
         wait, crowd = prfaas_at(pool, service, weights, load)
         rate = link_admissible_rate(mix, wait, link.gbps, link.budget, allowed, pool=crowd)

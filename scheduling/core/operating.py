@@ -206,8 +206,9 @@ def _route_update(r: _Route, offered: FloatArray, kv: FloatArray, wait_s: float)
     carried = offered * (1.0 - r.refusal)
     sent = float(np.dot(carried, kv + r.moved * r.move_bytes))
     r.utilisation = min(1.0, sent / line) if line > 0 else 1.0
-    r.excess = transfer_excess_s(kv, r.service, r.link.gbps, r.utilisation)
-    r.excess_moved = transfer_excess_s(kv, r.service_moved, r.link.gbps, r.utilisation)
+    budget = r.link.budget
+    r.excess = transfer_excess_s(kv, r.service, r.link.gbps, r.utilisation, budget)
+    r.excess_moved = transfer_excess_s(kv, r.service_moved, r.link.gbps, r.utilisation, budget)
     rtt = r.link.rtt_ms / 1000.0
     free = line * (1.0 - r.utilisation)
     with np.errstate(divide="ignore"):

@@ -169,6 +169,14 @@ def test_a_transfer_outlasts_its_prefill_only_when_the_link_is_slower_than_it() 
     assert math.isinf(transfer_excess_s(1e9, 2.0, 0.0, 0.0)[()])
 
 
+def test_a_transfer_bigger_than_the_budget_streams_alone_at_the_full_line() -> None:
+    # The router admits it only on a link nobody else reserves (link_admits).
+    both = transfer_excess_s(np.array([1e9, 3e9]), np.array([2.0, 2.0]), 2.0, 0.5, 2e9)
+    assert both[0] == pytest.approx(6.0)  # fits the budget: shares the line
+    assert both[1] == pytest.approx(10.0)  # 3 GB at the full 2 Gbps, not at half of it
+    assert link_admits(0.0, 0.0, 3e9, 2e9) and not link_admits(0.0, 1.0, 3e9, 2e9)
+
+
 def moving_first(mix: OffloadMix, nbytes: float, seconds: float) -> OffloadMix:
     """``mix`` whose every kind first moves a prefix of ``nbytes`` for ``seconds``."""
     kinds = len(mix.kv_bytes)

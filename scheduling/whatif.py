@@ -41,6 +41,7 @@ from scheduling.core.planner import (
     plan_fleet,
     sizing_at_load,
     workload_lengths,
+    workload_planned,
 )
 from scheduling.core.scenario import (
     Scenario,
@@ -373,11 +374,18 @@ def result_summary(result: SimulationResult) -> dict[str, Any]:
 def sizing_summary(scenario: Scenario) -> dict[str, Any]:
     """How many more PrfaaS instances or Gbps would raise the what-if's planned rate (at the
     planner's load, within what the links admit), and by how much (``plan --advise``)."""
-    lengths, output = workload_lengths(scenario)
+    workload = workload_planned(scenario)
     fleet = fleet_from_scenario(scenario)
 
     def planned(f: FleetSpec) -> Sizing:
-        return sizing_at_load(f, lengths, output, load=DEFAULT_LOAD)
+        return sizing_at_load(
+            f,
+            workload.lengths,
+            workload.output_tokens,
+            load=DEFAULT_LOAD,
+            output_scv=workload.output_scv,
+            windows=workload.windows,
+        )
 
     return advice_to_dict(*sizing_advice(fleet, planned))
 

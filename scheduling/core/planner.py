@@ -643,6 +643,45 @@ def plan_for_ttft(
     return slo, chosen
 
 
+def _at_load(
+    fleet: FleetSpec,
+    lengths: Lengths,
+    output_tokens: float,
+    best: Evaluation,
+    load: float,
+    output_scv: float,
+    arrival_scv: float,
+    windows: Sequence[WorkloadWindow],
+) -> tuple[OperatingPoint, float | None]:
+    """The prediction at ``load`` x the planned capacity (:func:`plan`), and with
+    ``windows`` the rate the heaviest window sustains at the setting (``None`` without)."""
+    ts, ns = evaluation_settings(best)
+    if not windows:
+        rate = load * best.throughput_rps
+        return (
+            operating_point(
+                fleet,
+                lengths,
+                output_tokens,
+                ts,
+                ns,
+                rate,
+                output_scv=output_scv,
+                arrival_scv=arrival_scv,
+            ),
+            None,
+        )
+    capacity = min(
+        evaluate(fleet, w.lengths, w.output_tokens, ts, ns, with_ttft=False).throughput_rps
+        / w.rate_factor
+        for w in windows
+    )
+    return (
+        operating_windows(fleet, windows, ts, ns, load * capacity, arrival_scv=arrival_scv),
+        capacity,
+    )
+
+
 def sizing_at_load(
     fleet: FleetSpec,
     lengths: Lengths,
@@ -651,9 +690,11 @@ def sizing_at_load(
     threshold_step: float = 100,
     load: float = DEFAULT_LOAD,
     output_scv: float = 0.0,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> Sizing:
     """What sizing advice compares without a TTFT target: the planned rate (``load`` x
-    Lambda_max) and the share of requests the link guards refuse there."""
+    Lambda_max, or x the heaviest window's with ``windows``, as :func:`plan`) and the share
+    of requests the link guards refuse there."""
     ev = plan_fleet(
         fleet,
         lengths,
@@ -662,12 +703,10 @@ def sizing_at_load(
         load=load,
         output_scv=output_scv,
     )
-    rate = load * ev.throughput_rps
-    if rate <= 0:
+    if load * ev.throughput_rps <= 0:
         return Sizing(0.0, 0.0)
-    ts, ns = evaluation_settings(ev)
-    at = operating_point(fleet, lengths, output_tokens, ts, ns, rate, output_scv=output_scv)
-    return Sizing(rate, at.refused_fraction)
+    at, _ = _at_load(fleet, lengths, output_tokens, ev, load, output_scv, 1.0, windows)
+    return Sizing(at.rate_rps, at.refused_fraction)
 
 
 def sizing_for_ttft(
@@ -679,9 +718,11 @@ def sizing_for_ttft(
     threshold_step: float = 100,
     load: float = DEFAULT_LOAD,
     output_scv: float = 0.0,
+    windows: Sequence[WorkloadWindow] = (),
 ) -> Sizing:
     """What sizing advice compares under a P90 TTFT target: the goodput
-    (:func:`plan_for_ttft`) and the share of requests the link guards refuse at it."""
+    (:func:`plan_for_ttft`, a trace's ``windows`` judged each) and the share of requests the
+    link guards refuse at it."""
     slo, _ = plan_for_ttft(
         fleet,
         lengths,
@@ -690,6 +731,7 @@ def sizing_for_ttft(
         threshold_step=threshold_step,
         load=load,
         output_scv=output_scv,
+        windows=windows,
     )
     return Sizing(slo.rate_rps, slo.at_rate.refused_fraction if slo.at_rate is not None else 0.0)
 
@@ -724,28 +766,9 @@ def plan(
       cost buys (floor: a fractional instance cannot serve), optimal split.
     """
     best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
-    ts, ns = evaluation_settings(best)
-    window_capacity: float | None = None
-    if windows:
-        window_capacity = min(
-            evaluate(fleet, w.lengths, w.output_tokens, ts, ns, with_ttft=False).throughput_rps
-            / w.rate_factor
-            for w in windows
-        )
-        at_load = operating_windows(
-            fleet, windows, ts, ns, load * window_capacity, arrival_scv=arrival_scv
-        )
-    else:
-        at_load = operating_point(
-            fleet,
-            lengths,
-            output_tokens,
-            ts,
-            ns,
-            load * best.throughput_rps,
-            output_scv=output_scv,
-            arrival_scv=arrival_scv,
-        )
+    at_load, window_capacity = _at_load(
+        fleet, lengths, output_tokens, best, load, output_scv, arrival_scv, windows
+    )
     ref = reference_pd(fleet)
     n_homog = fleet_gpus(fleet) // ref.gpus_per_instance
     n_equal = math.floor(fleet_cost(fleet) / (ref.gpus_per_instance * ref.gpu_hour_cost) + 1e-9)

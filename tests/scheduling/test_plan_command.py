@@ -90,6 +90,15 @@ def test_a_trace_is_predicted_at_the_rate_its_heaviest_window_sustains(
     )
 
 
+def test_the_sizing_advice_plans_a_trace_window_by_window(scenarios_dir: Path) -> None:
+    plan = json.loads(
+        run_plan(str(scenarios_dir / "mooncake-synthetic.yaml"), "--advise", "--json")
+    )
+    # Today's rate the advice compares against is the plan's own, its heaviest window's share.
+    assert plan["advice"]["rate_rps"] == pytest.approx(plan["prfaas"]["at_load"]["rate_rps"])
+    assert plan["advice"]["rate_rps"] < 0.8 * plan["prfaas"]["throughput_rps"]
+
+
 def test_the_human_report_is_a_table_with_baselines_and_gains(case_file: str) -> None:
     text = run_plan(case_file)
     assert "PrfaaS-PD" in text and "Homogeneous PD" in text and "Naive heterog." in text

@@ -28,6 +28,7 @@ from scheduling.core.planner import (
     DEFAULT_LOAD,
     Evaluation,
     FleetSpec,
+    PlannedWorkload,
     PlanResult,
     fleet_from_scenario,
     plan_for_ttft,
@@ -153,9 +154,7 @@ class Command(BaseCommand):
                     )
                 )
             if opts["advise"]:
-                advice = sizing_advice(
-                    fleet, self._sizing_of(lengths, output_tokens, step, load, output_scv, slo)
-                )
+                advice = sizing_advice(fleet, self._sizing_of(workload, step, load, slo))
         except ValueError as exc:
             raise CommandError(f"{scenario.name}: cannot plan: {exc}", returncode=2) from None
 
@@ -197,29 +196,32 @@ class Command(BaseCommand):
 
     @staticmethod
     def _sizing_of(
-        lengths: Any,
-        output_tokens: float,
-        step: float,
-        load: float,
-        output_scv: float,
-        slo: float | None,
+        workload: PlannedWorkload, step: float, load: float, slo: float | None
     ) -> Callable[[FleetSpec], Sizing]:
         """What sizing advice compares: goodput under the TTFT target, else the planned rate
-        at the load; with the share of requests the link guards refuse at that rate."""
+        at the load (a trace's windows judged each, as the plan itself); with the share of
+        requests the link guards refuse at that rate."""
 
         def sizing(fleet: FleetSpec) -> Sizing:
             if slo is not None:
                 return sizing_for_ttft(
                     fleet,
-                    lengths,
-                    output_tokens,
+                    workload.lengths,
+                    workload.output_tokens,
                     slo,
                     threshold_step=step,
                     load=load,
-                    output_scv=output_scv,
+                    output_scv=workload.output_scv,
+                    windows=workload.windows,
                 )
             return sizing_at_load(
-                fleet, lengths, output_tokens, threshold_step=step, load=load, output_scv=output_scv
+                fleet,
+                workload.lengths,
+                workload.output_tokens,
+                threshold_step=step,
+                load=load,
+                output_scv=workload.output_scv,
+                windows=workload.windows,
             )
 
         return sizing

@@ -33,13 +33,11 @@ from controlplane import live
 from controlplane.audit import Actor
 from controlplane.errors import Invalid, NotFound
 from controlplane.redis_connection import redis_sync
-from scheduling.core.goodput import Sizing, advice_to_dict, sizing_advice
 from scheduling.core.planner import (
     DEFAULT_LOAD,
     FleetSpec,
     fleet_from_scenario,
     plan_fleet,
-    sizing_at_load,
     workload_lengths,
     workload_planned,
 )
@@ -54,6 +52,7 @@ from scheduling.core.simulator import SimulationConfig, SimulationResult
 from scheduling.core.simulator.policies import fleet_setting
 from scheduling.core.simulator.run import result_build, simulation_build
 from scheduling.core.simulator.workload import WorkloadError, workload_build
+from scheduling.core.sizing import Sizing, advice_to_dict, sizing_advice, sizing_at_load
 from scheduling.policies import policy_current
 from scheduling.snapshot import DEFAULT_THRESHOLD_TOKENS
 from scheduling.traffic import fleet_rate, traffic_window_read

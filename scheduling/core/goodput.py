@@ -1,9 +1,9 @@
-"""Planning for a TTFT target (goodput) and sizing advice.
+"""Planning for a TTFT target (goodput).
 
 Pure Python and numpy: no Django. The paper plans for saturation (Lambda_max); an operator with
 a TTFT SLO wants the setting that carries the most traffic while the predicted P90 (or another
-quantile) TTFT stays within it. :func:`plan_for_slo` finds it; :func:`sizing_advice` re-plans
-with more PrfaaS instances or more link capacity and reports what each would gain.
+quantile) TTFT stays within it. :func:`plan_for_slo` finds it (what more PrfaaS instances or
+link capacity would gain is :mod:`scheduling.core.sizing`).
 
 The SLO search. Start from the Lambda_max plan. Then, one PD cluster at a time (the others
 fixed, two rounds), find the highest arrival rate at which some cell (threshold x split) of
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -345,111 +345,3 @@ def _cells_within(
         return grid_pick(score, g.want[rows], g.thresholds[rows], g.n_p)
 
     return at
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """What sizing advice compares for one fleet: its rate (goodput under the TTFT target, or
-    the planned rate at the load) and the share of requests its links' guards refuse there
-    (``link_congested``: prefilled locally), which a wider link lowers."""
-
-    rate_rps: float
-    refused_fraction: float
-
-
-@dataclass(frozen=True)
-class Advice:
-    """One sizing change and what it would bring: the new rate (goodput under the TTFT target,
-    or the planned rate at load when no target is given), its gain over today's, and the share
-    of requests the links would refuse at it (today's is :class:`Sizing`'s)."""
-
-    change: str
-    kind: str  # "prfaas_instances" or "link_gbps"
-    target: str  # the PrfaaS cluster, or the link "source->target"
-    amount: float  # instances added, or Gbps added
-    rate_rps: float
-    gain: float
-    refused_fraction: float
-
-
-def sizing_advice(
-    fleet: FleetSpec,
-    sizing_of: Callable[[FleetSpec], Sizing],
-    *,
-    instance_steps: tuple[int, ...] = (1, 2, 4),
-    gbps_factors: tuple[float, ...] = (1.5, 2.0),
-    min_gain: float = 0.01,
-) -> tuple[Sizing, tuple[Advice, ...]]:
-    """Today's sizing and, for each change that raises its rate by at least ``min_gain``, the
-    change, its gain and the refused share it leaves: more instances in each PrfaaS cluster,
-    more line rate on each live link (its budget, when it follows the line rate, grows with
-    it). ``sizing_of`` plans a fleet and returns what to compare (goodput under the target, or
-    the planned rate), with the refused share at that rate."""
-    base = sizing_of(fleet)
-    out: list[Advice] = []
-    for pool in fleet.prfaas:
-        for step in instance_steps:
-            bigger = replace(
-                fleet,
-                prfaas=tuple(
-                    replace(p, instances=p.instances + step) if p.name == pool.name else p
-                    for p in fleet.prfaas
-                ),
-            )
-            out.append(
-                _advice(
-                    f"{pool.name}: +{step} instances",
-                    "prfaas_instances",
-                    pool.name,
-                    step,
-                    base,
-                    sizing_of(bigger),
-                )
-            )
-    for i, link in enumerate(fleet.links):
-        if link.gbps <= 0:
-            continue
-        for factor in gbps_factors:
-            more = link.gbps * (factor - 1.0)
-            links = list(fleet.links)
-            links[i] = replace(link, gbps=link.gbps * factor)
-            out.append(
-                _advice(
-                    f"{link.key}: +{more:g} Gbps (a {link.gbps * factor:g} Gbps link)",
-                    "link_gbps",
-                    link.key,
-                    more,
-                    base,
-                    sizing_of(replace(fleet, links=tuple(links))),
-                )
-            )
-    useful = [a for a in out if a.gain >= min_gain]
-    useful.sort(key=lambda a: (-a.gain, a.amount))
-    return base, tuple(useful)
-
-
-def _advice(
-    change: str, kind: str, target: str, amount: float, base: Sizing, sized: Sizing
-) -> Advice:
-    rate = sized.rate_rps
-    gain = rate / base.rate_rps - 1.0 if base.rate_rps > 0 else (math.inf if rate > 0 else 0.0)
-    return Advice(change, kind, target, float(amount), rate, gain, sized.refused_fraction)
-
-
-def advice_to_dict(base: Sizing, advice: tuple[Advice, ...]) -> dict[str, object]:
-    return {
-        "rate_rps": base.rate_rps,
-        "refused_fraction": base.refused_fraction,
-        "changes": [
-            {
-                "change": a.change,
-                "kind": a.kind,
-                "target": a.target,
-                "amount": a.amount,
-                "rate_rps": a.rate_rps,
-                "gain": a.gain if math.isfinite(a.gain) else None,
-                "refused_fraction": a.refused_fraction,
-            }
-            for a in advice
-        ],
-    }

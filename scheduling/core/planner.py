@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,7 @@ from scheduling.core.fleet import (
     lengths_of,
     reference_pd,
 )
-from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, Sizing, SloPlan, plan_for_slo
+from scheduling.core.goodput import DEFAULT_SLO_HEADROOM, SloPlan, plan_for_slo
 from scheduling.core.link import DEFAULT_REFUSAL_TARGET
 from scheduling.core.offload import (
     OffloadSplit,
@@ -80,6 +79,7 @@ from scheduling.core.performance import (
     prefill_seconds,
     weighted_quantile,
 )
+from scheduling.core.planner_types import DEFAULT_LOAD, ClusterResult, Evaluation, PlanResult
 from scheduling.core.scenario import Scenario
 from scheduling.core.scenario_fleet import (
     PlannedWorkload,
@@ -122,8 +122,7 @@ __all__ = [
     "plan_for_ttft",
     "plan_scenario",
     "plan_workload",
-    "sizing_at_load",
-    "sizing_for_ttft",
+    "predict_at_load",
     "threshold_grid",
     "workload_lengths",
     "workload_output_scv",
@@ -131,85 +130,8 @@ __all__ = [
 ]
 
 INF = math.inf
-#: The share of its capacity a fleet is planned to run at: link admission (budget refusals,
-#: PrfaaS queueing of reserved bytes) is judged there, and ``at_load`` predicted there.
-DEFAULT_LOAD = 0.8
 #: The naive heterogeneous baseline's cap on link refusals (it has no local prefill).
 NAIVE_REFUSAL_CAP = 0.01
-
-
-# --------------------------------------------------------------------------------------------
-# Outputs
-
-
-@dataclass(frozen=True)
-class ClusterResult:
-    """One PD cluster at one setting. Thetas are absolute rates in req/s, as in the paper:
-    ``theta_prfaas`` is what the PrfaaS stage can take of this cluster's offloaded traffic."""
-
-    name: str
-    share: float
-    threshold_tokens: float
-    offload_fraction: float
-    l_long: float | None
-    l_short: float | None
-    n_p: int
-    n_d: int
-    theta_prfaas: float | None
-    theta_pd_p: float | None
-    theta_pd_d: float
-    throughput_rps: float
-    egress_gbps: float
-    link_gbps: float
-    ttft_mean_s: float
-    ttft_p90_s: float
-    #: share of its requests the links always refuse (no link may carry them): prefilled
-    #: locally, each one a ``link_congested`` decision
-    refused_fraction: float = 0.0
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The model at one setting: Lambda_max, every stage's bound on it and the bottleneck."""
-
-    throughput_rps: float
-    bottleneck: str
-    bottleneck_at: str
-    stage_bounds: Mapping[str, float]
-    clusters: tuple[ClusterResult, ...]
-    n_prfaas: int
-    egress_gbps: float
-    ttft_mean_s: float
-    ttft_p90_s: float
-    load: float = DEFAULT_LOAD
-
-    def cluster(self, name: str) -> ClusterResult:
-        for c in self.clusters:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """The optimum and the paper's three baselines, with the throughput gains over each."""
-
-    prfaas: Evaluation
-    homogeneous: Evaluation
-    naive_heterogeneous: Evaluation
-    equal_cost_homogeneous: Evaluation
-    homogeneous_instances: int
-    equal_cost_instances: int
-    gains: Mapping[str, float | None]
-    threshold_step: float
-    output_tokens: float
-    mean_input_tokens: float
-    #: the optimum's queue-aware prediction at ``load`` x its Lambda_max (for a workload in
-    #: windows, at ``load`` x ``window_capacity_rps``)
-    at_load: OperatingPoint | None = None
-    #: a workload in windows (a trace): the mean rate at which every window is sustained at
-    #: the optimum's setting (its heaviest window bounds it)
-    window_capacity_rps: float | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -643,7 +565,7 @@ def plan_for_ttft(
     return slo, chosen
 
 
-def _at_load(
+def predict_at_load(
     fleet: FleetSpec,
     lengths: Lengths,
     output_tokens: float,
@@ -682,60 +604,6 @@ def _at_load(
     )
 
 
-def sizing_at_load(
-    fleet: FleetSpec,
-    lengths: Lengths,
-    output_tokens: float,
-    *,
-    threshold_step: float = 100,
-    load: float = DEFAULT_LOAD,
-    output_scv: float = 0.0,
-    windows: Sequence[WorkloadWindow] = (),
-) -> Sizing:
-    """What sizing advice compares without a TTFT target: the planned rate (``load`` x
-    Lambda_max, or x the heaviest window's with ``windows``, as :func:`plan`) and the share
-    of requests the link guards refuse there."""
-    ev = plan_fleet(
-        fleet,
-        lengths,
-        output_tokens,
-        threshold_step=threshold_step,
-        load=load,
-        output_scv=output_scv,
-    )
-    if load * ev.throughput_rps <= 0:
-        return Sizing(0.0, 0.0)
-    at, _ = _at_load(fleet, lengths, output_tokens, ev, load, output_scv, 1.0, windows)
-    return Sizing(at.rate_rps, at.refused_fraction)
-
-
-def sizing_for_ttft(
-    fleet: FleetSpec,
-    lengths: Lengths,
-    output_tokens: float,
-    slo_s: float,
-    *,
-    threshold_step: float = 100,
-    load: float = DEFAULT_LOAD,
-    output_scv: float = 0.0,
-    windows: Sequence[WorkloadWindow] = (),
-) -> Sizing:
-    """What sizing advice compares under a P90 TTFT target: the goodput
-    (:func:`plan_for_ttft`, a trace's ``windows`` judged each) and the share of requests the
-    link guards refuse at it."""
-    slo, _ = plan_for_ttft(
-        fleet,
-        lengths,
-        output_tokens,
-        slo_s,
-        threshold_step=threshold_step,
-        load=load,
-        output_scv=output_scv,
-        windows=windows,
-    )
-    return Sizing(slo.rate_rps, slo.at_rate.refused_fraction if slo.at_rate is not None else 0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Baselines and the whole plan
 
@@ -766,7 +634,7 @@ def plan(
       cost buys (floor: a fractional instance cannot serve), optimal split.
     """
     best = plan_fleet(fleet, lengths, output_tokens, threshold_step=threshold_step, load=load)
-    at_load, window_capacity = _at_load(
+    at_load, window_capacity = predict_at_load(
         fleet, lengths, output_tokens, best, load, output_scv, arrival_scv, windows
     )
     ref = reference_pd(fleet)

@@ -15,7 +15,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.core.goodput import Advice, Sizing, advice_to_dict, sizing_advice
 from scheduling.core.plan_report import (
     SplitSweep,
     ThresholdSweep,
@@ -33,11 +32,17 @@ from scheduling.core.planner import (
     fleet_from_scenario,
     plan_for_ttft,
     plan_workload,
-    sizing_at_load,
-    sizing_for_ttft,
     workload_planned,
 )
 from scheduling.core.scenario import ScenarioError, scenario_load
+from scheduling.core.sizing import (
+    Advice,
+    Sizing,
+    advice_to_dict,
+    sizing_advice,
+    sizing_at_load,
+    sizing_for_ttft,
+)
 
 
 def _num(x: float | None, fmt: str = ".2f") -> str:

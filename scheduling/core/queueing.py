@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.special import erfc
 
 FloatArray = NDArray[np.float64]
 
@@ -292,7 +293,7 @@ def _rise(u: FloatArray) -> FloatArray:
     """``1 - H1(u)``: the mean of a reflected Brownian motion started empty, at ``u``
     relaxation times, as a share of its steady mean (0 at 0, -> 1)."""
     r = np.sqrt(np.maximum(u, 0.0))
-    tail = 0.5 * np.vectorize(math.erfc)(r / math.sqrt(2.0))
+    tail = 0.5 * erfc(r / math.sqrt(2.0))
     density = np.exp(-0.5 * r * r) / math.sqrt(2.0 * math.pi)
     return np.asarray(np.clip(1.0 - 2.0 * ((1.0 + u) * tail - r * density), 0.0, 1.0))
 
@@ -325,8 +326,8 @@ def wait_transient(wait: Wait, duration_s: float, backlog_s: float = 0.0) -> tup
     if not wait.stable:
         return wait, max(backlog_s, 0.0) + (wait.rho - 1.0) * duration_s
     steady = wait.mean_s
-    if steady <= 0.0:
-        return wait, 0.0
+    if steady <= 0.0 or wait.rho <= 0.0:
+        return wait, max(steady, 0.0)
     if backlog_s >= steady:
         # Above its steady state: the excess drains as a fluid.
         drain = 1.0 - wait.rho

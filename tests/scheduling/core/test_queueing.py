@@ -132,6 +132,8 @@ def test_a_stretch_that_lasts_keeps_the_steady_wait() -> None:
     steady = mgc_wait(0.95, 1.0, 1.0, 1)
     assert wait_transient(steady, 0.0) == (steady, steady.mean_s)
     assert wait_transient(steady, math.inf) == (steady, steady.mean_s)
+    odd = Wait(0.5, 1.0, 0.0)  # a mean without a load: nothing to relax, kept as it is
+    assert wait_transient(odd, 10.0) == (odd, 1.0)
     long, end = wait_transient(steady, 1e7)
     assert long.mean_s == pytest.approx(steady.mean_s, rel=0.01)
     assert end == pytest.approx(steady.mean_s, rel=1e-3)

@@ -8,25 +8,13 @@ import pytest
 
 from scheduling.core.goodput import slo_rate
 from scheduling.core.performance import LengthDistribution
-from scheduling.core.planner import (
-    FleetSpec,
-    fleet_from_scenario,
-    plan_fleet,
-    plan_for_ttft,
-    workload_lengths,
-)
+from scheduling.core.planner import FleetSpec, plan_fleet, plan_for_ttft
 from scheduling.core.scenario import scenario_load
 from scheduling.core.simulator.policies import fleet_setting
 from scheduling.core.simulator.run import SimulationConfig, simulate
 
+#: The case study's fleet, prompt lengths and output tokens (the ``case`` fixture, conftest).
 Case = tuple[FleetSpec, LengthDistribution, float]
-
-
-@pytest.fixture(scope="module")
-def case(scenarios_dir: Path) -> Case:
-    scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
-    lengths, out = workload_lengths(scenario)
-    return fleet_from_scenario(scenario), lengths, out
 
 
 def test_the_goodput_plan_keeps_the_predicted_p90_within_the_target(case: Case) -> None:

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from scheduling.core.performance import LengthDistribution
-from scheduling.core.planner import FleetSpec, fleet_from_scenario, plan_fleet, workload_lengths
-from scheduling.core.scenario import scenario_load
+from scheduling.core.planner import FleetSpec, plan_fleet
 from scheduling.core.sizing import Sizing, sizing_advice
 
+#: The case study's fleet, prompt lengths and output tokens (the ``case`` fixture, conftest).
 Case = tuple[FleetSpec, LengthDistribution, float]
-
-
-@pytest.fixture(scope="module")
-def case(scenarios_dir: Path) -> Case:
-    scenario = scenario_load(scenarios_dir / "paper-case-study.yaml")
-    lengths, out = workload_lengths(scenario)
-    return fleet_from_scenario(scenario), lengths, out
 
 
 def test_more_prfaas_instances_raise_a_compute_bound_plan_and_more_gbps_does_not(
